@@ -1,0 +1,155 @@
+"""Chat rendering: the only module that touches the tokenizer.
+
+Owns: the tool-calling chat format (ChatML with Qwen2.5-style tool blocks), rendering messages to
+token ids, the token *delta* appended after a sampled assistant turn, and decoding sampled ids.
+Does not own: parsing tool calls out of text (`toolcalls`) or deciding what the messages are (`envs`).
+
+Format (structural tokens by id, text segments through the tokenizer):
+
+    <|im_start|>system\n{system}\n\n# Tools ... <tools>{schemas}</tools> ...<|im_end|>\n
+    <|im_start|>user\n{question}<|im_end|>\n
+    <|im_start|>assistant\n{sampled text, may hold <tool_call>{json}</tool_call>}<|im_end|>\n
+    <|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n     (tool messages)
+    <|im_start|>assistant\n
+
+Consecutive tool messages share one user turn, as Qwen2.5 renders them, so hub models trained on
+that format read it natively. Message text is encoded with special tokens split, so a tool output or
+a user that writes "<|im_end|>" gets plain-text tokens and cannot forge a turn boundary.
+
+Incremental rendering: the policy samples an assistant turn ending in <|im_end|>; the environment's
+reply is appended as `continuation(messages)` = "\n" + rendered messages + generation prompt. For
+canonically tokenised replies, initial prompt + samples + continuations == `render(all messages)`,
+which the tests check; for anything the policy samples, the sampled ids are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from agent_rl.types import Message
+
+TOOLS_PREAMBLE = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """The text of one tool call as the policy should write it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+class ChatRenderer:
+    """Renders conversations to token ids with one tokenizer."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.im_start = self._special_id("<|im_start|>")
+        self.im_end = self._special_id("<|im_end|>")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ChatRenderer":
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def _special_id(self, token: str) -> int:
+        ids = self.tokenizer.convert_tokens_to_ids([token])
+        if not ids or ids[0] is None or ids[0] == self.tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer has no {token} token: the ChatML tool format needs it")
+        return int(ids[0])
+
+    # -- token level -------------------------------------------------------------------------
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [self.im_end]
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids; special-token strings inside `text` stay plain text."""
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Sampled ids to the text the environment sees (the stop token dropped)."""
+        ids = list(ids)
+        if ids and ids[-1] == self.im_end:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _turn(self, role: str, text: str) -> list[int]:
+        return [self.im_start, *self.encode(f"{role}\n{text}"), self.im_end]
+
+    @property
+    def generation_prompt(self) -> list[int]:
+        return [self.im_start, *self.encode("assistant\n")]
+
+    # -- messages ----------------------------------------------------------------------------
+    def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str:
+        text = system if system is not None else DEFAULT_SYSTEM
+        if tools:
+            schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+            text += TOOLS_PREAMBLE + schemas + TOOLS_POSTAMBLE
+        return text
+
+    def _assistant_text(self, m: Message) -> str:
+        if m.tool_calls and "<tool_call>" not in m.content:  # built by hand, e.g. demonstrations
+            calls = "\n".join(format_tool_call(c.name, c.arguments) for c in m.tool_calls)
+            return f"{m.content}\n{calls}" if m.content else calls
+        return m.content
+
+    def _render_messages(self, messages: Sequence[Message]) -> list[int]:
+        """Messages after the system turn, each turn closed by <|im_end|> and the newline after it."""
+        ids: list[int] = []
+        i = 0
+        while i < len(messages):
+            m = messages[i]
+            if m.role == "tool":
+                block = []
+                while i < len(messages) and messages[i].role == "tool":
+                    block.append(f"<tool_response>\n{messages[i].content}\n</tool_response>")
+                    i += 1
+                ids += self._turn("user", "\n".join(block)) + self.encode("\n")
+                continue
+            if m.role == "assistant":
+                ids += [*self.generation_prompt, *self.encode(self._assistant_text(m)), self.im_end]
+                ids += self.encode("\n")
+            elif m.role in ("user", "system"):
+                ids += self._turn(m.role, m.content) + self.encode("\n")
+            else:
+                raise ValueError(f"unknown message role {m.role!r}")
+            i += 1
+        return ids
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+               add_generation_prompt: bool = True) -> list[int]:
+        """A whole conversation; the first message may be the system prompt."""
+        system = None
+        if messages and messages[0].role == "system":
+            system, messages = messages[0].content, messages[1:]
+        ids = self._turn("system", self.system_text(system, tools)) + self.encode("\n")
+        ids += self._render_messages(messages)
+        return ids + self.generation_prompt if add_generation_prompt else ids
+
+    def continuation(self, messages: Sequence[Message], after_stop: bool = True) -> list[int]:
+        """Ids to append after a sampled assistant turn: close it, add `messages`, prompt again.
+
+        `after_stop` is False when the sampled turn did not end with <|im_end|> (a stop string):
+        the delta then closes the turn itself.
+        """
+        if any(m.role in ("assistant", "system") for m in messages):
+            raise ValueError("an environment may only add user or tool messages between turns")
+        head = self.encode("\n") if after_stop else [self.im_end, *self.encode("\n")]
+        return head + self._render_messages(messages) + self.generation_prompt
+
+    def render_text(self, ids: Sequence[int]) -> str:
+        """Any ids, special tokens shown, for humans and debugging."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

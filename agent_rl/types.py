@@ -1,0 +1,125 @@
+"""Every RL noun of agent-rl in one place: messages, tool calls, sampled turns, trajectories, groups.
+
+Owns: plain data types shared by the rollout runner, the environments, rewards and the trainer.
+Does not own: any behaviour beyond small derived properties (rendering lives in `chat`, sampling
+in `sampler`, playing an episode in `rollout`).
+
+Token-level truth: a `Trajectory` holds the exact token ids the sampler produced plus the
+template/tool tokens inserted between turns, a loss mask aligned one to one with them
+(1 = sampled by the policy, 0 = prompt, template scaffolding, tool output) and the sampler's
+log-probs (0.0 where mask == 0).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for: tool name and JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Message:
+    """A chat message. Assistant messages keep the exact decoded text the policy sampled."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    name: str | None = None  # the tool's name on role == "tool"
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """What happened to one tool call during an episode (kept for metrics)."""
+
+    name: str  # tool name, or "<invalid>" when the call could not be parsed
+    ok: bool
+    error: str | None
+    latency_s: float
+    turn: int
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended."""
+
+    NO_TOOL_CALL = "no_tool_call"  # the policy answered without calling a tool
+    ENV_DONE = "env_done"  # the environment declared the episode finished
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"  # total token budget of the episode exhausted
+    LENGTH = "length"  # a sampled turn was cut by its max_tokens: truncated, nothing stitched after
+    ERROR = "error"  # infrastructure error (sampler/server/environment), kept out of group statistics
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Boundaries of one sampled assistant turn inside `Trajectory.token_ids`: [start, end)."""
+
+    start: int
+    end: int
+    finish_reason: str  # "stop" or "length", as the sampler reported it
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One finished episode, token-exact."""
+
+    task_id: str
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_len: int  # tokens of the initial prompt
+    turns: tuple[Turn, ...]
+    messages: tuple[Message, ...]
+    tool_calls: tuple[ToolCallRecord, ...]
+    stop_reason: StopReason
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # infrastructure error message when stop_reason == ERROR
+    policy_version: int = 0  # the oldest policy version that sampled any turn
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.task_id}: token_ids ({n}), loss_mask ({len(self.loss_mask)}) "
+                f"and logprobs ({len(self.logprobs)}) must have the same length"
+            )
+
+    @property
+    def infra_error(self) -> bool:
+        return self.stop_reason is StopReason.ERROR
+
+    @property
+    def truncated(self) -> bool:
+        return self.stop_reason in (StopReason.LENGTH, StopReason.MAX_TOKENS)
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def used_tools(self) -> bool:
+        return len(self.tool_calls) > 0
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """The G rollouts of one task: the unit over which GRPO compares rewards."""
+
+    task_id: str
+    trajectories: tuple[Trajectory, ...]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]

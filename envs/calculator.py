@@ -1,0 +1,93 @@
+"""Calculator environment: arithmetic word problems, a calculator tool, reward for the right number.
+
+Owns: the calculator tool (a safe arithmetic evaluator over Python's `ast`, no eval) and the
+`CalculatorEnv` episode. Does not own: where tasks come from (any iterable of rows with
+`question` and `answer`), answer extraction (`rewards.answers`).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any, Sequence
+
+from agent_rl.types import Message
+from envs.base import ToolEnv
+from rewards.answers import numeric_answer
+from tools.base import ToolError
+
+SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, then give the final "
+          "answer as a number.")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+        ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ToolError("exponent too large (limit 64)")
+        return _OPS[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand))
+    raise ToolError(f"unsupported expression element {type(node).__name__}: use numbers and + - * / // % ** ( )")
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Arithmetic using numbers, + - * / // % ** and parentheses, e.g. "(3 + 4) * 12".
+    """
+    if len(expression) > 200:
+        raise ToolError("expression too long (limit 200 characters)")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ToolError(f"cannot parse {expression!r} as arithmetic") from None
+    try:
+        value = _eval(tree.body)
+    except ZeroDivisionError:
+        raise ToolError("division by zero") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+class CalculatorEnv(ToolEnv):
+    """One arithmetic question; the episode ends when the model answers without a tool call."""
+
+    def __init__(self, task: dict[str, Any]):
+        super().__init__([calculator])
+        for key in ("question", "answer"):
+            if key not in task:
+                raise ValueError(f"calculator task {task.get('id', '?')!r} has no {key!r} column")
+        self.task = task
+        self._parts: dict[str, float] = {}
+
+    async def initial_messages(self) -> list[Message]:
+        return [Message("system", SYSTEM), Message("user", str(self.task["question"]))]
+
+    async def reward(self, messages: Sequence[Message]) -> float:
+        final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
+        correct = numeric_answer(final, self.task["answer"])
+        self._parts = {"correct": correct}
+        return correct
+
+    def reward_parts(self) -> dict[str, float]:
+        return dict(self._parts)
+
+
+def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Deterministic two-step arithmetic questions (a fallback that needs no dataset package)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 19)
+        rows.append({"id": f"arith-{seed}-{i}", "question": f"What is ({a} + {b}) * {c}?", "answer": (a + b) * c})
+    return rows

@@ -1,0 +1,147 @@
+"""Tools are typed Python functions; this module turns one into a schema and a safe call.
+
+Owns: `Tool` (name, description, JSON schema from the signature and docstring through pydantic,
+argument validation, calling sync or async functions with a deadline) and `ToolError`.
+Does not own: parsing tool calls out of model text (`agent_rl.toolcalls`) or rendering schemas
+into a prompt (`agent_rl.chat`).
+
+A tool function returns a string (what the model reads) or anything JSON-serialisable. It raises
+`ToolError` to tell the model something went wrong; any other exception is reported to the model
+too, as a tool failure, never raised out of the rollout loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pydantic
+
+
+class ToolError(Exception):
+    """Raised by a tool to send the model a readable error message."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    ok: bool
+    content: str  # the text the model sees in the tool message
+    error: str | None = None
+
+
+_ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into a summary and per-argument descriptions."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    section = "summary"
+    current: str | None = None
+    for line in lines:
+        stripped = line.strip()
+        if stripped.lower() in ("args:", "arguments:", "parameters:"):
+            section, current = "args", None
+            continue
+        if stripped.lower() in ("returns:", "raises:", "examples:", "example:", "yields:"):
+            section, current = "other", None
+            continue
+        if section == "summary":
+            summary.append(line)
+        elif section == "args" and stripped:
+            m = _ARG_LINE.match(line)
+            if m and not line.startswith(" " * 8):
+                current = m.group(1).lstrip("*")
+                args[current] = m.group(3).strip()
+            elif current:
+                args[current] = (args[current] + " " + stripped).strip()
+    return "\n".join(summary).strip(), args
+
+
+class Tool:
+    """A typed Python function exposed to the model."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, timeout_s: float = 60.0):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.timeout_s = timeout_s
+        self.description, arg_docs = _parse_docstring(fn.__doc__ or "")
+        sig = inspect.signature(fn)
+        hints = _type_hints(fn)
+        fields: dict[str, Any] = {}
+        for pname, param in sig.parameters.items():
+            if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            if pname not in hints:
+                raise TypeError(f"tool {self.name}: parameter {pname!r} has no type annotation")
+            default = ... if param.default is param.empty else param.default
+            fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs.get(pname)))
+        self.params_model = pydantic.create_model(
+            f"{self.name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+        )
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """OpenAI-style function schema, as put in the system prompt."""
+        params = self.params_model.model_json_schema()
+        params.pop("title", None)
+        for prop in params.get("properties", {}).values():
+            prop.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": params},
+        }
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Validated keyword arguments, or `ToolError` with a one-line reason."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
+        try:
+            parsed = self.params_model.model_validate(arguments)
+        except pydantic.ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
+            )
+            raise ToolError(f"invalid arguments for {self.name}: {problems}") from None
+        return {k: getattr(parsed, k) for k in self.params_model.model_fields}
+
+    async def call(self, arguments: Any) -> ToolResult:
+        """Validate and run; every failure becomes a `ToolResult` with ok=False."""
+        try:
+            kwargs = self.validate(arguments)
+            if inspect.iscoroutinefunction(self.fn):
+                out = await asyncio.wait_for(self.fn(**kwargs), self.timeout_s)
+            else:
+                out = await asyncio.wait_for(asyncio.to_thread(self.fn, **kwargs), self.timeout_s)
+        except ToolError as e:
+            return ToolResult(ok=False, content=f"Error: {e}", error=str(e))
+        except (asyncio.TimeoutError, TimeoutError):
+            msg = f"{self.name} did not finish within {self.timeout_s:g} s"
+            return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
+        except Exception as e:  # a tool bug is the model's problem to read about, not a crash
+            msg = f"{self.name} failed: {type(e).__name__}: {e}"
+            return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
+        content = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
+        return ToolResult(ok=True, content=content)
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    import typing
+
+    target = fn.__func__ if inspect.ismethod(fn) else fn
+    return typing.get_type_hints(target)
+
+
+def as_tools(fns: list[Callable[..., Any] | Tool]) -> list[Tool]:
+    """Wrap plain functions as tools; names must be unique."""
+    tools = [f if isinstance(f, Tool) else Tool(f) for f in fns]
+    names = [t.name for t in tools]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"duplicate tool names: {sorted(dup)}")
+    return tools
