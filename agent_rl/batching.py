@@ -1,0 +1,142 @@
+"""Trajectories plus advantages -> padded tensors, and the split into micro-batches.
+
+Owns: `Batch` (the tensors of one optimizer step or one micro-batch of it), `collate` and
+`micro_batches`, and the shift convention every `_B_T` tensor of the trainer follows.
+Does not own: which trajectories enter the batch (`advantages`), log-probs (`policy`), the loss.
+
+Shift convention. A causal LM's output at position t predicts token t + 1. So every per-token
+tensor here is indexed by the *predicting* position: column t of `loss_mask_B_T`,
+`sampler_logp_B_T` (and of the `logp_B_T` that `policy.token_logprobs` returns) describes token
+t + 1 of `input_ids_B_T`:
+
+    loss_mask_B_T[b, t]    = trajectory.loss_mask[t + 1]
+    sampler_logp_B_T[b, t] = trajectory.logprobs[t + 1]
+    the last column and padding: mask False, logp 0.0
+
+`advantage_B[b]` applies to every sampled token of every turn of row b. Rows are right-padded
+(`attention_mask_B_T` 0 on padding), so positions of real tokens are 0, 1, 2... as when sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from agent_rl.types import Trajectory
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded tensors of some trajectories, plus the normalisers of the whole optimizer step.
+
+    `step_num_tokens` / `step_num_sequences` are those of the step the batch was collated for,
+    and micro-batches inherit them: pass them to `loss.token_mean` / `loss.sequence_mean` so
+    micro-batch losses add up to the step's loss.
+    """
+
+    input_ids_B_T: torch.Tensor  # long
+    attention_mask_B_T: torch.Tensor  # long, 1 on real tokens
+    loss_mask_B_T: torch.Tensor  # bool: [b, t] is True when token t + 1 was sampled by the policy
+    sampler_logp_B_T: torch.Tensor  # float32: [b, t] = the sampler's log-prob of token t + 1
+    advantage_B: torch.Tensor  # float32
+    step_num_tokens: int  # sampled tokens in the whole step
+    step_num_sequences: int  # sequences of the whole step with at least one sampled token
+
+    @property
+    def num_sequences(self) -> int:
+        return self.input_ids_B_T.shape[0]
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return int(self.loss_mask_B_T.sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return replace(
+            self,
+            input_ids_B_T=self.input_ids_B_T.to(device),
+            attention_mask_B_T=self.attention_mask_B_T.to(device),
+            loss_mask_B_T=self.loss_mask_B_T.to(device),
+            sampler_logp_B_T=self.sampler_logp_B_T.to(device),
+            advantage_B=self.advantage_B.to(device),
+        )
+
+
+def collate(
+    trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int = 0
+) -> Batch:
+    """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc)."""
+    if len(trajectories) != len(advantages):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
+    if not trajectories:
+        raise ValueError("cannot collate an empty list of trajectories")
+    B = len(trajectories)
+    T = max(len(t.token_ids) for t in trajectories)
+    input_ids_B_T = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention_mask_B_T = torch.zeros((B, T), dtype=torch.long)
+    loss_mask_B_T = torch.zeros((B, T), dtype=torch.bool)
+    sampler_logp_B_T = torch.zeros((B, T), dtype=torch.float32)
+    for b, traj in enumerate(trajectories):
+        n = len(traj.token_ids)
+        if n and traj.loss_mask[0]:
+            # nothing predicts the first token, so it cannot be trained on
+            raise ValueError(f"trajectory {traj.task_id}: the first token cannot be sampled")
+        input_ids_B_T[b, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
+        attention_mask_B_T[b, :n] = 1
+        loss_mask_B_T[b, : n - 1] = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
+        sampled_logp = torch.tensor(traj.logprobs[1:], dtype=torch.float32)
+        # the sampler's value only where sampled: the trajectory promises 0.0 elsewhere, enforce it
+        sampler_logp_B_T[b, : n - 1] = torch.where(loss_mask_B_T[b, : n - 1], sampled_logp, 0.0)
+    return Batch(
+        input_ids_B_T=input_ids_B_T,
+        attention_mask_B_T=attention_mask_B_T,
+        loss_mask_B_T=loss_mask_B_T,
+        sampler_logp_B_T=sampler_logp_B_T,
+        advantage_B=torch.tensor(advantages, dtype=torch.float32),
+        step_num_tokens=int(loss_mask_B_T.sum()),
+        step_num_sequences=int(loss_mask_B_T.any(dim=1).sum()),
+    )
+
+
+def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
+    """The given rows, trimmed to their longest real length (padding columns dropped)."""
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    length = int(batch.attention_mask_B_T[index].sum(dim=1).max())
+    return replace(
+        batch,
+        input_ids_B_T=batch.input_ids_B_T[index, :length],
+        attention_mask_B_T=batch.attention_mask_B_T[index, :length],
+        loss_mask_B_T=batch.loss_mask_B_T[index, :length],
+        sampler_logp_B_T=batch.sampler_logp_B_T[index, :length],
+        advantage_B=batch.advantage_B[index],
+    )
+
+
+def micro_batches(
+    batch: Batch, max_tokens: int | None = None, max_sequences: int | None = None
+) -> list[Batch]:
+    """Split a step's batch into micro-batches of at most `max_tokens` padded tokens
+    (rows * longest row: what activation memory scales with) and `max_sequences` rows.
+
+    Rows are taken longest first: similar lengths share a micro-batch (less padding) and the
+    largest micro-batch runs first, so an out-of-memory shows up on the first one. A row longer
+    than `max_tokens` goes alone (a sequence cannot be split). Order does not change the summed
+    loss, since every micro-batch keeps the step's normalisers.
+    """
+    lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
+    order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], b))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for b in order:
+        # lengths are non-increasing, so the group's longest row is its first
+        longest = lengths[current[0]] if current else lengths[b]
+        fits_tokens = max_tokens is None or (len(current) + 1) * longest <= max_tokens
+        fits_rows = max_sequences is None or len(current) + 1 <= max_sequences
+        if current and not (fits_tokens and fits_rows):
+            groups.append(current)
+            current = []
+        current.append(b)
+    if current:
+        groups.append(current)
+    return [select_rows(batch, rows) for rows in groups]

@@ -1,0 +1,163 @@
+"""The trained policy: a Hugging Face causal LM, with a LoRA adapter or fully trainable, and
+its per-token log-probs.
+
+Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
+`enable_full_finetune`), `token_logprobs` (log-probs and entropies of the next token at every
+position, computed in chunks), and `reference_logprobs` (the same model with the adapter off).
+Does not own: the loss, gradient accumulation and the optimizer (the training loop), saving or
+syncing weights (`weight_sync`, `checkpoint`).
+
+Shift convention (as `batching`): column t of `logp_B_T` is
+log p(input_ids[t + 1] | input_ids[<= t]); the last column is 0.0.
+
+Agreement with the sampler: logits are cast to float32 and divided by the sampling temperature
+before the log-softmax, as vLLM's sampler does. vLLM returns those processed log-probs only when
+started with `--logprobs-mode processed_logprobs` (its default reports raw, pre-temperature ones),
+and only a full-vocabulary distribution matches: sample with top_p = 1, top_k = -1, or let the
+importance weights of `loss` absorb the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A causal LM from a local Hugging Face folder (`models` resolves specs to one), frozen."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.requires_grad_(False)
+    return model
+
+
+def apply_lora(
+    model: PreTrainedModel,
+    rank: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: str | list[str] = "all-linear",
+) -> PeftModel:
+    """Wrap `model` with a fresh LoRA adapter; only the adapter's parameters are trainable.
+
+    "all-linear" targets every linear projection of the transformer blocks (attention and MLP)
+    and leaves the output layer alone, as peft defines it. The base weights are the reference
+    policy: `reference_logprobs` runs them with the adapter disabled. Dropout > 0 makes two
+    forward passes disagree; keep it 0 or compute no-grad log-probs in eval mode.
+    """
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def enable_full_finetune(model: PreTrainedModel) -> PreTrainedModel:
+    """Make every parameter trainable. A KL penalty then needs a separate frozen copy as the
+    reference (`token_logprobs` on it under no_grad); `reference_logprobs` is for LoRA only."""
+    model.requires_grad_(True)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Per-position quantities of the next-token distribution (shift convention: module doc)."""
+
+    logp_B_T: torch.Tensor  # float32 or wider: log p(token t+1 | <= t) at the temperature
+    entropy_B_T: torch.Tensor  # entropy of that distribution, over the whole vocabulary
+
+
+def _causal_lm(model: nn.Module) -> PreTrainedModel:
+    # a PeftModel's base model holds the LoRA-injected layers, so going through it keeps LoRA on
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def _chunk_logprobs(
+    head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_B_C_V = head(hidden_B_C_H)
+    # at least float32, like vLLM's sampler (bf16 logits would round the log-softmax)
+    logits_B_C_V = logits_B_C_V.to(torch.promote_types(logits_B_C_V.dtype, torch.float32))
+    logits_B_C_V = logits_B_C_V / temperature
+    logp_B_C_V = torch.log_softmax(logits_B_C_V, dim=-1)
+    logp_B_C = logp_B_C_V.gather(-1, targets_B_C.unsqueeze(-1)).squeeze(-1)
+    entropy_B_C = -(logp_B_C_V.exp() * logp_B_C_V).sum(dim=-1)
+    return logp_B_C, entropy_B_C
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> TokenLogprobs:
+    """Log-probs of each next token and the entropy of each next-token distribution.
+
+    The transformer body runs once over the whole batch; the output layer and the log-softmax run
+    on `chunk_size` positions at a time, so at most B * chunk_size * vocab float32 logits exist at
+    once. When gradients are on, each chunk is checkpointed: its logits are recomputed in the
+    backward pass instead of being kept, otherwise autograd would hold all of them anyway.
+    Composable with gradient accumulation: nothing here touches `.grad` or the optimizer.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (got {temperature}); greedy has no log-probs")
+    lm = _causal_lm(model)
+    if getattr(lm.config, "final_logit_softcapping", None):
+        # the output layer alone would miss the soft-capping the model's forward applies
+        raise NotImplementedError("models with final_logit_softcapping are not supported")
+    body, head = lm.get_decoder(), lm.get_output_embeddings()
+    hidden_B_T_H = body(
+        input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
+    ).last_hidden_state
+
+    B, T = input_ids_B_T.shape
+    logp_chunks, entropy_chunks = [], []
+    for start in range(0, T - 1, chunk_size):
+        end = min(start + chunk_size, T - 1)  # the last position predicts nothing
+        targets_B_C = input_ids_B_T[:, start + 1 : end + 1]
+        args = (head, hidden_B_T_H[:, start:end], targets_B_C, temperature)
+        if torch.is_grad_enabled():
+            logp_B_C, entropy_B_C = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            logp_B_C, entropy_B_C = _chunk_logprobs(*args)
+        logp_chunks.append(logp_B_C)
+        entropy_chunks.append(entropy_B_C)
+    out_dtype = torch.promote_types(hidden_B_T_H.dtype, torch.float32)
+    last = hidden_B_T_H.new_zeros((B, 1), dtype=out_dtype)
+    return TokenLogprobs(
+        logp_B_T=torch.cat([*logp_chunks, last], dim=1),
+        entropy_B_T=torch.cat([*entropy_chunks, last], dim=1),
+    )
+
+
+@torch.no_grad()
+def reference_logprobs(
+    model: PeftModel,
+    input_ids_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> torch.Tensor:
+    """logp_B_T of the base model, i.e. `model` with its LoRA adapter disabled, without gradient.
+
+    Only needed for a KL penalty (beta > 0): with beta = 0 the caller skips this forward pass.
+    """
+    if not isinstance(model, PeftModel):
+        raise TypeError("reference_logprobs needs a LoRA (peft) model; for full fine-tuning "
+                        "run token_logprobs on a frozen copy of the initial model")
+    with model.disable_adapter():
+        return token_logprobs(
+            model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size
+        ).logp_B_T
