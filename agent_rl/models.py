@@ -121,8 +121,15 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
-def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0) -> Path:
-    """A random model with the base model's architecture family and tokenizer, for fast tests."""
+def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: int = 128, seed: int = 0,
+                     turn_end_weight: float = 1.0) -> Path:
+    """A random model with the base model's architecture family and tokenizer, for fast tests.
+
+    A uniformly random model never ends its turn, so multi-turn plumbing could not be tested on it.
+    Every input embedding gets a constant component in dimension 0 that only the output row of the
+    end-of-turn token reads: with `turn_end_weight=1.0` about 8% of sampled tokens end the turn
+    (turns of ~12 tokens); 0 disables it. Embeddings are therefore untied.
+    """
     out = Path(out)
     if (out / "config.json").is_file():
         return out
@@ -135,11 +142,21 @@ def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: in
     config.update(dict(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden,
                        num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads))
     torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    if turn_end_weight:
+        config.tie_word_embeddings = False
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if turn_end_weight:
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        with torch.no_grad():
+            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+            model.model.embed_tokens.weight[:, 0] = 1.0
+            model.lm_head.weight[:, 0] = 0.0
+            model.lm_head.weight[end, 0] = turn_end_weight
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     try:
         os.replace(tmp, out)
     except OSError:

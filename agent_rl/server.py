@@ -95,7 +95,10 @@ class VLLMServer:
                "--host", self.host, "--port", str(self.port), "--seed", str(self.seed),
                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16" if gpu else "float32",
                "--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
-               "--disable-uvicorn-access-log"]
+               "--disable-uvicorn-access-log",
+               # log-probs of the distribution actually sampled from (after temperature), which is
+               # what the trainer recomputes; vLLM's default is the raw, pre-temperature ones
+               "--logprobs-mode", "processed_logprobs"]
         if gpu:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return cmd + list(self.extra_args)

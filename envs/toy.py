@@ -1,0 +1,44 @@
+"""Toy environment with a dense reward, for learning tests and for seeing GRPO move quickly.
+
+Owns: `BrevityEnv`: a one-turn episode rewarded by how much of its token budget the answer leaves
+unused (1 - sampled tokens / budget). Every rollout gets a different reward, so no group lacks
+signal, and even a tiny random model can learn it (end the turn sooner). Negating the advantages
+must make answers longer: the learning test checks both directions.
+Does not own: anything a real agent needs; use envs.calculator and friends for that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from agent_rl.types import Message
+from envs.base import Env, StepResult
+
+
+class BrevityEnv(Env):
+    def __init__(self, task: dict[str, Any], budget_chars: int = 200):
+        self.task, self.budget_chars = task, budget_chars
+        self._parts: dict[str, float] = {}
+
+    async def initial_messages(self) -> list[Message]:
+        return [Message("user", f"Say something about {self.task['topic']}.")]
+
+    async def step(self, reply: Message, turn: int) -> StepResult:
+        return StepResult(done=True)
+
+    async def reward(self, messages: Sequence[Message]) -> float:
+        chars = len(messages[-1].content) if messages[-1].role == "assistant" else self.budget_chars
+        self._parts = {"chars": float(chars)}
+        return max(0.0, 1.0 - chars / self.budget_chars)
+
+    def reward_parts(self) -> dict[str, float]:
+        return dict(self._parts)
+
+
+def make_env(task: dict[str, Any]) -> BrevityEnv:
+    return BrevityEnv(task)
+
+
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    topics = ["cats", "rivers", "numbers", "music", "trees", "stars", "bread", "trains"]
+    return [{"id": f"toy-{split}-{seed}-{i}", "topic": topics[(i + seed) % len(topics)]} for i in range(n)]
