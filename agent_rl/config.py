@@ -1,0 +1,265 @@
+"""Run configuration: what to train, how to sample, which algorithm, and where to write.
+
+Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig`,
+`AlgorithmConfig`, `OptimConfig`, `RunConfig`) gathered in `TrainConfig`; their bounds; reading a
+YAML file plus `--set key=value` overrides (`load_config`) and writing it back (`dump_config`);
+the rule that every config mistake is one `ConfigError` line naming the field.
+Does not own: acting on the values (the trainer, sampler, policy), or knowing which environments
+or models exist (`envs.registry`, `models`): a bad name fails where it is resolved.
+
+Every field is validated where it is declared, with `extra="forbid"` so a typo such as
+`rollout.group_sise` is an error instead of a silently ignored key. Values that follow from
+others are properties, never fields, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config mistake; `str(e)` is one line, `config error: <field>: <problem>`."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"config error: {where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class ModelConfig(_Section):
+    name: str = Field("smollm2-135m", min_length=1,
+                      description="policy model: a local folder, a hub id, a .gguf file or a built-in name")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r (ignored when full_finetune)")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha; the update is scaled by alpha / rank")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA input")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="modules that get adapters: 'all-linear' or a list of module names")
+    full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
+    init_adapter: str | None = Field(
+        None, description="peft adapter folder to start from (e.g. a cold-start SFT result); None: fresh")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, v: str | list[str]) -> str | list[str]:
+        if not v:
+            raise ValueError("must name at least one module (got [])")
+        return v
+
+    @property
+    def lora_scaling(self) -> float:
+        return self.lora_alpha / self.lora_rank
+
+
+class SamplerConfig(_Section):
+    server_urls: list[str] = Field(
+        default_factory=list, description="running vLLM servers to attach to; empty: start one here")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature (>0: the policy's own distribution at 1.0)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps the log-probs on-policy")
+    request_timeout_s: float = Field(300.0, gt=0.0, description="seconds before one completion request is an infra error")
+    kv_cache_gib: int = Field(2, ge=1, description="KV-cache size in whole GiB of a server started here (CPU build)")
+    max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
+
+    @property
+    def starts_server(self) -> bool:
+        return not self.server_urls
+
+
+class RolloutConfig(_Section):
+    env: str = Field("calculator", min_length=1, description="environment name from envs.registry")
+    tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
+    group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
+    max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
+    max_tokens_per_turn: int = Field(128, ge=1, description="sampled tokens per assistant turn")
+    max_total_tokens: int = Field(1024, ge=1, description="tokens per episode, prompt and tool output included")
+    max_concurrent: int = Field(64, ge=1, description="episodes in flight at once across all servers")
+
+    @model_validator(mode="after")
+    def _turn_fits_episode(self) -> RolloutConfig:
+        if self.max_tokens_per_turn > self.max_total_tokens:
+            raise ValueError(f"max_tokens_per_turn: must be <= max_total_tokens ({self.max_total_tokens}) "
+                             f"(got {self.max_tokens_per_turn})")
+        return self
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.tasks_per_step * self.group_size
+
+
+class AlgorithmConfig(_Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        "grpo", description="advantage estimator: (r - mean) / std, r - mean, or leave-one-out")
+    loss: Literal["ppo", "gspo"] = Field("ppo", description="token-ratio PPO clip, or GSPO's sequence ratio")
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = Field(
+        "token_mean", description="loss reduction: per token of the step, per sequence, or / constant_norm_tokens")
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="clip the ratio below at 1 - eps_low")
+    eps_high: float = Field(0.28, ge=0.0, description="clip the ratio above at 1 + eps_high (DAPO clip-higher)")
+    kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL penalty to the base model; 0: no reference pass")
+    tis_cap: float | None = Field(
+        2.0, gt=0.0, description="cap of truncated importance weights pi_trainer / pi_sampler; None: off")
+    mismatch_bounds: tuple[float, float] | None = Field(
+        None, description="drop sequences whose trainer/sampler ratio leaves [low, high]; None: keep all")
+    truncated_reward: float | None = Field(
+        None, description="reward given to truncated episodes; None: they are masked out of the loss")
+    dynamic_sampling: bool = Field(False, description="resample groups without reward variance (DAPO)")
+    max_resample_batches: int = Field(2, ge=0, description="extra sampling rounds per step for dynamic sampling")
+    overlap_rollouts: bool = Field(
+        False, description="sample step k+1 while training step k (rollouts one policy version stale)")
+    constant_norm_tokens: int = Field(1024, ge=1, description="normaliser of the 'constant' aggregation (Dr. GRPO)")
+
+    @field_validator("mismatch_bounds")
+    @classmethod
+    def _bounds_around_one(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not 0.0 < v[0] <= 1.0 <= v[1]:
+            raise ValueError(f"must satisfy 0 < low <= 1 <= high (got [{v[0]}, {v[1]}])")
+        return v
+
+    @property
+    def masks_truncated(self) -> bool:
+        return self.truncated_reward is None
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_beta > 0.0
+
+
+class OptimConfig(_Section):
+    lr: float = Field(5e-5, gt=0.0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW first-moment decay")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW second-moment decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps from 0 to lr")
+    micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per forward/backward micro-batch")
+    logprob_chunk: int = Field(512, ge=1, description="positions per chunk when computing log-probs (bounds logit memory)")
+
+
+class RunConfig(_Section):
+    steps: int = Field(20, ge=1, description="optimizer steps")
+    seed: int = Field(0, description="seed for task order, sampling and initialisation")
+    run_dir: str = Field("runs/default", min_length=1, description="folder for config, metrics, plots and checkpoints")
+    save_every: int = Field(1, ge=1, description="save a checkpoint every this many steps")
+    keep_checkpoints: int = Field(2, ge=1, description="most recent checkpoints kept on disk")
+    tensorboard: bool = Field(True, description="write TensorBoard scalars to run_dir")
+    wandb_project: str | None = Field(None, description="also log to this Weights & Biases project; None: off")
+    collapse_drop: float = Field(
+        0.5, ge=0.0, le=1.0, description="warn when the tool-use rate falls below this fraction of its running peak")
+    entropy_floor: float = Field(0.05, ge=0.0, description="warn when the mean policy entropy falls below this")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+
+class TrainConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its adapter")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="the vLLM servers and sampling")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="environment and episode limits")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and the loss")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
+    run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
+
+    @model_validator(mode="after")
+    def _episode_fits_context(self) -> TrainConfig:
+        if self.rollout.max_total_tokens > self.sampler.max_model_len:
+            raise ValueError(f"rollout.max_total_tokens: must be <= sampler.max_model_len "
+                             f"({self.sampler.max_model_len}) (got {self.rollout.max_total_tokens})")
+        return self
+
+
+# -- reading and writing -----------------------------------------------------------------------
+
+
+def _one_line(e: ValidationError) -> ConfigError:
+    """The first problem of a pydantic error, as `section.field: message (got value)`."""
+    errors = e.errors()
+    err = errors[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        problem = "unknown field"
+    elif err["type"] == "value_error":
+        # our own validators: "Value error, <field>: <problem>" when they name a sibling field
+        problem = err["msg"].removeprefix("Value error, ")
+        head, sep, rest = problem.partition(": ")
+        if sep and " " not in head:
+            loc, problem = ".".join(p for p in (loc, head) if p), rest
+    else:
+        problem = f"{err['msg']} (got {_show(err.get('input'))})"
+    if len(errors) > 1:
+        problem += f" (and {len(errors) - 1} more)"
+    return ConfigError(loc or "config", problem)
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML (`-1`, `hot`, `[1, 2]`), on one line."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item}", "expected key=value, e.g. algorithm.kl_beta=0.01")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"invalid YAML value {raw!r}: {getattr(e, 'problem', None) or e}") from None
+    return key.split("."), value
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(path[: i + 1]), f"not a section, cannot set {'.'.join(path)}")
+        node = child
+    node[path[-1]] = value
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(path, "file not found" if not p.exists() else "not a file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(path, f"invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"expected a mapping of sections (model, sampler, ...) (got {_show(data)})")
+    # a section left empty (only comments under `rollout:`) means its defaults
+    return {k: ({} if v is None else v) for k, v in data.items()}
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """The YAML file at `path` (None: all defaults), then each `key=value` override in order.
+
+    Keys are dotted paths (`algorithm.kl_beta=0.01`); values are parsed as YAML, so
+    `sampler.server_urls=[http://a,http://b]` is a list and `model.init_adapter=null` is None.
+    Raises `ConfigError` (one line naming the field) on any mistake.
+    """
+    data = _read_yaml(path) if path is not None else {}
+    for item in overrides:
+        keys, value = _parse_override(item)
+        _set_path(data, keys, value)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise _one_line(e) from None
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The whole config as YAML, every field written out, in declaration order; `load_config` reads it back."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
