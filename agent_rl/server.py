@@ -76,7 +76,7 @@ class VLLMServer:
     max_lora_rank: int = 16
     max_loras: int = 2
     max_model_len: int = 4096
-    kv_cache_gib: float = 2.0  # CPU build only: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: int = 2  # CPU build only: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
     seed: int = 0
     extra_args: tuple[str, ...] = ()
@@ -113,7 +113,7 @@ class VLLMServer:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
-                   VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), TOKENIZERS_PARALLELISM="false")
+                   VLLM_CPU_KVCACHE_SPACE=str(max(1, int(self.kv_cache_gib))), TOKENIZERS_PARALLELISM="false")
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, stdin=subprocess.DEVNULL)
@@ -154,11 +154,15 @@ class VLLMServer:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        # the group may outlive its leader (engine core processes): make sure none is left
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # the group may outlive its leader (engine core processes): make sure none is left, and
+        # wait until the kernel has reaped them so a caller can rely on the group being gone
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
         self.proc = None
 
     def __enter__(self) -> "VLLMServer":

@@ -45,5 +45,5 @@ def vllm_server(tiny_dir):
     if url:  # reuse a running server while developing
         yield type("Attached", (), {"url": url, "model_dir": tiny_dir})()
         return
-    with VLLMServer(tiny_dir, kv_cache_gib=1.0, max_model_len=2048) as server:
+    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048) as server:
         yield server

@@ -121,7 +121,7 @@ def test_server_that_does_not_start_quotes_its_log(tmp_path):
 
 def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, renderer):
     """A server killed while 8 rollouts generate: every unfinished one is an ERROR trajectory, quickly."""
-    server = VLLMServer(tiny_dir, kv_cache_gib=0.5, max_model_len=1024).start()
+    server = VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=1024).start()
     pgid = server.proc.pid
     tasks = arithmetic_tasks(4, seed=5)
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=800, max_total_tokens=1000)
