@@ -79,6 +79,7 @@ class VLLMServer:
     kv_cache_gib: int = 2  # CPU build only: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
     seed: int = 0
+    dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full fine-tuning weight sync
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     log_path: Path | None = None
@@ -114,6 +115,8 @@ class VLLMServer:
             self.log_path = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
                    VLLM_CPU_KVCACHE_SPACE=str(max(1, int(self.kv_cache_gib))), TOKENIZERS_PARALLELISM="false")
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, stdin=subprocess.DEVNULL)
