@@ -12,6 +12,7 @@ the message in `Trajectory.error`; the other episodes go on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -29,6 +30,13 @@ class EpisodeLimits:
     temperature: float = 1.0
     top_p: float = 1.0
     env_timeout_s: float = 120.0  # deadline for any single environment call
+    seed: int | None = None  # base of per-request sampling seeds: same seed, same rollouts
+
+
+def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
+    """A stable 31-bit seed per (base, task, rollout, turn): Python's hash() is salted per process."""
+    digest = hashlib.blake2b(f"{base}|{task_id}|{rollout_index}|{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 class PrefixError(AssertionError):
@@ -36,7 +44,7 @@ class PrefixError(AssertionError):
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: ChatRenderer, limits: EpisodeLimits,
-                      task_id: str = "") -> Trajectory:
+                      task_id: str = "", rollout_index: int = 0) -> Trajectory:
     """Play one episode in an entered env. Never raises for sampler or env failures."""
     ids: list[int] = []
     mask: list[int] = []
@@ -62,7 +70,9 @@ async def run_episode(env: Env, sampler: Sampler, renderer: ChatRenderer, limits
                 stop = StopReason.MAX_TOKENS
                 break
             params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
-                                    stop_token_ids=tuple(renderer.stop_token_ids))
+                                    stop_token_ids=tuple(renderer.stop_token_ids),
+                                    seed=None if limits.seed is None else
+                                    request_seed(limits.seed, task_id, rollout_index, turn))
             before = list(ids)
             out = await sampler.sample(before, params)
             start = len(ids)
@@ -108,20 +118,20 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive."""
     gate = asyncio.Semaphore(max_concurrent)
 
-    async def one(task: dict[str, Any]) -> Trajectory:
+    async def one(task: dict[str, Any], index: int) -> Trajectory:
         task_id = str(task.get("id", ""))
         async with gate:
             try:
                 env = make_env(task)
                 async with env:
-                    return await run_episode(env, sampler, renderer, limits, task_id)
+                    return await run_episode(env, sampler, renderer, limits, task_id, index)
             except PrefixError:
                 raise
             except Exception as e:  # the env could not even be built or entered
                 return _failed(task_id, f"environment could not start: {type(e).__name__}: {e}",
                                sampler.policy_version)
 
-    per_task = [[one(task) for _ in range(group_size)] for task in tasks]
+    per_task = [[one(task, j) for j in range(group_size)] for task in tasks]
     flat = await asyncio.gather(*(c for group in per_task for c in group))
     return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
             for i, task in enumerate(tasks)]

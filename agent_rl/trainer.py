@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,17 @@ def build_policy(cfg: TrainConfig, model_dir: Path):
     return model, optimizer, scheduler
 
 
-async def sample_step(stream: TaskStream, cfg: TrainConfig, make_env, sampler, renderer, limits):
-    """Rollouts for one step; with dynamic sampling, groups without reward variance are replaced."""
+async def sample_step(stream: TaskStream, cfg: TrainConfig, make_env, sampler, renderer, limits, step: int):
+    """Rollouts for one step; with dynamic sampling, groups without reward variance are replaced.
+
+    Sampling seeds derive from (run seed, step, batch): a resumed run draws the same rollouts.
+    """
     t0 = time.perf_counter()
     r, algo = cfg.rollout, cfg.algorithm
-    groups = await rollout_groups(stream.take(r.tasks_per_step), make_env, sampler, renderer, limits,
+
+    def seeded(batch: int) -> EpisodeLimits:
+        return replace(limits, seed=(cfg.run.seed * 1_000_003 + step) * 101 + batch)
+    groups = await rollout_groups(stream.take(r.tasks_per_step), make_env, sampler, renderer, seeded(0),
                                   r.group_size, r.max_concurrent)
     extra = 0
     while algo.dynamic_sampling and extra < algo.max_resample_batches:
@@ -85,7 +92,7 @@ async def sample_step(stream: TaskStream, cfg: TrainConfig, make_env, sampler, r
         if not flat:
             break
         extra += 1
-        more = await rollout_groups(stream.take(len(flat)), make_env, sampler, renderer, limits,
+        more = await rollout_groups(stream.take(len(flat)), make_env, sampler, renderer, seeded(extra),
                                     r.group_size, r.max_concurrent)
         groups = [g for g in groups if A.has_signal(g, algo.truncated_reward)] + more
     return groups, {"time/rollout_s": time.perf_counter() - t0, "resample_batches": float(extra)}
@@ -124,7 +131,7 @@ async def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     try:
         async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
             # adapter names unique to this process: a long-lived server may hold an earlier run's
-            prefix = f"policy-{os.getpid()}-{int(time.time())}"
+            prefix = f"policy-{os.getpid()}-{secrets.token_hex(3)}"
             sync = (FullWeightSync(run_dir, sampler) if cfg.model.full_finetune
                     else AdapterSync(run_dir, sampler, prefix=prefix))
             await sync.push(model, start)  # the server samples with exactly the trainer's weights
@@ -137,12 +144,12 @@ async def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                     t_step = time.perf_counter()
                     # 1. sample (overlapped: these rollouts started while the previous step trained)
                     job = pending or asyncio.create_task(
-                        sample_step(stream, cfg, spec.make_env, sampler, renderer, limits))
+                        sample_step(stream, cfg, spec.make_env, sampler, renderer, limits, step))
                     groups, timing = await job
                     pending = None
                     if cfg.algorithm.overlap_rollouts and step + 1 < cfg.run.steps:
                         pending = asyncio.create_task(
-                            sample_step(stream, cfg, spec.make_env, sampler, renderer, limits))
+                            sample_step(stream, cfg, spec.make_env, sampler, renderer, limits, step + 1))
                     trajs = [t for g in groups for t in g.trajectories]
                     # 2. score: rewards came back with each trajectory (env.reward); 3. advantages
                     adv = A.group_advantages(groups, ADVANTAGES[cfg.algorithm.advantage],
