@@ -1,0 +1,251 @@
+"""Sandbox behaviour on well-behaved and simply failing code: statuses, sessions, formatting, tools, CLI.
+
+Hostile code (bombs, escapes, floods) lives in test_sandbox_adversarial.py. The shared logic runs
+here over bubblewrap (where it works) and the plain subprocess backend (everywhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+
+import pydantic
+import pytest
+
+from tools.base import Tool
+from tools.python_tool import PythonSessionTool, PythonTool
+from tools.sandbox import SANDBOX_ENV, ExecResult, Limits, exec_cli, format_result, get_backend
+from tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
+from tools.sandbox_docker import container_config
+from tools.sandbox_subprocess import SubprocessBackend
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMITS = Limits(wall_s=2, cpu_s=5, memory_mb=512, output_bytes=4096)
+BWRAP_MISSING = unavailable_reason()
+
+
+@pytest.fixture(params=["bubblewrap", "subprocess"])
+def backend(request):
+    if request.param == "bubblewrap":
+        if BWRAP_MISSING:
+            pytest.skip(f"bubblewrap unavailable: {BWRAP_MISSING}")
+        return BwrapBackend(LIMITS)
+    return SubprocessBackend(LIMITS)
+
+
+async def test_ok_error_timeout_memory_statuses(backend):
+    ok = await backend.run("print('hi'); import sys; print('warn', file=sys.stderr)")
+    assert (ok.status, ok.stdout, ok.stderr, ok.exit_code) == ("ok", "hi\n", "warn\n", 0)
+
+    err = await backend.run("x = 1\nraise ValueError('boom')")
+    assert (err.status, err.exit_code) == ("error", 1)
+    assert err.stderr.rstrip().endswith("ValueError: boom")
+
+    exited = await backend.run("import sys; sys.exit(3)")
+    assert (exited.status, exited.exit_code) == ("error", 3)
+
+    slow = await backend.run("import time; print('started', flush=True); time.sleep(30)")
+    assert (slow.status, slow.stdout) == ("timeout", "started\n")  # output before the kill is kept
+    assert LIMITS.wall_s <= slow.seconds < LIMITS.wall_s + 1.5
+
+    mem = await backend.run("blocks = []\nwhile True: blocks.append(bytearray(10**7))")
+    assert mem.status == "memory" and "MemoryError" in mem.stderr
+
+
+async def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock(backend):
+    busy = await type(backend)(Limits(wall_s=10, cpu_s=1)).run("while True: pass")
+    assert busy.status == "timeout"
+    assert busy.seconds < 4  # killed by RLIMIT_CPU at ~1 s, not by the 10 s deadline
+
+
+async def test_limits_and_identity_inside_the_sandbox(backend):
+    code = (
+        "import json, os, resource as r\n"
+        "names = ('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC')\n"
+        "print(json.dumps([{n: r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in names}, os.getuid(), os.getgroups()]))"
+    )
+    result = await backend.run(code)
+    rlimits, uid, groups = json.loads(result.stdout)
+    mib = 1 << 20
+    assert rlimits["CPU"] == [5, 5] and rlimits["AS"] == [512 * mib] * 2
+    assert rlimits["FSIZE"] == [16 * mib] * 2 and rlimits["NOFILE"] == [256, 256]
+    if isinstance(backend, BwrapBackend) and os.geteuid() == 0:
+        assert 60000 <= uid < 60256 and groups == [] and rlimits["NPROC"] == [LIMITS.nproc] * 2
+
+
+async def test_session_keeps_state_and_separates_call_output(backend):
+    async with backend.session() as session:
+        first = await session.run("x = 20\nprint('set')")
+        second = await session.run("x += 22\nprint(x)")
+        assert (first.stdout, second.stdout) == ("set\n", "42\n")
+        failed = await session.run("print('before'); 1/0")
+        assert (failed.status, failed.stdout, failed.state_lost) == ("error", "before\n", False)
+        assert "ZeroDivisionError" in failed.stderr and "1/0" in failed.stderr  # the source line is shown
+        assert (await session.run("print(x)")).stdout == "42\n"
+
+
+async def test_session_protocol_survives_stdin_reads_and_fake_end_marks(backend):
+    async with backend.session() as session:
+        read = await session.run("y = 5\ninput()")
+        assert read.status == "error" and "EOFError" in read.stderr and not read.state_lost
+        fake = await session.run(r"print('\0' + 'deadbeef' * 2 + ' 0 -\0'); print('real')")
+        assert fake.status == "ok" and fake.stdout.endswith("real\n")
+        assert (await session.run("print(y)")).stdout == "5\n"
+
+
+async def test_session_restarts_with_state_lost_after_timeout_crash_and_flood(backend):
+    async with backend.session() as session:
+        await session.run("x = 1")
+        hung = await session.run("import time; time.sleep(30)")
+        assert (hung.status, hung.state_lost) == ("timeout", True)
+        assert (await session.run("print('x' in globals())")).stdout == "False\n"
+
+        await session.run("x = 1")
+        crashed = await session.run("import os; os._exit(7)")
+        assert (crashed.status, crashed.exit_code, crashed.state_lost) == ("error", 7, True)
+
+        flood = await session.run("while True: print('y' * 1000)")
+        assert (flood.status, flood.state_lost) == ("output_limit", True)
+        assert len(flood.stdout) <= LIMITS.output_bytes
+
+        after = await session.run("print('fresh')")
+        assert (after.status, after.stdout, after.state_lost) == ("ok", "fresh\n", False)
+
+
+async def test_session_call_is_fast_once_warm(backend):
+    async with backend.session() as session:
+        await session.run("n = 0")
+        start = time.perf_counter()
+        for _ in range(20):
+            await session.run("n += 1")
+        per_call = (time.perf_counter() - start) / 20
+        assert (await session.run("print(n)")).stdout == "20\n"
+    assert per_call < 0.02  # a warm interpreter answers in well under a millisecond; 20 ms is slack
+
+
+def test_format_result_text():
+    ok = ExecResult("ok", "42\n", "", 0, 0.0123)
+    assert format_result(ok) == "[ok | exit code 0 | 0.01 s]\nstdout:\n42"
+
+    lost = ExecResult("timeout", "", "", 137, 3.0, state_lost=True)
+    assert format_result(lost) == (
+        "[timeout: the code ran past its time limit and was killed | exit code 137 | 3.00 s]\n(no output)\n"
+        "[note: the Python interpreter was restarted; all variables, imports and files are lost]"
+    )
+
+    long = ExecResult("error", "a" * 50 + "b" * 50, "t" * 90 + "ValueError", 1, 0.5)
+    text = format_result(long, max_chars=20)
+    assert "stdout:\n" + "a" * 10 + "\n... [80 characters omitted] ...\n" + "b" * 10 in text
+    assert "stderr:\n" + "t" * 5 + "\n... [80 characters omitted] ...\n" + "tttttValueError" in text
+
+
+def test_limits_are_validated_and_frozen():
+    with pytest.raises(pydantic.ValidationError, match="wall_s"):
+        Limits(wall_s=0)
+    with pytest.raises(pydantic.ValidationError, match="memory"):
+        Limits(memory=1)  # a typo is an error, not a silently ignored field
+    with pytest.raises(pydantic.ValidationError):
+        LIMITS.wall_s = 5
+
+
+def test_get_backend_names(caplog):
+    with pytest.raises(ValueError, match="unknown sandbox backend 'nope'"):
+        get_backend("nope")
+    with caplog.at_level(logging.WARNING):
+        assert get_backend("subprocess").name == "subprocess"
+    assert "NOT isolated" in caplog.text
+    if BWRAP_MISSING is None:
+        assert get_backend(None).name == get_backend("auto").name == "bubblewrap"
+
+
+async def test_tools_wrap_as_model_tools(backend):
+    tool = Tool(PythonTool(backend).run_python)
+    fn = tool.schema["function"]
+    assert fn["name"] == "run_python" and fn["description"].startswith("Run a Python program")
+    assert fn["parameters"]["properties"]["code"]["type"] == "string"
+    assert fn["parameters"]["required"] == ["code"]
+    result = await tool.call({"code": "print(6 * 7)"})
+    assert result.ok and result.content.startswith("[ok | exit code 0 | ")
+    assert result.content.endswith(" s]\nstdout:\n42")
+
+    async with PythonSessionTool(backend) as session_tool:
+        tool = Tool(session_tool.python)
+        assert tool.name == "python"
+        await tool.call({"code": "total = 40"})
+        assert "stdout:\n42" in (await tool.call({"code": "print(total + 2)"})).content
+    closed = await tool.call({"code": "print(1)"})
+    assert not closed.ok and "not open" in closed.content
+
+
+def test_exec_cli(tmp_path, capsys):
+    program = tmp_path / "prog.py"
+    program.write_text("print('from file')\n")
+    assert exec_cli(str(program), None if BWRAP_MISSING is None else "subprocess") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["status"], out["stdout"], out["state_lost"]) == ("ok", "from file\n", False)
+
+    program.write_text("import sys; sys.exit(4)\n")
+    assert exec_cli(str(program), "subprocess") == 4
+    assert json.loads(capsys.readouterr().out)["status"] == "error"
+
+    assert exec_cli(str(tmp_path / "missing.py"), "subprocess") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read" in err and "missing.py" in err
+
+    assert exec_cli(str(program), "nope") == 2
+    assert "unknown sandbox backend" in capsys.readouterr().err
+
+
+def test_uid_pool_is_exclusive_across_holders_and_sweeps_leftovers(tmp_path):
+    lock_dir = str(tmp_path / "uids")
+    a, b = UidPool(base=61000, size=1, lock_dir=lock_dir), UidPool(base=61000, size=1, lock_dir=lock_dir)
+    assert a.try_acquire() == 61000
+    assert b.try_acquire() is None  # another holder (here: another open file, as another process would)
+    if os.geteuid() != 0:
+        a.release(61000, dirty=False)
+        return
+    # A process left behind under the uid by a killed run must not survive into the next one.
+    leftover = subprocess.Popen(["sleep", "30"], user=61000, group=61000, extra_groups=[])
+    try:
+        a.release(61000, dirty=True)
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+        assert b.try_acquire() == 61000
+        b.release(61000, dirty=False)
+    finally:
+        leftover.kill()
+        leftover.wait()
+
+
+def test_docker_container_config_locks_the_container_down():
+    from docker.types import ContainerConfig, HostConfig
+
+    config = container_config(LIMITS, "agent-rl-python", session=False)
+    container = ContainerConfig("1.44", **{k: v for k, v in config.items() if k != "host_config"})
+    assert container["Cmd"][-1] == "-" and container["StdinOnce"] is True  # the program arrives on stdin
+    assert container["User"] == "65534:65534"
+    assert container["Env"] == [f"{k}={v}" for k, v in SANDBOX_ENV.items()]  # nothing of the host
+    host = HostConfig(version="1.44", **config["host_config"])  # the SDK accepts every setting
+    assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Memory"] == host["MemorySwap"] == 512 << 20 and host["PidsLimit"] == LIMITS.nproc
+    assert {u["Name"]: u["Hard"] for u in host["Ulimits"]}["cpu"] == LIMITS.cpu_s
+    assert host["Tmpfs"]["/tmp"].startswith("rw,nosuid,nodev,size=64m")
+
+
+async def test_cancelled_session_call_kills_and_reports_lost_state(backend):
+    async with backend.session() as session:
+        await session.run("x = 1")
+        call = asyncio.ensure_future(session.run("import time; time.sleep(30)"))
+        await asyncio.sleep(0.3)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        after = await session.run("print('x' in globals())")
+        assert (after.status, after.stdout, after.state_lost) == ("ok", "False\n", True)
+        assert not (await session.run("pass")).state_lost

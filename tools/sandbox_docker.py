@@ -1,0 +1,165 @@
+"""Docker sandbox backend, for hosts where bubblewrap cannot create namespaces but a daemon runs.
+
+Owns: the container settings (`container_config`), `DockerProc` (one container driven over its
+attach socket), the "does a daemon answer" probe and `DockerBackend`.
+Does not own: the session protocol, output cap and result types (`tools.sandbox`).
+
+Each call (or session) is one container: no network, read-only root, all capabilities dropped, no
+new privileges, user nobody, memory (no swap) and pids limits, CPU/file-size/open-file ulimits and
+a size-limited tmpfs on /tmp (the work dir). Code goes in over stdin, as with every backend.
+
+The image only needs python3 on PATH. Build it offline, without a registry:
+
+    debootstrap --variant=minbase --include=python3-minimal bookworm ROOTFS
+    tar -C ROOTFS -c . | docker import - agent-rl-python
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+from typing import Any
+
+from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+
+IMAGE = "agent-rl-python"
+
+
+def container_config(limits: Limits, image: str, session: bool, python: str = "python3") -> dict[str, Any]:
+    """Keyword arguments for the low-level `api.create_container`, with those of `create_host_config`
+    under "host_config" (the high-level `containers.create` cannot ask for StdinOnce)."""
+    from docker.types import Ulimit
+
+    mib = limits.memory_mb
+    cpu_hard = 10**9 if session else limits.cpu_s  # sessions raise their own soft limit per call
+    return {
+        "image": image,
+        "command": python_argv(python, session, limits),
+        "stdin_open": True,
+        "detach": False,  # with stdin_open: StdinOnce, so closing our side ends a one-shot program's stdin
+        "user": "65534:65534",
+        "working_dir": "/tmp",
+        "environment": dict(SANDBOX_ENV),
+        "labels": {"agent-rl": "sandbox"},
+        "host_config": {
+            "network_mode": "none",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "mem_limit": f"{mib}m",
+            "memswap_limit": f"{mib}m",
+            "pids_limit": limits.nproc,
+            "ulimits": [
+                Ulimit(name="cpu", soft=limits.cpu_s, hard=cpu_hard),
+                Ulimit(name="fsize", soft=limits.file_size_mb << 20, hard=limits.file_size_mb << 20),
+                Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmp_mb}m,mode=1777"},
+            "shm_size": f"{limits.tmp_mb}m",
+        },
+    }
+
+
+class DockerProc:
+    """One container, its stdin/stdout/stderr multiplexed over the attach socket."""
+
+    def __init__(self, container: Any, sock: Any):
+        self._container, self._sock = container, sock
+        self._raw = getattr(sock, "_sock", sock)  # docker-py hands back a SocketIO over the socket
+        self._eof = False
+        self._code: int | None = None
+        self.oom_killed = False
+
+    async def write(self, data: bytes, eof: bool = False) -> None:
+        await asyncio.to_thread(self._raw.sendall, data)
+        if eof:
+            await asyncio.to_thread(self._raw.shutdown, socket.SHUT_WR)
+
+    def _read_frame(self) -> tuple[int, bytes]:
+        from docker.utils.socket import next_frame_header, read_exactly
+
+        stream, size = next_frame_header(self._sock)
+        if stream < 0:
+            self._eof = True
+            return 0, b""
+        return (2 if stream == 2 else 1), read_exactly(self._sock, size)
+
+    async def read(self) -> tuple[int, bytes]:
+        return (0, b"") if self._eof else await asyncio.to_thread(self._read_frame)
+
+    async def wait(self) -> int:
+        return int((await asyncio.to_thread(self._container.wait))["StatusCode"])
+
+    async def close(self) -> int:
+        if self._code is not None:
+            return self._code
+        import docker.errors
+
+        try:
+            with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
+                await asyncio.to_thread(self._container.kill)
+            self._code = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
+            await asyncio.to_thread(self._container.reload)
+            self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
+        finally:
+            with contextlib.suppress(Exception):
+                self._sock.close()
+            with contextlib.suppress(docker.errors.APIError):
+                await asyncio.to_thread(self._container.remove, force=True)
+        return self._code
+
+
+@functools.cache
+def unavailable_reason(image: str = IMAGE) -> str | None:
+    """None when a Docker daemon answers and has `image`; else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except Exception as e:  # no socket, refused, timeout, SDK missing: all mean "not here"
+        return f"no Docker daemon answers ({type(e).__name__})"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"Docker image {image!r} is missing; build it as the tools/sandbox_docker.py docstring says"
+    return None
+
+
+class DockerBackend:
+    """One container per one-shot run or session."""
+
+    name = "docker"
+
+    def __init__(self, limits: Limits | None = None, image: str = IMAGE, client: Any = None):
+        import docker
+
+        self.limits = limits or Limits()
+        self.image = image
+        self.client = client or docker.from_env(timeout=30)
+
+    async def run(self, code: str) -> ExecResult:
+        return await run_oneshot(self._spawn, code, self.limits)
+
+    def session(self) -> DriverSession:
+        return DriverSession(self._spawn, self.limits)
+
+    def _create(self, session: bool) -> Any:
+        config = container_config(self.limits, self.image, session)
+        host_config = self.client.api.create_host_config(**config.pop("host_config"))
+        created = self.client.api.create_container(**config, host_config=host_config)
+        return self.client.containers.get(created["Id"])
+
+    async def _spawn(self, session: bool) -> DockerProc:
+        container = await asyncio.to_thread(self._create, session)
+        try:
+            params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            sock = await asyncio.to_thread(container.attach_socket, params=params)
+            await asyncio.to_thread(container.start)
+        except BaseException:
+            await asyncio.to_thread(container.remove, force=True)
+            raise
+        return DockerProc(container, sock)
