@@ -82,14 +82,28 @@ class CalculatorEnv(ToolEnv):
 
 
 def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Deterministic two-step arithmetic questions (a fallback that needs no dataset package)."""
+    """Deterministic arithmetic questions (no dataset package needed), cycling through three levels:
+    a one-step sum of small numbers, a one-step product, and a two-step `(a + b) * c`.
+
+    The easy levels matter: a 135M model answers some of them right without tools, so GRPO groups
+    have reward variance (signal) from the first step; the two-step level is where a calculator pays.
+    """
     import random
 
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 19)
-        rows.append({"id": f"arith-{seed}-{i}", "question": f"What is ({a} + {b}) * {c}?", "answer": (a + b) * c})
+        level = i % 3
+        if level == 0:
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+            question, answer = f"What is {a} + {b}?", a + b
+        elif level == 1:
+            a, b = rng.randint(2, 12), rng.randint(2, 12)
+            question, answer = f"What is {a} * {b}?", a * b
+        else:
+            a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 19)
+            question, answer = f"What is ({a} + {b}) * {c}?", (a + b) * c
+        rows.append({"id": f"arith-{seed}-{i}", "question": question, "answer": answer, "level": level})
     return rows
 
 
