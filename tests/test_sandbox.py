@@ -1,7 +1,7 @@
 """Sandbox behaviour on well-behaved and simply failing code: statuses, sessions, formatting, tools, CLI.
 
 Hostile code (bombs, escapes, floods) lives in test_sandbox_adversarial.py. The shared logic runs
-here over bubblewrap (where it works) and the plain subprocess backend (everywhere).
+here over bubblewrap and Docker (each where it works) and the plain subprocess backend (everywhere).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tools.base import Tool
 from tools.python_tool import PythonSessionTool, PythonTool
 from tools.sandbox import SANDBOX_ENV, ExecResult, Limits, exec_cli, format_result, get_backend
 from tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
-from tools.sandbox_docker import container_config
+from tools.sandbox_docker import DockerBackend, container_config
+from tools.sandbox_docker import unavailable_reason as docker_missing
 from tools.sandbox_subprocess import SubprocessBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,12 +31,16 @@ LIMITS = Limits(wall_s=2, cpu_s=5, memory_mb=512, output_bytes=4096)
 BWRAP_MISSING = unavailable_reason()
 
 
-@pytest.fixture(params=["bubblewrap", "subprocess"])
+@pytest.fixture(params=["bubblewrap", "docker", "subprocess"])
 def backend(request):
     if request.param == "bubblewrap":
         if BWRAP_MISSING:
             pytest.skip(f"bubblewrap unavailable: {BWRAP_MISSING}")
         return BwrapBackend(LIMITS)
+    if request.param == "docker":
+        if reason := docker_missing():
+            pytest.skip(f"docker unavailable: {reason}")
+        return DockerBackend(LIMITS)
     return SubprocessBackend(LIMITS)
 
 

@@ -7,11 +7,18 @@ Does not own: the session protocol, output cap and result types (`tools.sandbox`
 Each call (or session) is one container: no network, read-only root, all capabilities dropped, no
 new privileges, user nobody, memory (no swap) and pids limits, CPU/file-size/open-file ulimits and
 a size-limited tmpfs on /tmp (the work dir). Code goes in over stdin, as with every backend.
+RLIMIT_AS (`Limits.memory_mb`, so Python raises MemoryError as under bubblewrap) is set by a `sh`
+wrapper that then execs python3: runc applies ulimits before loading seccomp, which an address-space
+limit makes fail, so Docker refuses an "as" ulimit. The cgroup memory limit stays as the backstop.
 
-The image only needs python3 on PATH. Build it offline, without a registry:
+The image needs /bin/sh and python3 with its standard library on PATH (python3-minimal is not
+enough: sessions need `resource`). Build it offline, without a registry (`.ci/docker-image.sh`):
 
-    debootstrap --variant=minbase --include=python3-minimal bookworm ROOTFS
+    debootstrap --variant=minbase --include=python3 bookworm ROOTFS
     tar -C ROOTFS -c . | docker import - agent-rl-python
+
+The daemon is the one `docker.from_env` finds: DOCKER_HOST (e.g. unix:///path/docker.sock), else
+/var/run/docker.sock.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import socket
+import time
 from typing import Any
 
 from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
@@ -33,10 +41,12 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
     from docker.types import Ulimit
 
     mib = limits.memory_mb
-    cpu_hard = 10**9 if session else limits.cpu_s  # sessions raise their own soft limit per call
+    cpu_hard = -1 if session else limits.cpu_s  # -1: unlimited; sessions raise their own soft limit per call
     return {
         "image": image,
-        "command": python_argv(python, session, limits),
+        # sh sets RLIMIT_AS (ulimit -v: KiB, soft and hard), then execs: python3 is pid 1, argv verbatim
+        "command": ["/bin/sh", "-c", f'ulimit -v {mib << 10} && exec "$@"', "sh"]
+        + python_argv(python, session, limits),
         "stdin_open": True,
         "detach": False,  # with stdin_open: StdinOnce, so closing our side ends a one-shot program's stdin
         "user": "65534:65534",
@@ -44,6 +54,7 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
         "environment": dict(SANDBOX_ENV),
         "labels": {"agent-rl": "sandbox"},
         "host_config": {
+            "log_config": {"type": "none"},  # output reaches us over attach; the daemon keeps no copy
             "network_mode": "none",
             "read_only": True,
             "cap_drop": ["ALL"],
@@ -69,6 +80,7 @@ class DockerProc:
     def __init__(self, container: Any, sock: Any):
         self._container, self._sock = container, sock
         self._raw = getattr(sock, "_sock", sock)  # docker-py hands back a SocketIO over the socket
+        self._started = int(time.time())
         self._eof = False
         self._code: int | None = None
         self.oom_killed = False
@@ -93,20 +105,41 @@ class DockerProc:
     async def wait(self) -> int:
         return int((await asyncio.to_thread(self._container.wait))["StatusCode"])
 
+    def _oom_event_logged(self) -> bool:
+        """Whether the daemon logged an "oom" event for this container. Docker 20.10 can leave
+        State.OOMKilled false when containerd's OOM event is handled after its exit event."""
+        events = self._container.client.api.events(
+            since=self._started - 1, until=f"{time.time():.6f}", decode=True,
+            filters={"container": self._container.id, "event": "oom"},
+        )
+        try:
+            return any(True for _ in events)
+        finally:
+            events.close()
+
+    def _hang_up(self) -> None:
+        for step in (lambda: self._raw.shutdown(socket.SHUT_RDWR), self._raw.close, self._sock.close):
+            with contextlib.suppress(Exception):
+                step()
+
     async def close(self) -> int:
         if self._code is not None:
             return self._code
         import docker.errors
 
         try:
+            # Hang up first: a daemon blocked writing output we no longer read (a flood past the cap)
+            # stalls kill, wait and remove. Shut down the socket itself, not only docker-py's SocketIO.
+            self._hang_up()
             with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
                 await asyncio.to_thread(self._container.kill)
             self._code = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
             await asyncio.to_thread(self._container.reload)
             self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
+            if self._code == 128 + 9 and not self.oom_killed:
+                self.oom_killed = await asyncio.to_thread(self._oom_event_logged)
         finally:
-            with contextlib.suppress(Exception):
-                self._sock.close()
+            self._hang_up()
             with contextlib.suppress(docker.errors.APIError):
                 await asyncio.to_thread(self._container.remove, force=True)
         return self._code
