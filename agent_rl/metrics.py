@@ -40,6 +40,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tokens_mean": _mean([len(t.token_ids) for t in ok]),
         "sampled_tokens_mean": _mean([t.num_sampled for t in ok]),
         "truncation_rate": _mean([1.0 if t.truncated else 0.0 for t in ok]),
+        # scoring runs inside the rollouts, concurrently: this is its summed time, not wall time
+        "reward_time_sum_s": sum(t.reward_s for t in ok),
     })
     for name, n in sorted(Counter(c.name for c in calls).items()):
         failed = sum(1 for c in calls if c.name == name and not c.ok)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -53,7 +54,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: ChatRenderer, limits
     records: list[ToolCallRecord] = []
     messages: list[Message] = []
     stop, error = StopReason.MAX_TURNS, None
-    prompt_len = 0
+    prompt_len, reward_s = 0, 0.0
 
     def extend(new: Sequence[int], sampled: bool, lp: Sequence[float] = ()) -> None:
         ids.extend(new)
@@ -96,7 +97,9 @@ async def run_episode(env: Env, sampler: Sampler, renderer: ChatRenderer, limits
             extend(renderer.continuation(result.messages, after_stop=ended), sampled=False)
             if ids[:start] != before or ids[start: start + len(out.token_ids)] != list(out.token_ids):
                 raise PrefixError(f"task {task_id}: turn {turn} does not extend the previous prompt")
+        t_reward = time.perf_counter()
         reward = float(await asyncio.wait_for(env.reward(messages), limits.env_timeout_s))
+        reward_s = time.perf_counter() - t_reward
         parts = env.reward_parts()
     except PrefixError:
         raise
@@ -108,7 +111,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: ChatRenderer, limits
         task_id=task_id, token_ids=tuple(ids), loss_mask=tuple(mask), logprobs=tuple(logps),
         prompt_len=prompt_len, turns=tuple(turns), messages=tuple(messages), tool_calls=tuple(records),
         stop_reason=stop, reward=reward, reward_parts=parts, error=error,
-        policy_version=min(versions) if versions else sampler.policy_version,
+        policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
     )
 
 

@@ -87,6 +87,7 @@ class Trajectory:
     reward_parts: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # infrastructure error message when stop_reason == ERROR
     policy_version: int = 0  # the oldest policy version that sampled any turn
+    reward_s: float = 0.0  # seconds spent scoring this episode (env.reward)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -39,6 +39,7 @@ def test_rollout_metrics_by_hand():
     assert m["sampled_tokens_mean"] == pytest.approx((4 + 4 + 10 + 4) / 4)
     assert m["truncation_rate"] == pytest.approx(1 / 4)
     assert m["reward_mean"] == pytest.approx(0.5)
+    assert m["reward_time_sum_s"] == 0.0
     assert m["stop/no_tool_call"] == pytest.approx(3 / 5)
     assert m["stop/length"] == pytest.approx(1 / 5) and m["stop/error"] == pytest.approx(1 / 5)
 
