@@ -164,7 +164,7 @@ async def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                             policy_update, model, optimizer, batch, cfg.algorithm, cfg.optim,
                             cfg.sampler.temperature, cfg.algorithm.overlap_rollouts)
                         scheduler.step()
-                        metrics.update({f"train/{k}": v for k, v in stats.items()})
+                        metrics.update(stats)  # entropy, kl, clip_frac, grad_norm...: the alarm reads them
                     metrics["time/train_s"] = time.perf_counter() - t_train
                     # 7. sync the new weights into every server (version = number of steps taken)
                     metrics["time/sync_s"] = await sync.push(model, step + 1)

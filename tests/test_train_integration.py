@@ -50,7 +50,7 @@ def served_name_of(url: str, adapter_dir: Path) -> str:
 def test_two_steps_then_server_matches_trainer(tmp_path, vllm_server, renderer):
     run_dir = tmp_path / "run"
     final = asyncio.run(trainer.train(config(vllm_server, run_dir, steps=2)))
-    assert final["train/train_tokens"] > 0 and final["time/sync_s"] < 5.0
+    assert final["train_tokens"] > 0 and final["time/sync_s"] < 5.0
     adapter = run_dir / "adapters" / "v2"
     from peft import PeftModel
 
