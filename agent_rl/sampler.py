@@ -18,6 +18,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import aiohttp
 
+from tools.http import SessionOwner
+
 
 class SamplerError(Exception):
     """The sampler could not produce a completion (server down, timeout, bad response)."""
@@ -52,7 +54,7 @@ class _Replica:
     outstanding: int = 0
 
 
-class VLLMSampler:
+class VLLMSampler(SessionOwner):
     """Client of one or more vLLM OpenAI-compatible servers (data-parallel replicas)."""
 
     def __init__(self, urls: Sequence[str], model: str = "base", *, request_timeout_s: float = 300.0,
@@ -64,24 +66,7 @@ class VLLMSampler:
         self.policy_version = 0
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self.retries, self.backoff_s = retries, backoff_s
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> "VLLMSampler":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, force_close=False))
-        return self._session
+        self.connector_limit = 0  # every rollout's request in flight at once
 
     def set_policy(self, model: str, version: int) -> None:
         """Route new requests to `model` (a loaded adapter name), tagged with `version`."""
@@ -106,7 +91,7 @@ class VLLMSampler:
             replica = self._pick()
             replica.outstanding += 1
             try:
-                async with self._http().post(replica.url + "/v1/completions", json=body) as resp:
+                async with self.http().post(replica.url + "/v1/completions", json=body) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
                         if resp.status < 500:  # our request is wrong: retrying will not help

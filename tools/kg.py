@@ -15,35 +15,23 @@ from typing import Any
 import aiohttp
 
 from tools.base import Tool, ToolError
+from tools.http import SessionOwner
 
 
-class KGClient:
+class KGClient(SessionOwner):
     """Knowledge-graph tools over a running service at `url`."""
 
     def __init__(self, url: str, timeout_s: float = 10.0):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> KGClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     def tools(self) -> list[Tool]:
         return [Tool(self.search_entities), Tool(self.get_relations), Tool(self.follow)]
 
     async def _ask(self, endpoint: str, payload: dict[str, Any]) -> str:
-        if self._session is None:  # created lazily, inside the running event loop
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         try:
-            async with self._session.post(f"{self.url}/{endpoint}", json=payload) as resp:
+            async with self.http().post(f"{self.url}/{endpoint}", json=payload) as resp:
                 body = await resp.json(content_type=None)
         except (asyncio.TimeoutError, TimeoutError):
             raise ToolError(f"the knowledge graph at {self.url} did not answer within {self.timeout_s:g} s") from None

@@ -15,7 +15,6 @@ articles by how many rare words they match.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import sqlite3
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 import aiohttp
 
 from tools.base import ToolError
+from tools.http import SessionOwner
+from tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_INDEX = Path("~/.cache/agent-rl/countries-fts.sqlite")
 SCHEMA_VERSION = "countries-fts-1"
@@ -62,16 +63,8 @@ class SearchIndex:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if not self.path.exists():
-            raise FileNotFoundError(f"no search index at {self.path}; build it with SearchIndex.build")
-        self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-        try:
-            version, self.size = self._db.execute("SELECT version, articles FROM meta").fetchone()
-        except sqlite3.DatabaseError:
-            version = None
-        if version != SCHEMA_VERSION:
-            self._db.close()
-            raise ValueError(f"{self.path} is not a {SCHEMA_VERSION} search index; delete it to rebuild")
+        self._db, (_, self.size) = open_versioned(self.path, SCHEMA_VERSION, "search index", "SearchIndex.build",
+                                                  meta_columns="version, articles")
 
     @classmethod
     def build(cls, path: str | Path, articles: list[tuple[str, str]] | None = None) -> SearchIndex:
@@ -80,20 +73,16 @@ class SearchIndex:
             from tools.countries import country_articles
 
             articles = country_articles()
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        with sqlite3.connect(tmp) as db:
+
+        def fill(db: sqlite3.Connection) -> None:
             db.execute("CREATE VIRTUAL TABLE articles USING fts5(title, body, "
                        "tokenize='unicode61 remove_diacritics 2')")
             db.executemany("INSERT INTO articles(title, body) VALUES (?, ?)", articles)
             db.execute("INSERT INTO articles(articles) VALUES ('optimize')")
             db.execute("CREATE TABLE meta(version TEXT, articles INTEGER)")
             db.execute("INSERT INTO meta VALUES (?, ?)", (SCHEMA_VERSION, len(articles)))
-        db.close()
-        os.replace(tmp, path)  # a reader never sees a half-written index
-        return cls(path)
+
+        return cls(write_atomically(path, fill))
 
     @classmethod
     def open_or_build(cls, path: str | Path = DEFAULT_INDEX) -> SearchIndex:
@@ -130,11 +119,8 @@ def format_hits(query: str, terms: list[str], hits: list[Hit]) -> str:
     return "\n".join(lines)
 
 
-class LocalSearch:
-    """The search tool over an index file on this machine."""
-
-    def __init__(self, index: SearchIndex):
-        self.index = index
+class _SearchTool:
+    """The agent-facing `search` tool; subclasses only say where the hits come from."""
 
     async def search(self, query: str, k: int = 5) -> str:
         """Search the encyclopedia of countries and return the best matching articles with snippets.
@@ -145,49 +131,40 @@ class LocalSearch:
         """
         _check_k(k)
         terms = query_terms(query)
-        hits = await asyncio.wait_for(asyncio.to_thread(self.index.query, terms, k), QUERY_DEADLINE_S)
-        return format_hits(query, terms, hits)
+        return format_hits(query, terms, await self._hits(terms, k))
+
+    async def _hits(self, terms: list[str], k: int) -> list[Hit]:
+        raise NotImplementedError
 
 
-class RemoteSearch:
+class LocalSearch(_SearchTool):
+    """The search tool over an index file on this machine."""
+
+    def __init__(self, index: SearchIndex):
+        self.index = index
+
+    async def _hits(self, terms: list[str], k: int) -> list[Hit]:
+        return await asyncio.wait_for(asyncio.to_thread(self.index.query, terms, k), QUERY_DEADLINE_S)
+
+
+class RemoteSearch(SessionOwner, _SearchTool):
     """The same search tool, answered by a retrieval service (`GET {url}/search?q=TERMS&k=`, JSON hits)."""
 
     def __init__(self, url: str, timeout_s: float = 10.0):
         self.url = url.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> RemoteSearch:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def search(self, query: str, k: int = 5) -> str:
-        """Search the encyclopedia of countries and return the best matching articles with snippets.
-
-        Args:
-            query: a few keywords, for example "capital Paris" or "landlocked country in Africa".
-            k: how many articles to return (1 to 20).
-        """
-        _check_k(k)
-        terms = query_terms(query)  # sent instead of the raw text, so any query fits in a URL
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+    async def _hits(self, terms: list[str], k: int) -> list[Hit]:
+        # the cleaned terms are sent instead of the raw text, so any query fits in a URL
         try:
-            async with self._session.get(f"{self.url}/search", params={"q": " ".join(terms), "k": str(k)}) as resp:
+            async with self.http().get(f"{self.url}/search", params={"q": " ".join(terms), "k": str(k)}) as resp:
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             raise ToolError(f"search service at {self.url} failed: {type(e).__name__} {e}".strip()) from None
         if resp.status != 200 or not isinstance(body, dict) or "hits" not in body:
             error = body.get("error", body) if isinstance(body, dict) else body
             raise ToolError(f"search service answered {resp.status}: {error}"[:500])
-        return format_hits(query, terms, [Hit(**hit) for hit in body["hits"]])
+        return [Hit(**hit) for hit in body["hits"]]
 
 
 def search_cli(text: str, k: int, index_path: str | None) -> int:
