@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import os
 import re
 import sqlite3
 import sys
@@ -32,6 +31,7 @@ from aiohttp import web
 
 from tools.countries import LITERAL_TYPES, Triple, country_triples, entity_key
 from tools.search import SearchIndex, format_hits, query_terms
+from tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_DB = Path("~/.cache/agent-rl/countries-kg.sqlite")
 SCHEMA_VERSION = "countries-kg-1"
@@ -59,16 +59,7 @@ class KGStore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if not self.path.exists():
-            raise FileNotFoundError(f"no knowledge graph at {self.path}; build it with KGStore.build")
-        self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-        try:
-            version = self._db.execute("SELECT version FROM meta").fetchone()[0]
-        except sqlite3.DatabaseError:
-            version = None
-        if version != SCHEMA_VERSION:
-            self._db.close()
-            raise ValueError(f"{self.path} is not a {SCHEMA_VERSION} knowledge graph; delete it to rebuild")
+        self._db, _ = open_versioned(self.path, SCHEMA_VERSION, "knowledge graph", "KGStore.build")
         # entity key -> (display name, types, number of facts); small enough to scan for fuzzy lookup
         self.entities = {k: (n, sorted(t.split(",")), c) for k, n, t, c in self._db.execute("SELECT * FROM entities")}
         self.types = sorted({t for _, types, _ in self.entities.values() for t in types})
@@ -86,11 +77,8 @@ class KGStore:
     def build(cls, path: str | Path, triples: list[Triple] | None = None) -> KGStore:
         """Write triples (by default the country facts with inverse edges) to `path` atomically."""
         triples = country_triples(inverse=True) if triples is None else triples
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        with sqlite3.connect(tmp) as db:
+
+        def fill(db: sqlite3.Connection) -> None:
             db.executescript("""
                 CREATE TABLE triples(subject TEXT NOT NULL, subject_key TEXT NOT NULL, relation TEXT NOT NULL,
                     object TEXT NOT NULL, object_key TEXT NOT NULL, subject_type TEXT, object_type TEXT);
@@ -108,9 +96,8 @@ class KGStore:
                     FROM triples GROUP BY subject_key;
                 INSERT INTO meta VALUES ('{SCHEMA_VERSION}');
             """)
-        db.close()
-        os.replace(tmp, path)  # a reader never sees a half-written database
-        return cls(path)
+
+        return cls(write_atomically(path, fill))
 
     @classmethod
     def open_or_build(cls, path: str | Path = DEFAULT_DB) -> KGStore:
