@@ -54,6 +54,9 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.im_start = self._special_id("<|im_start|>")
         self.im_end = self._special_id("<|im_end|>")
+        # constant pieces, tokenised once: rendering runs at every turn of every rollout
+        self.newline = self.encode("\n")
+        self.generation_prompt = [self.im_start, *self.encode("assistant\n")]
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ChatRenderer":
@@ -88,10 +91,6 @@ class ChatRenderer:
     def _turn(self, role: str, text: str) -> list[int]:
         return [self.im_start, *self.encode(f"{role}\n{text}"), self.im_end]
 
-    @property
-    def generation_prompt(self) -> list[int]:
-        return [self.im_start, *self.encode("assistant\n")]
-
     # -- messages ----------------------------------------------------------------------------
     def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str:
         text = system if system is not None else DEFAULT_SYSTEM
@@ -117,13 +116,13 @@ class ChatRenderer:
                 while i < len(messages) and messages[i].role == "tool":
                     block.append(f"<tool_response>\n{messages[i].content}\n</tool_response>")
                     i += 1
-                ids += self._turn("user", "\n".join(block)) + self.encode("\n")
+                ids += self._turn("user", "\n".join(block)) + self.newline
                 continue
             if m.role == "assistant":
                 ids += [*self.generation_prompt, *self.encode(self._assistant_text(m)), self.im_end]
-                ids += self.encode("\n")
+                ids += self.newline
             elif m.role in ("user", "system"):
-                ids += self._turn(m.role, m.content) + self.encode("\n")
+                ids += self._turn(m.role, m.content) + self.newline
             else:
                 raise ValueError(f"unknown message role {m.role!r}")
             i += 1
@@ -135,7 +134,7 @@ class ChatRenderer:
         system = None
         if messages and messages[0].role == "system":
             system, messages = messages[0].content, messages[1:]
-        ids = self._turn("system", self.system_text(system, tools)) + self.encode("\n")
+        ids = self._turn("system", self.system_text(system, tools)) + self.newline
         ids += self._render_messages(messages)
         return ids + self.generation_prompt if add_generation_prompt else ids
 
@@ -147,7 +146,7 @@ class ChatRenderer:
         """
         if any(m.role in ("assistant", "system") for m in messages):
             raise ValueError("an environment may only add user or tool messages between turns")
-        head = self.encode("\n") if after_stop else [self.im_end, *self.encode("\n")]
+        head = self.newline if after_stop else [self.im_end, *self.newline]
         return head + self._render_messages(messages) + self.generation_prompt
 
     def render_text(self, ids: Sequence[int]) -> str:
