@@ -272,7 +272,7 @@ def main() -> None:
         "tokens_per_s": _median([r["tokens_per_s"] for r in measured]),
         "reward_mean": _median([r.get("reward_mean", 0.0) for r in measured]),
         # the trainer logged update statistics as train/* before 097e798, plainly since
-        "train_tokens": _median([r.get("train_tokens", r.get("train/train_tokens", 0.0)) for r in measured]),
+        "train_tokens": _median([r.get("train_tokens", 0.0) for r in measured]),
         "run_wall_s": round(run_wall, 1), "run_dir": run_dir,
         "per_step": {"step_s": per_step(step), "generation_s": per_step(gen), "fwd_bwd_optim_s": per_step(fbo),
                      "sync_s": per_step(sync), "other_s": per_step(other)},
