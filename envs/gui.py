@@ -1,0 +1,274 @@
+"""GUI-agent environment: change settings on a page through its accessibility tree, then save.
+
+Owns: the tasks ("Turn on dark mode, set the font size to 16 and grant the Camera permission, then
+save."), generated per seed in three levels (1 to 3 changes, levels 2 and 3 need a scroll), the
+four tools (`click`, `type`, `select`, `scroll`: each returns a one-line account and the updated
+tree), the `GuiEnv` episode, its reward, and `solve`, the scripted demonstration.
+Does not own: the page itself (`envs.gui_app`), tool-call parsing and errors (`envs.base.ToolEnv`).
+
+Reward: 1.0 when the *saved* settings equal the goal exactly (the initial settings with the asked
+changes), else 0.0: unsaved edits count for nothing and touching an unrelated setting fails the
+task. Weight-free metrics: `progress` (share of the asked changes saved), `unrelated_changes`,
+`unsaved_changes`. The episode ends when the model answers without a tool call (e.g. "done").
+
+Splits: a task lands in "eval" when a hash of its settings and changes says so, else in "train";
+so the two splits never share a task, whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import random
+import re
+from typing import Any, Literal, Sequence
+
+from agent_rl.chat import format_tool_call
+from agent_rl.types import Message
+from envs.base import ToolEnv
+from envs.gui_app import BY_NAME, CONTROLS, SAVE, VISIBLE_ROWS, ActionError, Control, SettingsApp, Value, \
+    value_problem
+from tools.base import ToolError
+
+SYSTEM = ("You operate a settings page with the click, type, select and scroll tools. Each tool returns the "
+          "page's updated accessibility tree. Only saved changes count. When the task is complete, reply "
+          "done without calling a tool.")
+NAMES = ("Ada", "Alex", "Jordan", "Kim", "Lee", "Mia", "Noor", "Omar", "Robin", "Sam")
+SPLITS = ("train", "eval")
+
+
+# -- tasks ------------------------------------------------------------------------------------
+def _phrase(name: str, value: Value) -> str:
+    role = BY_NAME[name].role
+    if role == "switch":
+        return f"turn {'on' if value else 'off'} {name.lower()}"
+    if role == "checkbox":
+        return f"{'grant' if value else 'revoke'} the {name} permission"
+    if role == "textbox":
+        return f"change the {name.lower()} to {json.dumps(value)}"
+    return f"set the {name.lower()} to {value}"
+
+
+def instruction(changes: dict[str, Value]) -> str:
+    """'Turn on dark mode, set the font size to 16 and grant the Camera permission, then save.'"""
+    parts = [_phrase(c.name, changes[c.name]) for c in CONTROLS if c.name in changes]
+    text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return text[0].upper() + text[1:] + ", then save."
+
+
+def _unreachable(initial: dict[str, Value], changes: dict[str, Value]) -> str | None:
+    if "Notification sound" in changes and not {**initial, **changes}["Notifications"]:
+        return "'Notification sound' cannot change while 'Notifications' stays off (the dropdown is disabled)"
+    return None
+
+
+def _draw(rng: random.Random, level: int) -> tuple[dict[str, Value], dict[str, Value]]:
+    """Random settings and `level` changes. Level 1: one setting on screen; level 2: a list row below
+    the fold and a page setting; level 3: those two and any third one."""
+    initial: dict[str, Value] = {c.name: rng.random() < 0.5 if c.role in ("switch", "checkbox")
+                                 else rng.choice(c.options or NAMES) for c in CONTROLS}
+    page = [c for c in CONTROLS if c.row is None]
+    in_view = [c for c in CONTROLS if c.row is None or c.row < VISIBLE_ROWS]
+    below = [c for c in CONTROLS if c.row is not None and c.row >= VISIBLE_ROWS]
+    while True:
+        picked: list[Control] = [rng.choice(in_view)] if level == 1 else \
+            [rng.choice(below), rng.choice(page), *([rng.choice(CONTROLS)] if level == 3 else [])]
+        if len({c.name for c in picked}) < level:
+            continue
+        changes: dict[str, Value] = {}
+        for c in picked:
+            old = initial[c.name]
+            changes[c.name] = (not old) if isinstance(old, bool) else rng.choice(
+                [v for v in (c.options or NAMES) if v != old])
+        if _unreachable(initial, changes) is None:
+            return initial, changes
+
+
+def _split_of(initial: dict[str, Value], changes: dict[str, Value]) -> str:
+    key = json.dumps([initial, changes], sort_keys=True).encode()
+    return "eval" if hashlib.blake2b(key, digest_size=4).digest()[0] % 4 == 0 else "train"
+
+
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """`n` tasks of `split`, levels cycling 1, 2, 3; deterministic per (seed, split)."""
+    if split not in SPLITS:
+        raise ValueError(f"gui tasks have splits {', '.join(SPLITS)} (got {split!r})")
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    while len(rows) < n:
+        level = len(rows) % 3 + 1
+        initial, changes = _draw(rng, level)
+        layout = rng.randrange(2**31)
+        if _split_of(initial, changes) == split:
+            rows.append({"id": f"gui-{split}-{seed}-{len(rows)}", "level": level, "instruction": instruction(changes),
+                         "initial": initial, "changes": changes, "layout": layout})
+    return rows
+
+
+def check_task(task: Any) -> dict[str, Any]:
+    """The row itself, or ValueError naming the row and the column that is wrong."""
+    if not isinstance(task, dict):
+        raise ValueError(f"gui task must be a dict (got {type(task).__name__})")
+    row = task.get("id", "?")
+
+    def bad(column: str, why: str) -> ValueError:
+        return ValueError(f"gui task {row!r}: column {column!r}: {why}")
+
+    for column, kind in (("id", str), ("instruction", str), ("initial", dict), ("changes", dict), ("layout", int)):
+        if column not in task:
+            raise bad(column, "missing")
+        if not isinstance(task[column], kind) or isinstance(task[column], bool):
+            raise bad(column, f"must be {kind.__name__} (got {type(task[column]).__name__})")
+    initial, changes = task["initial"], task["changes"]
+    missing = [name for name in BY_NAME if name not in initial]
+    if missing:
+        raise bad("initial", f"no value for {missing[0]!r}")
+    for column, values in (("initial", initial), ("changes", changes)):
+        for name, value in values.items():
+            if (problem := value_problem(name, value)) is not None:
+                raise bad(column, problem)
+    if not changes:
+        raise bad("changes", "no change asked for")
+    same = [name for name, value in changes.items() if initial[name] == value]
+    if same:
+        raise bad("changes", f"{same[0]!r} already has the value {changes[same[0]]!r}")
+    if (problem := _unreachable(initial, changes)) is not None:
+        raise bad("changes", problem)
+    return task
+
+
+# -- the episode --------------------------------------------------------------------------------
+class GuiEnv(ToolEnv):
+    """One settings task on a fresh page; tools act on it, the reward reads what was saved.
+
+    `self.app` is the page: a `SettingsApp` here, a browser page in `envs.gui_browser`, whose
+    methods are coroutines; `_page` calls either.
+    """
+
+    def __init__(self, task: dict[str, Any]):
+        self.task = check_task(task)
+        self.app: Any = SettingsApp(task["initial"], task["layout"])
+        self.goal = {**task["initial"], **task["changes"]}
+        self._parts: dict[str, float] = {}
+        super().__init__([self.click, self.type, self.select, self.scroll])
+
+    async def _page(self, method: str, *args: str) -> Any:
+        out = getattr(self.app, method)(*args)
+        return await out if inspect.isawaitable(out) else out
+
+    async def _act(self, method: str, *args: str) -> str:
+        try:
+            done = await self._page(method, *args)
+        except ActionError as e:
+            raise ToolError(str(e)) from None
+        return f"{done}\n{await self._page('tree')}"
+
+    async def click(self, element: str) -> str:
+        """Click an element: toggles a switch or checkbox, presses a button.
+
+        Args:
+            element: The element id shown in [brackets] in the tree, e.g. "e12".
+        """
+        return await self._act("click", element)
+
+    async def type(self, element: str, text: str) -> str:
+        """Replace the text of a text field.
+
+        Args:
+            element: The text field's id from the tree, e.g. "e12".
+            text: The new text.
+        """
+        return await self._act("type", element, text)
+
+    async def select(self, element: str, option: str) -> str:
+        """Choose one option of a dropdown (combobox).
+
+        Args:
+            element: The dropdown's id from the tree, e.g. "e12".
+            option: One of the options the tree lists for it.
+        """
+        return await self._act("select", element, option)
+
+    async def scroll(self, direction: Literal["up", "down"]) -> str:
+        """Scroll the list of app permissions by one screen (four rows).
+
+        Args:
+            direction: "up" or "down".
+        """
+        return await self._act("scroll", direction)
+
+    async def initial_messages(self) -> list[Message]:
+        user = f"{self.task['instruction']}\n\nThe page (use the element ids in brackets):\n{await self._page('tree')}"
+        return [Message("system", SYSTEM), Message("user", user)]
+
+    async def reward(self, messages: Sequence[Message]) -> float:
+        saved, draft = await self._page("values")
+        initial, changes = self.task["initial"], self.task["changes"]
+        solved = float(saved == self.goal)
+        self._parts = {
+            "solved": solved,
+            "progress": sum(saved[k] == v for k, v in changes.items()) / len(changes),
+            "unrelated_changes": float(sum(saved[k] != initial[k] for k in BY_NAME if k not in changes)),
+            "unsaved_changes": float(sum(draft[k] != saved[k] for k in BY_NAME)),
+        }
+        return solved
+
+    def reward_parts(self) -> dict[str, float]:
+        return dict(self._parts)
+
+
+def make_env(task: dict[str, Any]) -> GuiEnv:
+    return GuiEnv(task)
+
+
+# -- the scripted demonstration ----------------------------------------------------------------
+_ELEMENT = re.compile(r'^\s*(\w+) "([^"]+)" \[(e\d+)\](.*)$', re.MULTILINE)
+
+
+def _read(tree_text: str) -> dict[str, tuple[str, str]]:
+    """name -> (element id, the rest of its line) for every element line, the last one winning."""
+    return {m.group(2): (m.group(3), m.group(4)) for m in _ELEMENT.finditer(tree_text)}
+
+
+def _shows(rest: str, value: Value) -> bool:
+    if isinstance(value, bool):
+        return rest.split()[0] == ("checked" if value else "unchecked")
+    return f"value={json.dumps(value)}" in rest
+
+
+def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+    """The next reply of a scripted agent that reads the trees in `transcript`: one action per turn
+    (scroll until the row is on screen, then click / select / type it), Save, then "done".
+
+    What it knows of a setting is the last tree line that showed it (a value only changes when the
+    agent acts on a visible element, and the tree returned then shows it). `direct=True` raises
+    ValueError: a settings task cannot be done by answering, only by acting on the page.
+    """
+    if direct:
+        raise ValueError("gui tasks have no direct answer: the settings change only through the tools")
+    check_task(task)
+    known = _read(transcript)
+    start = transcript.rfind('page "Settings"')
+    if start < 0:
+        raise ValueError("no page tree in the transcript: the gui task's user message shows one")
+    on_screen = _read(transcript[start:])
+    top_row = min((BY_NAME[n].row for n in on_screen if n in BY_NAME and BY_NAME[n].row is not None), default=0)
+    for control in CONTROLS:
+        if control.name not in task["changes"]:
+            continue
+        want = task["changes"][control.name]
+        if control.name in known and _shows(known[control.name][1], want):
+            continue
+        if control.name not in on_screen:
+            return format_tool_call("scroll", {"direction": "down" if control.row > top_row else "up"})
+        element = on_screen[control.name][0]
+        if control.role == "combobox":
+            return format_tool_call("select", {"element": element, "option": want})
+        if control.role == "textbox":
+            return format_tool_call("type", {"element": element, "text": want})
+        return format_tool_call("click", {"element": element})
+    element, rest = on_screen[SAVE]
+    if "disabled" not in rest.split():
+        return format_tool_call("click", {"element": element})
+    return "done"
