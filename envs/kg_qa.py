@@ -1,0 +1,128 @@
+"""Knowledge-graph QA: two-hop questions about countries, answered through the knowledge-graph HTTP API.
+
+Owns: `KGQAEnv` (the country question episode of `envs.search_qa` with the `KGClient` tools
+search_entities, get_relations and follow), the process's own knowledge-graph service
+(`local_kg_url`) and the scripted solver `solve`.
+Does not own: the questions and the reward (`envs.search_qa`, `rewards.qa`), the service and the
+client (`tools.kg_service`, `tools.kg`).
+
+Where the service comes from: a task row may carry `kg_url` (a service you run yourself, e.g.
+`agent-rl kg serve`); without it the env uses `local_kg_url()`, which starts one service per
+process on first use, on a daemon thread with its own event loop, and returns the same URL after.
+A thread rather than the caller's loop because one process plays many loops (each `asyncio.run`
+of the CLI, the trainer, a test session) and the service must outlive all of them; it also keeps
+request handling off the rollout loop. The first env of a process waits for the start (the graph
+file is built once, ~1 s, then reopened in ~0.1 s). Each env owns one `KGClient` and closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import threading
+from typing import Any
+
+from agent_rl.chat import format_tool_call
+from envs.search_qa import CountryQAEnv, answer_text, hop_path, qa_dataset, tool_responses
+from tools.kg import KGClient
+from tools.kg_service import DEFAULT_DB, start_kg_service
+
+SYSTEM = ("Answer the question about countries with the knowledge-graph tools. follow(entity, relation) reads "
+          "facts, e.g. follow(\"France\", \"capital\") gives Paris; a relation ending in _of goes backwards, e.g. "
+          "follow(\"Paris\", \"capital_of\") gives France. The questions take two steps: first find the country "
+          "the question describes, then read the fact. When you know the answer, reply with only the answer "
+          "inside <answer></answer>, written as the graph writes it, for example <answer>Paris</answer>.")
+START_DEADLINE_S = 120.0
+
+_lock = threading.Lock()
+_url: str | None = None
+
+
+def local_kg_url(timeout_s: float = START_DEADLINE_S) -> str:
+    """The URL of this process's knowledge-graph service over `DEFAULT_DB`, started on the first call."""
+    global _url
+    with _lock:
+        if _url is None:
+            started: queue.Queue[str | BaseException] = queue.Queue(maxsize=1)
+            threading.Thread(target=_serve, args=(started,), name="kg-service", daemon=True).start()
+            try:
+                result = started.get(timeout=timeout_s)
+            except queue.Empty:
+                raise RuntimeError(f"the knowledge-graph service did not start within {timeout_s:g} s") from None
+            if isinstance(result, BaseException):
+                raise RuntimeError(f"the knowledge-graph service could not start: {result}") from result
+            _url = result
+    return _url
+
+
+def _serve(started: queue.Queue) -> None:
+    async def main() -> None:
+        try:
+            service = await start_kg_service(DEFAULT_DB)  # deadlines inside
+        except Exception as e:
+            started.put(e)
+            return
+        started.put(service.url)
+        # no deadline on purpose: it serves until the process exits, and a read-only store needs no
+        # closing (an atexit cleanup would find the thread pools it needs already shut down)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class KGQAEnv(CountryQAEnv):
+    """A country question with the knowledge-graph tools; the service at task["kg_url"] or this process's."""
+
+    name = "kg_qa"
+    system = SYSTEM
+
+    def __init__(self, task: dict[str, Any], timeout_s: float = 10.0):
+        url = task.get("kg_url")
+        if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ValueError(f"kg_qa task {task.get('id', '?')!r}: column 'kg_url' must be an http(s) URL, "
+                             f"got {url!r}"[:300])
+        self.client = KGClient(url or local_kg_url(), timeout_s=timeout_s)  # every request has this deadline
+        super().__init__(task, self.client.tools())
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def make_env(task: dict[str, Any]) -> KGQAEnv:
+    return KGQAEnv(task)
+
+
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """`n` two-hop questions of `split` (train and eval ask about disjoint countries), shuffled by `seed`."""
+    ds = qa_dataset(split, hops=2, prefix="kg-qa")
+    if not 0 <= n <= len(ds):
+        raise ValueError(f"asked for {n} tasks but the {split} split has {len(ds)} two-hop questions")
+    return ds.shuffle(seed=seed).select(range(n)).to_list()
+
+
+# --- the scripted solver ---
+
+_ENTITY = re.compile(r"(.+?) \[[^\]]+\](?:, |$)")  # "Palestine, State of [country], Israel [country]"
+
+
+def _values(response: str) -> list[str]:
+    """The entities a `follow` answer lists: "France capital: Paris [city]" -> ["Paris"]."""
+    return _ENTITY.findall(response.partition(": ")[2].split(" … and ")[0])
+
+
+def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+    """The next reply of a careful agent: one `follow` per hop, each starting from the value the previous
+    one returned; the answer is the value the last one returned."""
+    if direct:
+        return answer_text(task)
+    entity, relations = hop_path(task["facts"])
+    responses = tool_responses(transcript)
+    for response in responses[: len(relations)]:
+        values = _values(response)
+        if not values:
+            return "<answer>I could not find it.</answer>"
+        entity = values[0]
+    if len(responses) < len(relations):
+        return format_tool_call("follow", {"entity": entity, "relation": relations[len(responses)]})
+    return f"<answer>{entity}</answer>"
