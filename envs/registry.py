@@ -1,7 +1,10 @@
 """Environment lookup by name: a short built-in name, or `package.module` of the user's own.
 
 Owns: `load_env(name) -> EnvSpec`. An environment module exposes `make_env(task) -> Env` and
-`load_tasks(n: int, seed: int, split: str) -> list[dict]`.
+`load_tasks(n: int, seed: int, split: str) -> list[dict]`, and may expose a scripted solver for
+demonstrations, `solve(task, transcript: str, direct: bool) -> str`: the next assistant reply
+given the conversation so far as rendered text (what a scripted sampler sees); with `direct`
+it answers without calling a tool.
 Does not own: the environments themselves.
 """
 
@@ -13,7 +16,9 @@ from typing import Any, Callable
 
 from envs.base import Env
 
-BUILTIN = {"calculator": "envs.calculator", "toy": "envs.toy"}
+BUILTIN = {"calculator": "envs.calculator", "coding": "envs.coding", "gui": "envs.gui", "gui_browser": "envs.gui_browser",
+           "kg_qa": "envs.kg_qa", "search_qa": "envs.search_qa",
+           "toy": "envs.toy"}
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,7 @@ class EnvSpec:
     name: str
     make_env: Callable[[dict[str, Any]], Env]
     load_tasks: Callable[..., list[dict[str, Any]]]
+    solve: Callable[[dict[str, Any], str, bool], str] | None = None
 
 
 def load_env(name: str) -> EnvSpec:
@@ -32,4 +38,5 @@ def load_env(name: str) -> EnvSpec:
     missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
     if missing:
         raise ValueError(f"environment module {module_name!r} lacks {' and '.join(missing)}")
-    return EnvSpec(name, module.make_env, module.load_tasks)
+    solve = getattr(module, "solve", None)
+    return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None)
