@@ -1,7 +1,8 @@
 """Run configuration: what to train, how to sample, which algorithm, and where to write.
 
 Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig`,
-`AlgorithmConfig`, `OptimConfig`, `RunConfig`) gathered in `TrainConfig`; their bounds; reading a
+`AlgorithmConfig`, `OptimConfig`, `RunConfig`, and for the cold start and evaluation `SFTConfig`,
+`EvalConfig`) gathered in `TrainConfig`; their bounds; reading a
 YAML file plus `--set key=value` overrides (`load_config`) and writing it back (`dump_config`);
 the rule that every config mistake is one `ConfigError` line naming the field.
 Does not own: acting on the values (the trainer, sampler, policy), or knowing which environments
@@ -158,6 +159,27 @@ class RunConfig(_Section):
         return Path(self.run_dir)
 
 
+class SFTConfig(_Section):
+    demos: str = Field("runs/demos.jsonl", min_length=1, description="demonstrations file (`agent-rl demos` writes it)")
+    num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
+    direct_share: float = Field(0.3, ge=0.0, le=1.0,
+                                description="share of demonstrations that answer without a tool")
+    epochs: int = Field(2, ge=1, description="passes over the demonstrations")
+    batch_size: int = Field(16, ge=1, description="demonstrations per optimizer step")
+    lr: float = Field(2.0e-4, gt=0.0, description="AdamW learning rate of the SFT (warm-up from optim.warmup_steps)")
+    run_dir: str = Field("runs/sft", min_length=1,
+                         description="SFT outputs: metrics, checkpoints, and adapter/ (the GRPO run's init_adapter)")
+
+
+class EvalConfig(_Section):
+    tasks: int = Field(64, ge=1, description="held-out tasks evaluated")
+    samples: int = Field(4, ge=1, description="rollouts per task (K of pass@K)")
+    split: str = Field("eval", min_length=1, description="the environment's split to draw tasks from")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature of the evaluation rollouts")
+    success_threshold: float = Field(1.0, description="a rollout counts as solved when its reward reaches this")
+    seed: int = Field(12345, description="seed of the held-out tasks and of sampling (fixed: reports compare)")
+
+
 class TrainConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its adapter")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="the vLLM servers and sampling")
@@ -165,6 +187,8 @@ class TrainConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and the loss")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
     run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="cold-start demonstrations and SFT")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
 
     @model_validator(mode="after")
     def _episode_fits_context(self) -> TrainConfig:

@@ -2,7 +2,8 @@
 
 Owns: `RunLogger` (one call per optimizer step writes every sink), the `metrics.jsonl` format and
 its reader `read_metrics`, keeping that file consistent on resume (`truncate_after`), and
-`CollapseAlarm`, the two warnings that tell you a tool-use run has gone wrong while it runs.
+`CollapseAlarm`, the two warnings that tell you a tool-use run has gone wrong while it runs, and
+`write_json` (reports such as evaluations, written atomically).
 Does not own: computing metrics (`metrics`, `update`), plotting them (`plot`), checkpoints.
 
 metrics.jsonl holds one JSON object per step, `{"step": k, "time": unix_s, name: value, ...}`,
@@ -102,6 +103,19 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             records.append(record)
     return records
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """A JSON report written atomically (temp file, fsync, rename): a kill never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
 
 
 def _require_tensorboard():

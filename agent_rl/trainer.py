@@ -181,6 +181,8 @@ async def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                     final = metrics
                 if pending:
                     pending.cancel()
+            if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
+                model.save_pretrained(run_dir / "adapter", safe_serialization=True)
     finally:
         if server:
             server.stop()

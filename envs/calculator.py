@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 from typing import Any, Sequence
 
+from agent_rl.chat import format_tool_call
 from agent_rl.types import Message
 from envs.base import ToolEnv
 from rewards.answers import numeric_answer
@@ -96,15 +98,30 @@ def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
         level = i % 3
         if level == 0:
             a, b = rng.randint(1, 20), rng.randint(1, 20)
-            question, answer = f"What is {a} + {b}?", a + b
+            expression, answer = f"{a} + {b}", a + b
         elif level == 1:
             a, b = rng.randint(2, 12), rng.randint(2, 12)
-            question, answer = f"What is {a} * {b}?", a * b
+            expression, answer = f"{a} * {b}", a * b
         else:
             a, b, c = rng.randint(10, 999), rng.randint(10, 999), rng.randint(2, 19)
-            question, answer = f"What is ({a} + {b}) * {c}?", (a + b) * c
-        rows.append({"id": f"arith-{seed}-{i}", "question": question, "answer": answer, "level": level})
+            expression, answer = f"({a} + {b}) * {c}", (a + b) * c
+        rows.append({"id": f"arith-{seed}-{i}", "question": f"What is {expression}?", "answer": answer,
+                     "expression": expression, "level": level})
     return rows
+
+
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+    """The demonstration: call the calculator on the task's expression, then state its result.
+    With `direct`, state the answer at once (the share RL may learn to keep or drop)."""
+    if direct:
+        return f"The answer is {task['answer']}."
+    responses = _TOOL_RESPONSE.findall(transcript)
+    if not responses:
+        return format_tool_call("calculator", {"expression": task["expression"]})
+    return f"The answer is {responses[-1].strip()}."
 
 
 def make_env(task: dict[str, Any]) -> CalculatorEnv:

@@ -1,0 +1,144 @@
+"""Evaluation figures against hand counts, adapter resolution, side-by-side reports, and play."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agent_rl.cli import format_report, main
+from agent_rl.config import load_config
+from agent_rl.evaluate import eval_report, evaluate, pass_at_k, resolve_adapter
+from agent_rl.play import play, read_reply, summary
+from agent_rl.rollout import EpisodeLimits, rollout_groups
+from envs.calculator import solve
+from envs.registry import load_env
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 1, 1) == 0.25
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2) / C(4,2) draws miss the one
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 3, 2) == 1.0 and pass_at_k(5, 2, 3) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(2, 3, 1)
+
+
+async def test_eval_figures_match_hand_counts(scripted, renderer):
+    """4 tasks x 2 rollouts; the script solves task 0 both times with the tool, task 1 once directly
+    (rollout 0) and once wrongly, tasks 2 and 3 never (one wrong tool call each, then a wrong answer)."""
+    spec = load_env("calculator")
+    tasks = spec.load_tasks(4, seed=5, split="eval")
+    by_question = {t["question"]: (i, t) for i, t in enumerate(tasks)}
+    counter: dict[int, int] = {}
+
+    def script(text: str) -> str:
+        i, task = next(v for q, v in by_question.items() if q in text)
+        if i == 0:
+            return solve(task, text, False)
+        if i == 1:
+            n = counter[i] = counter.get(i, 0) + 1
+            return solve(task, text, True) if n == 1 else "The answer is -1."
+        if "<tool_response>" not in text:
+            return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 +"}}\n</tool_call>'
+        return "The answer is -1."
+
+    groups = await rollout_groups(tasks, spec.make_env, scripted(script), renderer, EpisodeLimits(), 2,
+                                  max_concurrent=1)
+    r = eval_report(groups)
+    assert r["tasks"] == 4 and r["rollouts"] == 8
+    assert r["accuracy"] == 3 / 8 == r["pass@1"]
+    assert r["pass@2"] == (1 + 1 + 0 + 0) / 4
+    assert r["tool_use_rate"] == 6 / 8  # task 0 twice, tasks 2 and 3 twice each
+    assert r["accuracy_with_tools"] == 2 / 6 and r["accuracy_without_tools"] == 1 / 2
+    assert r["tool/calculator/calls_per_traj"] == 6 / 8 and r["tool/calculator/failure_rate"] == 4 / 6
+    assert r["turns_mean"] == (2 * 2 + 1 + 1 + 2 * 4) / 8 and r["infra_error_rate"] == 0.0
+
+
+def test_resolve_adapter(tmp_path):
+    assert resolve_adapter("base") is None
+    run = tmp_path / "run"
+    for v in (3, 10):
+        (run / "adapters" / f"v{v}").mkdir(parents=True)
+        (run / "adapters" / f"v{v}" / "adapter_config.json").write_text("{}")
+    assert resolve_adapter(str(run)) == run / "adapters" / "v10"
+    (run / "adapter").mkdir()
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    assert resolve_adapter(str(run)) == run / "adapter"
+    with pytest.raises(ValueError, match="adapter '/nope': not a peft adapter folder"):
+        resolve_adapter("/nope")
+
+
+def test_report_table_side_by_side():
+    report = {"results": {"sft": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.5},
+                          "grpo": {"accuracy": 0.5, "pass@1": 0.5, "tool_use_rate": 0.75}},
+              "delta": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.25}}
+    lines = format_report(report).splitlines()
+    assert lines[0].split() == ["sft", "grpo", "delta"]
+    assert lines[1].split() == ["accuracy", "0.250", "0.500", "+0.250"]
+    assert lines[3].split() == ["tool_use_rate", "0.500", "0.750", "+0.250"]
+
+
+def test_eval_cli_bad_adapter_is_one_line(capsys):
+    assert main(["eval", "--adapter", "/no/adapter"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: adapter '/no/adapter': not a peft adapter folder (no adapter_config.json) nor a run "
+                   "folder with adapter/ or adapters/v*; use 'base' for the model without an adapter"]
+
+
+@pytest.mark.integration
+async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir, tmp_path):
+    """A fresh LoRA adapter (B = 0) is the base model: with the same tasks and per-request seeds,
+    both evaluations must sample the very same tokens, so every figure's delta is exactly 0."""
+    from agent_rl.policy import apply_lora, load_causal_lm
+
+    apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16).save_pretrained(tmp_path / "fresh")
+    cfg = load_config(None, [f"model.name={tiny_dir}", "rollout.env=toy", "rollout.max_turns=1",
+                             "rollout.max_tokens_per_turn=24", "rollout.max_total_tokens=128",
+                             "eval.tasks=3", "eval.samples=2"])
+    groups: dict = {}
+    report = await evaluate(cfg, ["base", str(tmp_path / "fresh")], [vllm_server.url], groups)
+    base, fresh = report["results"]["base"], report["results"][str(tmp_path / "fresh")]
+    assert base["rollouts"] == 6 and base["infra_error_rate"] == 0.0
+    assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
+           [t.token_ids for g in groups[str(tmp_path / "fresh")] for t in g.trajectories]
+    figures = {k: v for k, v in report["delta"].items() if not k.endswith("_s")}  # timings differ, of course
+    assert len(figures) > 10 and set(figures.values()) == {0.0} and fresh["reward_mean"] == base["reward_mean"]
+
+
+def test_read_reply_shortcuts():
+    stream = io.StringIO('/call calculator {"expression": "2 + 3"}\n.\nline one\nline two\n.\n/quit\n')
+    assert read_reply(stream) == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+    assert read_reply(stream) == "line one\nline two"
+    with pytest.raises(Exception, match="the player quit"):
+        read_reply(stream)
+    with pytest.raises(ValueError, match="/call calculator: arguments are not JSON"):
+        read_reply(io.StringIO("/call calculator {oops\n"))
+
+
+async def test_play_from_a_script(renderer):
+    spec = load_env("calculator")
+    task = spec.load_tasks(1, seed=0)[0]
+    script = io.StringIO(f'/call calculator {{"expression": "{task["expression"]}"}}\n.\n'
+                         f"/call calculator {{broken\nThe answer is {task['answer']}.\n.\n")
+    shown: list[str] = []
+    traj = await play(spec, task, renderer, script, shown.append)
+    assert traj.reward == 1.0 and [c.ok for c in traj.tool_calls] == [True]
+    seen = "".join(shown)
+    assert task["question"] in seen and f"<tool_response>\n{task['answer']}\n</tool_response>" in seen
+    assert "error: /call calculator: arguments are not JSON" in seen  # a typo is reported, then re-read
+    assert summary(traj)["stop_reason"] == "no_tool_call"
+
+
+def test_play_cli_driven_by_stdin():
+    from envs.calculator import load_tasks
+
+    task = load_tasks(2, seed=0)[1]
+    proc = subprocess.run([sys.executable, "-m", "agent_rl.cli", "play", "calculator", "--task", "1"],
+                          input=f"The answer is {task['answer']}.\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["reward"] == 1.0 and out["tool_calls"] == [] and out["task_id"] == task["id"]
+    assert task["question"] in proc.stdout
