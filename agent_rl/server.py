@@ -102,6 +102,12 @@ class VLLMServer:
                "--logprobs-mode", "processed_logprobs"]
         if gpu:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        else:
+            # a prompt prefilled in chunks rewinds its request's seeded generator after each chunk,
+            # which a CPU generator cannot do: with per-request seeds (we always send them) and more
+            # prompt tokens in flight than one step takes, the CPU build's worker dies with "CPU
+            # Generator does not use offset" (vLLM 0.32). Whole-prompt prefill never rewinds.
+            cmd += ["--no-enable-chunked-prefill"]
         return cmd + list(self.extra_args)
 
     def start(self) -> "VLLMServer":

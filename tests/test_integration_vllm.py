@@ -107,6 +107,20 @@ async def test_least_outstanding_spreads_over_replicas(vllm_server, renderer):
     assert seen.count(urls[0]) == 4 and seen.count(urls[1]) == 4
 
 
+async def test_many_long_seeded_prompts_at_once_do_not_kill_the_server(vllm_server):
+    """96 seeded requests of 300-token prompts: more prompt tokens than one engine step takes. With
+    chunked prefill the CPU build rewinds each seeded generator, which CPU generators cannot do, and
+    the worker died ("CPU Generator does not use offset"); the server starts without it on CPUs."""
+    prompts = [[1] + [100 + (i * 7 + j) % 4000 for j in range(300)] for i in range(96)]
+    async with VLLMSampler([vllm_server.url], request_timeout_s=120) as sampler:
+        outs = await asyncio.gather(*(sampler.sample(p, SamplingParams(max_tokens=8, seed=1000 + i))
+                                      for i, p in enumerate(prompts)), return_exceptions=True)
+        errors = [o for o in outs if isinstance(o, BaseException)]
+        assert not errors, errors[0]
+        again = await sampler.sample(prompts[5], SamplingParams(max_tokens=8, seed=1005))
+    assert again.token_ids == outs[5].token_ids  # and seeds still fix the sample
+
+
 async def test_unreachable_server_is_a_clear_error_not_a_hang():
     async with VLLMSampler(["http://127.0.0.1:9"], retries=1, backoff_s=0.01) as sampler:
         with pytest.raises(SamplerError, match="did not answer after 2 attempts"):
