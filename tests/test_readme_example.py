@@ -12,15 +12,15 @@ from agent_rl.types import StopReason
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def load_example(tmp_path):
+def load_example(tmp_path, name: str = "env"):
     text = README.read_text()
-    block = re.search(r"<!-- example:env -->\n```python\n(.*?)```\n<!-- /example:env -->", text, re.DOTALL)
-    assert block, "README lost its environment example"
+    block = re.search(rf"<!-- example:{name} -->\n```python\n(.*?)```\n<!-- /example:{name} -->", text, re.DOTALL)
+    assert block, f"README lost its {name} example"
     code = block.group(1)
     assert len(code.strip().splitlines()) <= 45  # "about 30 lines" of environment, plus the task loader
-    path = tmp_path / "my_env.py"
+    path = tmp_path / f"my_{name}.py"
     path.write_text(code)
-    spec = importlib.util.spec_from_file_location("my_env", path)
+    spec = importlib.util.spec_from_file_location(f"my_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,3 +43,22 @@ async def test_readme_environment_plays_and_rewards(tmp_path, scripted, renderer
     assert all(t.stop_reason is StopReason.NO_TOOL_CALL and len(t.tool_calls) == 1 and t.tool_calls[0].ok
                for t in trajs)
     assert trajs[0].messages[3].content == "Paris" and trajs[2].messages[3].content == "Nairobi"
+
+
+async def test_readme_dataset_env_scores_with_trl_style_functions(tmp_path, scripted, renderer):
+    module = load_example(tmp_path, "dataset")
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" not in prompt:
+            expression = "17 * 23" if "17 * 23" in prompt else "999 + 1"
+            return f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+        return "It is " + prompt.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0] + "."
+
+    groups = await rollout_groups(module.load_tasks(2), module.make_env, scripted(script), renderer, EpisodeLimits(), 1)
+    right, second = groups[0].trajectories[0], groups[1].trajectories[0]
+    assert right.reward == 1.0 and right.reward_parts == {"exact": 1.0, "brevity": -0.10}
+    assert right.messages[0].content == "Use the calculator, then answer." and right.tool_calls[0].ok
+    assert second.reward == 1.0 and second.messages[-1].content == "It is 1000."
+    groups = await rollout_groups(module.load_tasks(1), module.make_env, scripted(lambda p: "It is 390."), renderer,
+                                  EpisodeLimits(), 1)
+    assert groups[0].trajectories[0].reward == 0.0  # the weight-0 brevity metric adds nothing
