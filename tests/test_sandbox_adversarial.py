@@ -95,8 +95,13 @@ async def test_subprocess_bomb(backend):
         "    children.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))"
     )
     result = await backend.run(bomb)
-    assert "Resource temporarily unavailable" in result.stderr or "MemoryError" in result.stderr
-    await assert_contained(backend, result, {"error", "memory"})
+    # stopped by the process limit, or (on a loaded machine, where each Python child starts slowly)
+    # killed with its whole group at the deadline before reaching it: contained either way
+    if result.status == "timeout":
+        assert result.seconds < HOSTILE.wall_s + 1.5
+    else:
+        assert "Resource temporarily unavailable" in result.stderr or "MemoryError" in result.stderr
+    await assert_contained(backend, result, {"error", "memory", "timeout"})
 
 
 async def test_busy_loop_and_long_sleep_time_out(any_backend):
