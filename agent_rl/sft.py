@@ -81,7 +81,7 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     start = 0
     if resume and (ck := load_checkpoint(run_dir, model, optimizer, scheduler)) is not None:
         start = ck.step
-    probe = demos[: min(len(demos), 64)]  # a fixed sample: the loss before and after, same rows
+    probe = demos[: min(len(demos), 16)]  # a fixed sample: the loss before and after, same rows
     model.eval()
     loss_before, _ = nll_step(model, probe, pad_id, o.micro_batch_tokens, o.logprob_chunk, train=False)
     final: dict[str, float] = {}

@@ -2,7 +2,7 @@
 
 Owns: the calculator tool (a safe arithmetic evaluator over Python's `ast`, no eval) and the
 `CalculatorEnv` episode. Does not own: where tasks come from (any iterable of rows with
-`question` and `answer`), answer extraction (`rewards.answers`).
+`question` and `answer`), answer extraction and comparison (`rewards.answers`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from agent_rl.chat import format_tool_call
 from agent_rl.types import Message
 from envs.base import ToolEnv
-from rewards.answers import numeric_answer
+from rewards.answers import correct_answer
 from tools.base import ToolError
 
 SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, then give the final "
@@ -75,7 +75,8 @@ class CalculatorEnv(ToolEnv):
 
     async def reward(self, messages: Sequence[Message]) -> float:
         final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
-        correct = numeric_answer(final, self.task["answer"])
+        # one final answer, compared by value; a reply listing several numbers gets no credit
+        [correct] = await correct_answer([final], [self.task["answer"]])
         self._parts = {"correct": correct}
         return correct
 
