@@ -47,3 +47,41 @@ def vllm_server(tiny_dir):
         return
     with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048) as server:
         yield server
+
+
+@pytest.fixture()
+def play_on_server(vllm_server, renderer):
+    """Play `tasks` x `group_size` on the real server and check token truth against what it returned.
+
+    Every sampled turn of every trajectory must be exactly the ids the server sent back for that
+    prompt and request seed, and the loss mask must select precisely those ids; no infra errors.
+    Returns the groups for the caller's environment-specific checks.
+    """
+    from dataclasses import replace
+
+    from agent_rl.rollout import request_seed, rollout_groups
+    from agent_rl.sampler import VLLMSampler
+
+    async def play(tasks, make_env, limits, group_size: int = 2):
+        limits = replace(limits, seed=0 if limits.seed is None else limits.seed)
+        returned = {}  # (prompt ids, request seed) -> the ids the server sampled
+
+        class Recording(VLLMSampler):
+            async def sample(self, prompt_ids, params):
+                out = await super().sample(prompt_ids, params)
+                returned[tuple(prompt_ids), params.seed] = out.token_ids
+                return out
+
+        async with Recording([vllm_server.url]) as sampler:
+            groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, group_size)
+        assert [g.task_id for g in groups] == [str(t["id"]) for t in tasks]
+        for g in groups:
+            for index, t in enumerate(g.trajectories):
+                assert not t.infra_error, t.error
+                masked = [i for i, m in zip(t.token_ids, t.loss_mask) if m == 1]
+                server = [i for k, turn in enumerate(t.turns)
+                          for i in returned[t.token_ids[:turn.start], request_seed(limits.seed, g.task_id, index, k)]]
+                assert masked == server
+        return groups
+
+    return play

@@ -8,8 +8,7 @@ import time
 import datasets
 import pytest
 
-from agent_rl.rollout import EpisodeLimits, rollout_groups, run_episode
-from agent_rl.sampler import VLLMSampler
+from agent_rl.rollout import EpisodeLimits, run_episode
 from envs.coding import GRADER_LIMITS, CodingEnv, check_row, humaneval_dataset, load_tasks, solve
 from rewards.code import extract_code, run_hidden_tests, split_check
 from tools.sandbox import Limits, get_backend
@@ -181,14 +180,8 @@ async def test_every_canonical_solution_passes_every_hidden_test():
 
 
 @pytest.mark.integration
-async def test_real_server_rollouts(vllm_server, renderer):
-    tasks = load_tasks(2, seed=0, split="eval")
+async def test_real_server_rollouts(play_on_server):
     limits = EpisodeLimits(max_turns=2, max_tokens_per_turn=256, max_total_tokens=2048)
-    async with VLLMSampler([vllm_server.url]) as sampler:
-        groups = await rollout_groups(tasks, lambda t: CodingEnv(t), sampler, renderer, limits, group_size=2)
-    trajs = [t for g in groups for t in g.trajectories]
-    assert len(trajs) == 4 and all(t.error is None for t in trajs), [t.error for t in trajs]
-    for t in trajs:
+    groups = await play_on_server(load_tasks(2, seed=0, split="eval"), lambda t: CodingEnv(t), limits)
+    for t in (t for g in groups for t in g.trajectories):
         assert 0.0 <= t.reward <= 1.0 and set(t.reward_parts) == {"tests_passed", "submitted", "compiled", "solved"}
-        sampled = [tok for turn in t.turns for tok in t.token_ids[turn.start:turn.end]]
-        assert [t.token_ids[i] for i, m in enumerate(t.loss_mask) if m == 1] == sampled

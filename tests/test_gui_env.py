@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from agent_rl.chat import format_tool_call
-from agent_rl.rollout import EpisodeLimits, request_seed, rollout_groups, run_episode
+from agent_rl.rollout import EpisodeLimits, run_episode
 from agent_rl.types import StopReason
 from envs.gui import GuiEnv, check_task, load_tasks, make_env, solve
 from envs.gui_app import APPS, BY_NAME, CONTROLS, VISIBLE_ROWS, ActionError, SettingsApp
@@ -267,29 +267,9 @@ async def test_browser_episode_earns_full_reward_only_when_saved(scripted, rende
 
 # -- integration -------------------------------------------------------------------------------
 @pytest.mark.integration
-async def test_gui_env_against_a_real_server(vllm_server, renderer):
-    from agent_rl.sampler import VLLMSampler
-
-    tasks = load_tasks(2, seed=0)
+async def test_gui_env_against_a_real_server(play_on_server, renderer):
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=48, max_total_tokens=2048, seed=0)
-    returned = {}  # (prompt ids, request seed) -> the ids the server sampled
-    async with VLLMSampler([vllm_server.url]) as sampler:
-        sample = sampler.sample
-
-        async def spy(prompt_ids, params):
-            out = await sample(prompt_ids, params)
-            returned[tuple(prompt_ids), params.seed] = out.token_ids
-            return out
-
-        sampler.sample = spy
-        groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, group_size=2)
-    assert [g.task_id for g in groups] == [t["id"] for t in tasks]
-    for g in groups:
-        for index, t in enumerate(g.trajectories):
-            assert not t.infra_error, t.error
-            assert t.reward in (0.0, 1.0) and 0.0 <= t.reward_parts["progress"] <= 1.0
-            assert 'page "Settings"' in renderer.render_text(t.token_ids[:t.prompt_len])
-            masked = [i for i, m in zip(t.token_ids, t.loss_mask) if m == 1]
-            server = [i for k, turn in enumerate(t.turns)
-                      for i in returned[t.token_ids[:turn.start], request_seed(0, g.task_id, index, k)]]
-            assert masked == server
+    groups = await play_on_server(load_tasks(2, seed=0), make_env, limits)
+    for t in (t for g in groups for t in g.trajectories):
+        assert t.reward in (0.0, 1.0) and 0.0 <= t.reward_parts["progress"] <= 1.0
+        assert 'page "Settings"' in renderer.render_text(t.token_ids[:t.prompt_len])

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.chat import format_tool_call
-from agent_rl.rollout import EpisodeLimits, rollout_groups, run_episode
-from agent_rl.sampler import VLLMSampler
+from agent_rl.rollout import EpisodeLimits, run_episode
 from envs.calculator import calculator
 from envs.math import MathEnv, final_step, load_tasks, make_env, math_dataset, solve
 from tools.sandbox import get_backend
@@ -133,14 +132,8 @@ def test_malformed_row_names_the_row_and_column():
 
 
 @pytest.mark.integration
-async def test_real_server_rollouts(vllm_server, renderer):
-    tasks = load_tasks(2, seed=0, split="eval")
+async def test_real_server_rollouts(play_on_server):
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=128, max_total_tokens=1536)
-    async with VLLMSampler([vllm_server.url]) as sampler:
-        groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, group_size=2)
-    trajs = [t for g in groups for t in g.trajectories]
-    assert len(trajs) == 4 and all(t.error is None for t in trajs), [t.error for t in trajs]
-    for t in trajs:
+    groups = await play_on_server(load_tasks(2, seed=0, split="eval"), make_env, limits)
+    for t in (t for g in groups for t in g.trajectories):
         assert 0.0 <= t.reward <= 1.0 and set(t.reward_parts) == PARTS
-        sampled = [tok for turn in t.turns for tok in t.token_ids[turn.start:turn.end]]
-        assert [t.token_ids[i] for i, m in enumerate(t.loss_mask) if m == 1] == sampled
