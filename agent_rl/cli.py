@@ -87,14 +87,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 # -- train / plot ----------------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
-    from agent_rl.config import ConfigError, load_config
     from agent_rl.models import ModelError
     from agent_rl.server import ServerError
 
-    try:
-        cfg = load_config(args.config, args.set or [])
-    except ConfigError as e:
-        raise CLIError(str(e), EXIT_BAD_INPUT) from None
+    cfg = _config(args)
     from agent_rl.trainer import train
 
     try:
