@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -44,10 +43,7 @@ def run(done: Path, *argv: str) -> float | None:
         return None
     t0 = time.perf_counter()
     print("\n$ agent-rl " + " ".join(argv), file=sys.stderr, flush=True)
-    # large buffers straight from mmap, so freed activations go back to the OS: with glibc's default
-    # heap, a CPU trainer's RSS grew step after step until the OOM killer stopped it (19 GB)
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
-    code = subprocess.run([sys.executable, "-m", "agent_rl.cli", *argv], env=env).returncode
+    code = subprocess.run([sys.executable, "-m", "agent_rl.cli", *argv]).returncode
     if code:
         sys.exit(f"recipe stopped: `agent-rl {' '.join(argv)}` exited with {code}")
     return time.perf_counter() - t0
