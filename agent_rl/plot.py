@@ -1,7 +1,8 @@
 """Training curves as PNG files, read back from a run directory's metrics.jsonl.
 
 Owns: `plot_run(run_dir)`, which writes `<run_dir>/plots/curves.png` (one panel per concern) and
-`<run_dir>/plots/accuracy_tool_use.png` (did it learn the task, and did it keep using its tools?).
+`<run_dir>/plots/accuracy_tool_use.png` (did it learn the task, and did it keep using its tools?),
+and `plot_runs(run_dirs, path)`: those two figures for several runs side by side (seeds).
 Does not own: the metrics file format (`runlog`), or computing any metric.
 
 Only keys present in the file are drawn: a panel with none of its keys is left out, so the same
@@ -95,16 +96,42 @@ def _draw(ax: Any, panel: Panel, records: list[dict[str, Any]], steps: list[int]
     _style(ax, panel.title, panel.unit)
 
 
+def _accuracy_key(records: list[dict[str, Any]]) -> str:
+    return "reward/correct" if _present(records, "reward/correct") else "reward_mean"
+
+
+def _records(run_dir: str | Path) -> list[dict[str, Any]]:
+    by_step = {r["step"]: r for r in read_metrics(run_dir)}  # a resumed run without truncation: last wins
+    if not by_step:
+        raise RunLogError(f"{Path(run_dir) / 'metrics.jsonl'} has no steps yet")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot_runs(run_dirs: list[str | Path], path: str | Path) -> Path:
+    """Accuracy and tool-use rate per step of several runs (seeds of one recipe), a line per run:
+    the spread between seeds at a glance. Writes and returns `path`."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise RunLogError("plotting needs matplotlib: pip install matplotlib") from None
+    runs = [(Path(d).name, _records(d)) for d in run_dirs]
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    for i, (title, key_of) in enumerate((("accuracy", _accuracy_key), ("tool-use rate", lambda _: "tool_use_rate"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for name, records in runs:
+            ax.plot([r["step"] for r in records], _series(records, key_of(records)), marker=".", label=name)
+        _style(ax, title, unit=True)
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write the PNGs for `run_dir` and return their paths (none when no known key is present)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise RunLogError("plotting needs matplotlib: pip install matplotlib") from None
-    by_step = {r["step"]: r for r in read_metrics(run_dir)}  # a resumed run without truncation: last wins
-    if not by_step:
-        raise RunLogError(f"{Path(run_dir) / 'metrics.jsonl'} has no steps yet")
-    records = [by_step[s] for s in sorted(by_step)]
+    records = _records(run_dir)
     steps = [r["step"] for r in records]
     out = Path(run_dir) / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -122,8 +149,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         written.append(path)
 
-    accuracy = "reward/correct" if _present(records, "reward/correct") else "reward_mean"
-    keys = [k for k in (accuracy, "tool_use_rate") if _present(records, k)]
+    keys = [k for k in (_accuracy_key(records), "tool_use_rate") if _present(records, k)]
     if keys:
         fig = Figure(figsize=(7, 4), layout="constrained")
         ax = fig.add_subplot()

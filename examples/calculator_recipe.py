@@ -10,7 +10,7 @@ Steps (each is an ordinary `agent-rl` command; this script only wires them to on
   3. agent-rl train   GRPO from that adapter, once per seed     -> RUN/grpo-seed{S}/adapter
   4. agent-rl eval    SFT and every GRPO adapter on the same held-out tasks and sampling seeds
 Outputs in RUN (default runs/calculator_recipe): eval_before_after.json (the report of step 4),
-accuracy_tool_use.png (per GRPO step, seed 0), summary.json (after - before per seed, spread over
+accuracy_tool_use.png (per GRPO step, a line per seed), summary.json (after - before per seed, spread over
 seeds, wall times). Its last line on stdout is summary.json.
 
 Each command runs in its own process, so the memory of one (a trainer holds ~9 GB) is back before
@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from agent_rl.models import resolve_model
+from agent_rl.plot import plot_runs
 from agent_rl.server import VLLMServer
 
 CONFIG = str(Path(__file__).with_name("calculator_recipe.yaml"))
@@ -94,7 +94,7 @@ def main() -> None:
         (out / "eval_before_after.json").unlink(missing_ok=True)  # always evaluate what is there now
         wall["eval"] = run(out / "eval_before_after.json", "eval", CONFIG, *common, *adapters,
                            "--out", str(out / "eval_before_after.json"))
-    shutil.copy(out / f"grpo-seed{args.seeds[0]}" / "plots" / "accuracy_tool_use.png", out / "accuracy_tool_use.png")
+    plot_runs([out / f"grpo-seed{seed}" for seed in args.seeds], out / "accuracy_tool_use.png")
     wall["total"] = time.perf_counter() - t_start
     report = json.loads((out / "eval_before_after.json").read_text())
     summary = summarise(report, str(out / "sft"), after, wall)

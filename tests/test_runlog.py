@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from agent_rl.plot import plot_run
+from agent_rl.plot import plot_run, plot_runs
 from agent_rl.runlog import CollapseAlarm, RunLogError, RunLogger, read_metrics
 
 
@@ -187,6 +187,21 @@ def test_plot_run_skips_missing_keys(tmp_path):
     with logger(tmp_path) as lg:
         lg.log(2, {"reward_mean": 0.5})
     assert [p.name for p in plot_run(tmp_path)] == ["curves.png", "accuracy_tool_use.png"]
+
+
+def test_plot_runs_draws_seeds_side_by_side(tmp_path):
+    pytest.importorskip("matplotlib")
+    for seed in (0, 1):
+        with logger(tmp_path / f"grpo-seed{seed}") as lg:
+            for step in range(1, 4):
+                lg.log(step, {"reward/correct": step / (4 + seed), "tool_use_rate": step / 3})
+    path = plot_runs([tmp_path / "grpo-seed0", tmp_path / "grpo-seed1"], tmp_path / "seeds.png")
+    data = path.read_bytes()
+    assert path == tmp_path / "seeds.png" and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    (tmp_path / "grpo-seed2").mkdir()
+    (tmp_path / "grpo-seed2" / "metrics.jsonl").write_text("")
+    with pytest.raises(RunLogError, match=r"grpo-seed2/metrics.jsonl has no steps yet$"):
+        plot_runs([tmp_path / "grpo-seed0", tmp_path / "grpo-seed2"], tmp_path / "x.png")
 
 
 def test_plot_run_without_metrics(tmp_path):
