@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import re
+import signal
 import sqlite3
 import sys
 from collections import Counter
@@ -369,12 +370,16 @@ async def start_search_service(index_path: str | Path, host: str = "127.0.0.1", 
 
 
 def kg_serve_cli(host: str, port: int, db_path: str | None) -> int:
-    """`agent-rl kg serve`: run the knowledge-graph service until Ctrl-C."""
+    """`agent-rl kg serve`: run the knowledge-graph service until Ctrl-C or SIGTERM, then close it."""
 
     async def main() -> None:
+        stop = asyncio.Event()
+        # SIGTERM too (kill, docker stop, systemd): a service started from a script as a background
+        # job inherits SIGINT ignored, so Ctrl-C alone would leave no clean way to stop it
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         async with await start_kg_service(db_path or DEFAULT_DB, host, port) as service:
             print(f"knowledge graph at {service.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-            await asyncio.Event().wait()  # no deadline on purpose: serve until Ctrl-C
+            await stop.wait()  # no deadline on purpose: serve until stopped
 
     try:
         asyncio.run(main())
