@@ -288,6 +288,18 @@ def cmd_search_query(args: argparse.Namespace) -> int:
 
 
 # -- wiring ------------------------------------------------------------------------------------------
+def _config_arguments(p: argparse.ArgumentParser, uses: str, example: str) -> None:
+    """The CONFIG file and its --set overrides, read by `_config`."""
+    p.add_argument("config", nargs="?", help=uses)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=f"override, e.g. {example}")
+
+
+def _run_arguments(p: argparse.ArgumentParser, checkpoints: str) -> None:
+    """What a training command (train, sft) offers beyond its config."""
+    p.add_argument("--resume", action="store_true", help=f"continue from {checkpoints}")
+    p.add_argument("--no-plot", dest="plot", action="store_false", help="skip writing PNG curves at the end")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-rl", description="Multi-turn tool-use GRPO for LLM agents.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -309,28 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_rollout)
 
     t = sub.add_parser("train", help="GRPO training from a YAML config")
-    t.add_argument("config", nargs="?", help="YAML file (defaults for missing keys)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. algorithm.kl_beta=0.01")
-    t.add_argument("--resume", action="store_true", help="continue from the run dir's last checkpoint")
-    t.add_argument("--no-plot", dest="plot", action="store_false", help="skip writing PNG curves at the end")
+    _config_arguments(t, "YAML file (defaults for missing keys)", "algorithm.kl_beta=0.01")
+    _run_arguments(t, "the run dir's last checkpoint")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("demos", help="write scripted-solver demonstrations (sft.demos) for a cold-start SFT")
-    d.add_argument("config", nargs="?", help="YAML file: rollout.env, rollout limits and sft.* are used")
-    d.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. sft.direct_share=0.5")
+    _config_arguments(d, "YAML file: rollout.env, rollout limits and sft.* are used", "sft.direct_share=0.5")
     d.add_argument("--out", help="output JSONL (default: sft.demos)")
     d.set_defaults(func=cmd_demos)
 
     s = sub.add_parser("sft", help="supervised fine-tuning of the adapter on demonstrations")
-    s.add_argument("config", nargs="?", help="YAML file: model, optim and sft.* are used")
-    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. sft.epochs=3")
-    s.add_argument("--resume", action="store_true", help="continue from sft.run_dir's last checkpoint")
-    s.add_argument("--no-plot", dest="plot", action="store_false", help="skip writing PNG curves at the end")
+    _config_arguments(s, "YAML file: model, optim and sft.* are used", "sft.epochs=3")
+    _run_arguments(s, "sft.run_dir's last checkpoint")
     s.set_defaults(func=cmd_sft)
 
     e = sub.add_parser("eval", help="accuracy, pass@k and tool use on held-out tasks; compare adapters")
-    e.add_argument("config", nargs="?", help="YAML file: model, sampler, rollout and eval.* are used")
-    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. eval.temperature=0.7")
+    _config_arguments(e, "YAML file: model, sampler, rollout and eval.* are used", "eval.temperature=0.7")
     e.add_argument("--n", type=int, default=None, help="rollouts per task, K of pass@K (eval.samples)")
     e.add_argument("--tasks", type=int, default=None, help="held-out tasks (eval.tasks)")
     e.add_argument("--adapter", action="append",

@@ -116,11 +116,13 @@ def plot_runs(run_dirs: list[str | Path], path: str | Path) -> Path:
         raise RunLogError("plotting needs matplotlib: pip install matplotlib") from None
     runs = [(Path(d).name, _records(d)) for d in run_dirs]
     fig = Figure(figsize=(11, 4), layout="constrained")
-    for i, (title, key_of) in enumerate((("accuracy", _accuracy_key), ("tool-use rate", lambda _: "tool_use_rate"))):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for name, records in runs:
-            ax.plot([r["step"] for r in records], _series(records, key_of(records)), marker=".", label=name)
-        _style(ax, title, unit=True)
+    accuracy, tools = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for name, records in runs:
+        steps = [r["step"] for r in records]
+        accuracy.plot(steps, _series(records, _accuracy_key(records)), marker=".", label=name)
+        tools.plot(steps, _series(records, "tool_use_rate"), marker=".", label=name)
+    _style(accuracy, "accuracy", unit=True)
+    _style(tools, "tool-use rate", unit=True)
     fig.savefig(path, dpi=110)
     return Path(path)
 

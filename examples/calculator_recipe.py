@@ -13,8 +13,8 @@ Outputs in RUN (default runs/calculator_recipe): eval_before_after.json (the rep
 accuracy_tool_use.png (per GRPO step, a line per seed), summary.json (after - before per seed, spread over
 seeds, wall times). Its last line on stdout is summary.json.
 
-Each command runs in its own process, so the memory of one (a trainer holds ~9 GB) is back before
-the next starts. A step whose output already exists is skipped: rerunning a killed recipe goes on
+Each command runs in its own process, so the memory of one (a trainer's, several GB) is back
+before the next starts. A step whose output already exists is skipped: rerunning a killed recipe goes on
 where it stopped (delete RUN to start over).
 """
 

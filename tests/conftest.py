@@ -36,6 +36,21 @@ def scripted(renderer):
     return make
 
 
+@pytest.fixture
+def scripted_calls(scripted):
+    """A scripted sampler that sends `replies[k]` after k tool responses, then `finish(prompt)`:
+    a run of (often malformed) tool calls, each answered by the env, before the episode ends."""
+
+    def make(replies: list[str], finish) -> ScriptedSampler:
+        def script(prompt: str) -> str:
+            done = prompt.count("<tool_response>")
+            return replies[done] if done < len(replies) else finish(prompt)
+
+        return scripted(script)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tiny_dir):
     """One real vLLM server on the tiny model for the whole session (start-up costs ~45 s)."""

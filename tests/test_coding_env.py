@@ -130,18 +130,15 @@ async def test_an_endless_submission_through_the_env_is_bounded(scripted, render
     assert time.monotonic() - start < 30  # one CPU deadline (2-3 s), then the other two tests are not run
 
 
-async def test_malformed_tool_calls_get_errors_and_the_episode_goes_on(scripted, renderer):
+async def test_malformed_tool_calls_get_errors_and_the_episode_goes_on(scripted_calls, renderer):
     task = TRUNCATE
     attempts = ['<tool_call>\n{"name": "python", "arguments": {"code": }\n</tool_call>',
                 '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(1)"}}\n</tool_call>',
                 '<tool_call>\n{"name": "python", "arguments": {"source": "print(1)"}}\n</tool_call>']
 
-    def script(prompt: str) -> str:
-        n = prompt.count("<tool_response>")
-        return attempts[n] if n < len(attempts) else solve(task, prompt, True)
-
     async with CodingEnv(task) as env:
-        traj = await run_episode(env, scripted(script), renderer, LIMITS, task["id"])
+        sampler = scripted_calls(attempts, lambda p: solve(task, p, True))
+        traj = await run_episode(env, sampler, renderer, LIMITS, task["id"])
     assert traj.reward == 1.0
     errors = [m.content for m in traj.messages if m.role == "tool"]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")

@@ -65,19 +65,15 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, scripted, renderer):
     assert traj.reward == 1.0 and traj.tool_calls == ()
 
 
-async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, scripted, renderer):
+async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, scripted_calls, renderer):
     task = rows["What is the capital of the only country that borders Lesotho?"]
     bad = ['<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesotho",}}\n</tool_call>',
            '<tool_call>\n{"name": "sparql", "arguments": {"query": "SELECT"}}\n</tool_call>',
            '<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesotho"}}\n</tool_call>',
            '<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesoto", "relation": "borders"}}\n</tool_call>']
 
-    def script(prompt):
-        done = prompt.count("<tool_response>")
-        return bad[done] if done < len(bad) else solve(task, prompt)
-
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(script), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted_calls(bad, lambda p: solve(task, p)), renderer, LIMITS, task["id"])
     errors = [m.content for m in traj.messages if m.role == "tool"][:4]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")
     assert errors[1] == "Error: unknown tool 'sparql'; available tools: search_entities, get_relations, follow"

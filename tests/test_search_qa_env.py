@@ -133,20 +133,16 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, index_path, scripted,
     assert traj.reward == 1.0 and traj.reward_parts["tool_calls"] == 0.0
 
 
-async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, index_path, scripted, renderer):
+async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, index_path, scripted_calls, renderer):
     task = rows["Which region is the country whose capital is Paris in?"]
     bad = ['<tool_call>\n{"name": "search", "arguments": {"query": "Paris"\n</tool_call>',
            '<tool_call>\n{"name": "browse", "arguments": {"url": "x"}}\n</tool_call>',
            '<tool_call>\n{"name": "search", "arguments": {"query": "Paris", "k": 0}}\n</tool_call>',
            '<tool_call>\n{"name": "read_article", "arguments": {"title": "Frnace"}}\n</tool_call>']
 
-    def script(prompt):
-        done = prompt.count("<tool_response>")
-        return bad[done] if done < len(bad) else solve(task, prompt)
-
     async with SearchQAEnv(task, index_path) as env:
-        traj = await run_episode(env, scripted(script), renderer, EpisodeLimits(max_turns=8, max_total_tokens=4096),
-                                 task["id"])
+        sampler = scripted_calls(bad, lambda p: solve(task, p))
+        traj = await run_episode(env, sampler, renderer, EpisodeLimits(max_turns=8, max_total_tokens=4096), task["id"])
     errors = [m.content for m in traj.messages if m.role == "tool"][:4]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")
     assert errors[1].startswith("Error: unknown tool 'browse'; available tools: search, read_article")
