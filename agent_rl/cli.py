@@ -91,10 +91,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agent_rl.server import ServerError
 
     cfg = _config(args)
-    from agent_rl.allocator import return_freed_memory_to_os
     from agent_rl.trainer import train
-
-    return_freed_memory_to_os()  # else a CPU trainer's RSS creeps up step after step (see allocator.py)
 
     try:
         final = asyncio.run(train(cfg, resume=args.resume))
@@ -150,10 +147,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from agent_rl.models import ModelError
 
     cfg = _config(args)
-    from agent_rl.allocator import return_freed_memory_to_os
     from agent_rl.sft import sft
-
-    return_freed_memory_to_os()
 
     try:
         final = sft(cfg, resume=args.resume)

@@ -29,6 +29,7 @@ from agent_rl.models import resolve_model
 from agent_rl.policy import token_logprobs
 from agent_rl.runlog import RunLogger
 from agent_rl.types import StopReason, Trajectory
+from agent_rl.update import optimizer_step
 
 
 def _as_trajectories(demos: Sequence[Demo]) -> list[Trajectory]:
@@ -94,12 +95,10 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
             optimizer.zero_grad(set_to_none=True)
             loss, tokens = nll_step(model, [demos[i] for i in batches[step]], pad_id, o.micro_batch_tokens,
                                     o.logprob_chunk, train=True)
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
-            optimizer.step()
+            grad_norm = optimizer_step(optimizer, o.grad_clip)
             scheduler.step()
             final = log.log(step + 1, {"sft/loss": loss, "sft/perplexity": math.exp(min(loss, 50.0)),
-                                       "grad_norm": float(grad_norm), "train_tokens": tokens,
+                                       "grad_norm": grad_norm, "train_tokens": tokens,
                                        "lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0,
                                        "epoch": step * s.epochs / len(batches)})
             if (step + 1) % cfg.run.save_every == 0 or step + 1 == len(batches):

@@ -1,4 +1,5 @@
-"""One optimizer step of GRPO on a collated batch: micro-batches, loss, backward, clip, step.
+"""One optimizer step of GRPO on a collated batch: micro-batches, loss, backward, clip, step
+(`optimizer_step`, which SFT uses too).
 
 Owns: choosing the loss variant and aggregation from the algorithm config (a lookup, not a branch
 inside the loss), the optional reference pass (skipped when kl_beta == 0), truncated importance
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from agent_rl import loss as L
+from agent_rl.allocator import release_freed_memory
 from agent_rl.batching import Batch, micro_batches
 from agent_rl.policy import reference_logprobs, token_logprobs
 
@@ -32,6 +34,16 @@ def aggregate(name: str, loss_B_T: torch.Tensor, mask_B_T: torch.Tensor, batch: 
     if name == "sequence_mean":
         return L.sequence_mean(loss_B_T, mask_B_T, batch.step_num_sequences)
     return L.constant_normalised_sum(loss_B_T, mask_B_T, batch.step_num_sequences, norm_tokens)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip the accumulated gradients, step, and give the step's freed host memory back to the OS
+    (`allocator`). Returns the gradient norm before clipping (0 when nothing has a gradient)."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip)) if params else 0.0
+    optimizer.step()
+    release_freed_memory()
+    return grad_norm
 
 
 def policy_update(model: Any, optimizer: torch.optim.Optimizer, batch: Batch, algo: Any, optim: Any,
@@ -80,9 +92,7 @@ def policy_update(model: Any, optimizer: torch.optim.Optimizer, batch: Batch, al
         add("logprob_gap_mean", gap.sum() / max(k, 1), k)
         add("tis_capped_frac", iw.capped_frac, k)
         n_tok += k
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip) if params else torch.tensor(0.0)
-    optimizer.step()
+    grad_norm = optimizer_step(optimizer, optim.grad_clip)
     stats = {k: v / max(n_tok, 1) for k, v in sums.items()}
-    stats.update(loss=total_loss, grad_norm=float(grad_norm), train_tokens=float(n_tok))
+    stats.update(loss=total_loss, grad_norm=grad_norm, train_tokens=float(n_tok))
     return stats
