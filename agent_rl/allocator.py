@@ -9,9 +9,9 @@ larger mmap'd buffer is freed, so after a few steps most buffers live in the hea
 stay resident. On the recipe, with `micro_batch_tokens: 4096`, the trainer's RSS grew step after step
 to 19 GB and the OOM killer stopped it. `malloc_trim(0)` after each step hands every free heap page
 back. `bench/allocator.py` measured it against a fixed 1 MB mmap threshold
-(`MALLOC_MMAP_THRESHOLD_=1048576`, which also stops the growth): same steps, RSS after the last step
-0.27x the default's with the trim at no measurable step-time cost (0.91x, noise), 0.38x with the
-threshold but 1.26x the step time (every large buffer faulted in afresh).
+(`MALLOC_MMAP_THRESHOLD_=1048576`, which also stops the growth), two runs of the same steps: RSS
+after the last step 0.27x / 0.26x the default's with the trim at 0.91x / 1.13x its step time, 0.38x
+/ 0.34x with the threshold at 1.26x / 1.50x (every large buffer faulted in afresh, not once a step).
 """
 
 from __future__ import annotations
