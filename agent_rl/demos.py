@@ -1,9 +1,10 @@
 """Demonstrations for a cold-start SFT: an environment's scripted solver played through the real runner.
 
-Owns: `make_demos` (play `solve` episodes with a scripted sampler, keep the solved ones), the mix of
-tool-using and direct-answer demonstrations, and the JSONL file they live in (`write_demos`,
-`read_demos`).
-Does not own: the solvers (each environment's `solve`), rendering (`chat`), training on them (`sft`).
+Owns: `make_demos` (play `solve` episodes with a `ScriptedSampler` over messages, keep the solved ones), the mix of
+tool-using and direct-answer demonstrations, `Demo` (what SFT trains on: ids and loss mask), and
+the JSONL file they live in (`write_demos`, `read_demos`).
+Does not own: the solvers (each environment's `solve`), rendering (`core.renderer`), training on
+them (`sft`).
 
 Why through the runner: a demonstration is then a `Trajectory` built by exactly the code that builds
 rollouts, so its tokens, template scaffolding and loss mask (tool outputs and prompts 0, the
@@ -13,17 +14,17 @@ assistant's turns 1) are the ones GRPO will later train on. Nothing re-renders t
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_rl.chat import ChatRenderer
-from agent_rl.rollout import EpisodeLimits, rollout_groups
-from agent_rl.sampler import ScriptedSampler
-from agent_rl.types import Trajectory
-from envs.registry import EnvSpec
+from agent_rl.core.files import write_lines
+from agent_rl.core.registry import EnvSpec
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.types import Trajectory
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.scripted import ScriptedSampler
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,9 @@ class Demo:
     task_id: str
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
-    direct: bool
-    reward: float
 
 
-async def make_demos(spec: EnvSpec, renderer: ChatRenderer, n: int, *, seed: int = 0, direct_share: float = 0.0,
+async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0, direct_share: float = 0.0,
                      split: str = "train", limits: EpisodeLimits | None = None,
                      min_reward: float = 1.0) -> tuple[list[Trajectory], dict[str, float]]:
     """Solve `n` tasks of `split`; round(n * direct_share) of them, picked at random, answer directly.
@@ -53,13 +52,14 @@ async def make_demos(spec: EnvSpec, renderer: ChatRenderer, n: int, *, seed: int
     rng = random.Random(seed)
     direct_ids = {str(t["id"]) for t in rng.sample(tasks, round(len(tasks) * direct_share))}
     limits = limits or EpisodeLimits(max_turns=8, max_tokens_per_turn=1024, max_total_tokens=8192)
-    solve = spec.solve
     demos: list[Trajectory] = []
     dropped = 0
     for task in tasks:
         direct = str(task["id"]) in direct_ids
-        sampler = ScriptedSampler(renderer.encode, renderer.render_text, renderer.im_end,
-                                  lambda text, task=task, direct=direct: solve(task, text, direct), logprob=0.0)
+        def script(messages, task=task, direct=direct):
+            return spec.solve(task, messages, direct)
+
+        sampler = ScriptedSampler(renderer, script, logprob=0.0, on_messages=True)
         [group] = await rollout_groups([task], spec.make_env, sampler, renderer, limits, group_size=1)
         traj = group.trajectories[0]
         if traj.infra_error or traj.truncated or traj.reward < min_reward:
@@ -74,22 +74,13 @@ async def make_demos(spec: EnvSpec, renderer: ChatRenderer, n: int, *, seed: int
 
 
 def write_demos(path: str | Path, demos: Sequence[Trajectory]) -> Path:
-    """One JSON object per line: ids, mask and the readable messages. Written to a temp file, then
-    renamed, so an interrupted run never leaves a half-written demo file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for t in demos:
-            f.write(json.dumps({
-                "task_id": t.task_id, "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
-                "direct": not t.used_tools, "reward": t.reward,
-                "messages": [{"role": m.role, "content": m.content} for m in t.messages],
-            }) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """One JSON object per line: ids, mask and the readable messages, written atomically (an
+    interrupted run never leaves a half-written demo file behind)."""
+    return write_lines(path, (json.dumps({
+        "task_id": t.task_id, "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
+        "direct": not t.used_tools, "reward": t.reward,
+        "messages": [{"role": m.role, "content": m.content} for m in t.messages],
+    }) for t in demos))
 
 
 def read_demos(path: str | Path) -> list[Demo]:
@@ -110,8 +101,7 @@ def read_demos(path: str | Path) -> list[Demo]:
             if len(ids) != len(mask) or not any(mask) or set(mask) - {0, 1}:
                 raise ValueError(f"{path}:{i}: token_ids and loss_mask must have the same length and "
                                  f"the mask must be 0/1 with at least one 1")
-            demos.append(Demo(str(row.get("task_id", i)), ids, mask, bool(row.get("direct", False)),
-                              float(row.get("reward", 0.0))))
+            demos.append(Demo(str(row.get("task_id", i)), ids, mask))
     if not demos:
         raise ValueError(f"demonstrations file {str(path)!r} is empty")
     return demos

@@ -2,8 +2,9 @@
 
 Owns: `eval_report` (a pure function from rollout groups to figures), `pass_at_k` (the unbiased
 estimator of Chen et al. 2021), `resolve_adapter` (what a user may point `--adapter` at), and
-`evaluate` (serve each adapter, play the held-out tasks, report; two adapters side by side).
-Does not own: playing episodes (`rollout`), behavioural rates (`metrics.rollout_metrics`), servers.
+`evaluate` (serve each adapter, play the held-out tasks, report; two adapters side by side) and
+`format_report` (the figures side by side as a table).
+Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
 
 Fair comparisons: every policy plays the same tasks with the same per-request sampling seeds, so
 two adapters differ only by their weights (common random numbers), not by the luck of the draw.
@@ -19,8 +20,12 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Sequence
 
-from agent_rl.metrics import rollout_metrics
-from agent_rl.types import TrajectoryGroup
+from agent_rl.core.types import TrajectoryGroup
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.weight_sync import AdapterSync
+from agent_rl.runs.metrics import rollout_metrics
+from agent_rl.session import Session
 
 BASE = "base"
 
@@ -87,27 +92,18 @@ def compare(reports: dict[str, dict[str, float]]) -> dict[str, float]:
     return {k: b[k] - a[k] for k in a if k in b}
 
 
-async def evaluate(cfg: Any, adapters: Sequence[str], urls: Sequence[str], groups_out: dict | None = None
-                   ) -> dict[str, Any]:
+async def evaluate(session: Session, adapters: Sequence[str], urls: Sequence[str],
+                   groups_out: dict | None = None) -> dict[str, Any]:
     """Evaluate each adapter spec on `cfg.eval` held-out tasks against running servers `urls`.
 
     Returns {"eval": settings, "results": {adapter: figures}, "delta": second - first (two adapters)}.
     `groups_out`, when given, receives each adapter's rollout groups (for printing transcripts).
     """
-    from agent_rl.chat import ChatRenderer
-    from agent_rl.models import resolve_model
-    from agent_rl.rollout import EpisodeLimits, rollout_groups
-    from agent_rl.sampler import VLLMSampler
-    from agent_rl.weight_sync import AdapterSync
-    from envs.registry import load_env
-
-    e, r = cfg.eval, cfg.rollout
+    cfg, spec, renderer = session.cfg, session.env, session.renderer
+    settings, rollout = cfg.eval, cfg.rollout
     paths = {a: resolve_adapter(a) for a in adapters}  # every bad path fails before any sampling
-    spec = load_env(r.env)
-    renderer = ChatRenderer.from_pretrained(resolve_model(cfg.model.name))
-    tasks = spec.load_tasks(e.tasks, seed=e.seed, split=e.split)
-    limits = EpisodeLimits(max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn,
-                           max_total_tokens=r.max_total_tokens, temperature=e.temperature, seed=e.seed)
+    tasks = spec.load_tasks(settings.tasks, seed=settings.seed, split=settings.split)
+    limits = EpisodeLimits.from_config(rollout, settings.temperature, seed=settings.seed)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
         for i, (label, path) in enumerate(paths.items()):
@@ -115,12 +111,34 @@ async def evaluate(cfg: Any, adapters: Sequence[str], urls: Sequence[str], group
                 if path is not None:  # a name unique to this process: a shared server may hold others
                     sync = AdapterSync(Path(tmp) / str(i), sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}")
                     await sync.load_initial(path)
-                groups = await rollout_groups(tasks, spec.make_env, sampler, renderer, limits, e.samples,
-                                              r.max_concurrent)
+                groups = await rollout_groups(tasks, spec.make_env, sampler, renderer, limits, settings.samples,
+                                              rollout.max_concurrent)
             if groups_out is not None:
                 groups_out[label] = groups
-            results[label] = eval_report(groups, e.success_threshold)
-    out: dict[str, Any] = {"eval": {"env": r.env, "model": cfg.model.name, **e.model_dump()}, "results": results}
+            results[label] = eval_report(groups, settings.success_threshold)
+    out: dict[str, Any] = {"eval": {"env": rollout.env, "model": cfg.model.name, **settings.model_dump()},
+                           "results": results}
     if len(results) >= 2:
         out["delta"] = compare(results)
     return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The figures of each adapter side by side (and their difference for two), one row per figure."""
+    results = report["results"]
+    labels = list(results)
+    keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
+                        "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "tool_calls_per_traj",
+                        "tool_failure_rate", "turns_mean", "sampled_tokens_mean", "truncation_rate",
+                        "infra_error_rate") if k in results[labels[0]]]
+    keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
+    head = [""] + [_short(lb) for lb in labels] + (["delta"] if "delta" in report else [])
+    rows = [head] + [[k] + [f"{results[lb].get(k, float('nan')):.3f}" for lb in labels]
+                     + ([f"{report['delta'].get(k, float('nan')):+.3f}"] if "delta" in report else []) for k in keys]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _short(label: str, width: int = 28) -> str:
+    return label if len(label) <= width else "..." + label[-(width - 3):]

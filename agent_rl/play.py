@@ -2,8 +2,8 @@
 
 Owns: `HumanSampler` (a `Sampler` whose completions are typed by a person, or read from a script)
 and `play` (one episode through the real rollout runner, then its reward and tool calls).
-Does not own: the episode loop (`rollout.run_episode`: what you see is what a model would get),
-rendering (`chat`), the environment.
+Does not own: the episode loop (`rollout.runner.run_episode`: what you see is what a model would
+get), rendering (`core.renderer`), the environment.
 
 Typing a reply: end it with a line holding only `.` (or end of input). Shortcuts:
     /call NAME {"arg": value}     one tool call, written out in the model's tool-call format
@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
-from agent_rl.chat import ChatRenderer, format_tool_call
-from agent_rl.rollout import EpisodeLimits, run_episode
-from agent_rl.sampler import Completion, SamplingParams
-from agent_rl.types import Trajectory
-from envs.registry import EnvSpec
+from agent_rl.core.registry import EnvSpec
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.types import Message, ToolCall, Trajectory
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
+from agent_rl.rollout.sampler import Completion, SamplingParams
 
 
 class QuitEpisode(Exception):
     """The player typed /quit or the input ended before a reply."""
 
 
-def read_reply(stream: TextIO) -> str:
-    """One reply from `stream`: lines up to a lone `.`, with the /call and /quit shortcuts."""
+def read_reply(stream: TextIO, renderer: Renderer) -> str:
+    """One reply from `stream`: lines up to a lone `.`, with the /call and /quit shortcuts (a call
+    written in the model's own format)."""
     lines: list[str] = []
     while True:
         line = stream.readline()
@@ -48,7 +49,7 @@ def read_reply(stream: TextIO) -> str:
                 arguments = json.loads(raw or "{}")
             except json.JSONDecodeError as e:
                 raise ValueError(f"/call {name}: arguments are not JSON ({e.msg}): {raw}") from None
-            line = format_tool_call(name, arguments)
+            line = renderer.format_reply("", [ToolCall(name, arguments)])
         lines.append(line)
     return "\n".join(lines)
 
@@ -58,11 +59,12 @@ class HumanSampler:
 
     policy_version = 0
 
-    def __init__(self, renderer: ChatRenderer, read: Callable[[], str], show: Callable[[str], None]):
+    def __init__(self, renderer: Renderer, read: Callable[[], str], show: Callable[[str], None]):
         self.renderer, self.read, self.show = renderer, read, show
         self._seen = 0
 
-    async def sample(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def sample(self, prompt_ids: list[int], params: SamplingParams,
+                     messages: Sequence[Message] = ()) -> Completion:
         self.show(self.renderer.render_text(prompt_ids[self._seen:]))
         while True:
             try:
@@ -70,15 +72,15 @@ class HumanSampler:
                 break
             except ValueError as e:  # a typo in a /call: say so and read the reply again
                 self.show(f"error: {e}\n")
-        ids = [*self.renderer.encode(text), self.renderer.im_end]
+        ids = [*self.renderer.encode(text), self.renderer.stop_token_ids[0]]
         self._seen = len(prompt_ids) + len(ids)
         return Completion(tuple(ids), (0.0,) * len(ids), "stop", 0)
 
 
-async def play(spec: EnvSpec, task: dict[str, Any], renderer: ChatRenderer, stdin: TextIO,
+async def play(spec: EnvSpec, task: dict[str, Any], renderer: Renderer, stdin: TextIO,
                show: Callable[[str], None], limits: EpisodeLimits | None = None) -> Trajectory:
     """One episode of `task` with the person as the policy. A /quit ends it as an ERROR trajectory."""
-    sampler = HumanSampler(renderer, lambda: read_reply(stdin), show)
+    sampler = HumanSampler(renderer, lambda: read_reply(stdin, renderer), show)
     limits = limits or EpisodeLimits(max_turns=8, max_tokens_per_turn=4096, max_total_tokens=32768,
                                      env_timeout_s=300.0)
     async with spec.make_env(task) as env:

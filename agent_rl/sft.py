@@ -3,12 +3,13 @@
 Owns: `sft(cfg)`, a short loop over `agent_rl.demos` files (shuffled batches, token-mean negative
 log-likelihood of the assistant's tokens, AdamW), its checkpoints and metrics, and the final
 `<sft.run_dir>/adapter` folder that `model.init_adapter` of a GRPO run points at.
-Does not own: the demonstrations (`demos`), log-probs (`policy`), tensors (`batching`), persistence
-(`checkpoint`, `runlog`): it is the GRPO trainer's machinery with a different loss.
+Does not own: the demonstrations (`demos`), log-probs (`learn.logprobs`), tensors (`learn.batching`),
+persistence (`runs.checkpoint`, `runs.runlog`): it is the GRPO trainer's machinery with a different loss.
 
-Same policy, same numbers: the model is built by the trainer's `build_policy` (so LoRA rank,
-targets and an `init_adapter` mean the same thing), log-probs come from `policy.token_logprobs`
-(chunked, at temperature 1), the mask is the demonstration's own (tool outputs and prompts 0).
+Same policy, same numbers: the model is built by `learn.policy.build_policy`, as for GRPO (so LoRA
+rank, targets and an `init_adapter` mean the same thing), log-probs come from
+`learn.logprobs.token_logprobs` (chunked, at temperature 1), the mask is the demonstration's own
+(tool outputs and prompts 0).
 """
 
 from __future__ import annotations
@@ -21,24 +22,20 @@ from typing import Sequence
 
 import torch
 
-from agent_rl.batching import collate, micro_batches
-from agent_rl.checkpoint import load_checkpoint, save_checkpoint
-from agent_rl.config import TrainConfig, dump_config
+from agent_rl.core.config import TrainConfig, dump_config
+from agent_rl.core.files import write_text
+from agent_rl.core.renderers import load_renderer
 from agent_rl.demos import Demo, read_demos
-from agent_rl.models import resolve_model
-from agent_rl.policy import token_logprobs
-from agent_rl.runlog import RunLogger
-from agent_rl.types import StopReason, Trajectory
-from agent_rl.update import optimizer_step
+from agent_rl.learn.batching import collate, micro_batches
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.models import resolve_model
+from agent_rl.learn.policy import build_policy
+from agent_rl.learn.update import optimizer_step
+from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
+from agent_rl.runs.runlog import RunLogger
 
 
-def _as_trajectories(demos: Sequence[Demo]) -> list[Trajectory]:
-    return [Trajectory(task_id=d.task_id, token_ids=d.token_ids, loss_mask=d.loss_mask,
-                       logprobs=(0.0,) * len(d.token_ids), prompt_len=0, turns=(), messages=(), tool_calls=(),
-                       stop_reason=StopReason.NO_TOOL_CALL) for d in demos]
-
-
-def nll_step(model, demos: Sequence[Trajectory], pad_id: int, micro_batch_tokens: int, chunk: int,
+def nll_step(model, demos: Sequence[Demo], pad_id: int, micro_batch_tokens: int, chunk: int,
              train: bool) -> tuple[float, int]:
     """Token-mean NLL of the masked tokens of `demos`; with `train`, gradients accumulate into `.grad`.
 
@@ -59,32 +56,29 @@ def nll_step(model, demos: Sequence[Trajectory], pad_id: int, micro_batch_tokens
 
 def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     """Train the policy's adapter on `cfg.sft.demos`; returns the final metrics."""
-    from agent_rl.chat import ChatRenderer
-    from agent_rl.trainer import build_policy
-
-    s, o = cfg.sft, cfg.optim
-    run_dir = Path(s.run_dir)
-    demos = _as_trajectories(read_demos(s.demos))  # fails before the model is loaded if broken
+    sft_cfg, optim = cfg.sft, cfg.optim
+    run_dir = Path(sft_cfg.run_dir)
+    demos = read_demos(sft_cfg.demos)  # fails before the model is loaded if broken
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    write_text(run_dir / "config.yaml", dump_config(cfg))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     model_dir = resolve_model(cfg.model.name)
-    pad_id = ChatRenderer.from_pretrained(model_dir).tokenizer.pad_token_id or 0
-    model, optimizer, scheduler = build_policy(cfg.model_copy(update={"optim": o.model_copy(update={"lr": s.lr})}), model_dir)
+    pad_id = load_renderer(model_dir).pad_token_id
+    model, optimizer, scheduler = build_policy(cfg.model, optim, model_dir, lr=sft_cfg.lr)
     # the schedule of batches is a pure function of the seed: a resumed run skips the steps done
     order = random.Random(cfg.run.seed)
     batches = []
-    for _ in range(s.epochs):
+    for _ in range(sft_cfg.epochs):
         idx = list(range(len(demos)))
         order.shuffle(idx)
-        batches += [idx[i:i + s.batch_size] for i in range(0, len(idx), s.batch_size)]
+        batches += [idx[i:i + sft_cfg.batch_size] for i in range(0, len(idx), sft_cfg.batch_size)]
     start = 0
     if resume and (ck := load_checkpoint(run_dir, model, optimizer, scheduler)) is not None:
         start = ck.step
     probe = demos[: min(len(demos), 16)]  # a fixed sample: the loss before and after, same rows
     model.eval()
-    loss_before, _ = nll_step(model, probe, pad_id, o.micro_batch_tokens, o.logprob_chunk, train=False)
+    loss_before, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False)
     final: dict[str, float] = {}
     with RunLogger(run_dir, len(batches), tensorboard=cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
                    start_step=start, collapse_drop=0.0, entropy_floor=0.0) as log:
@@ -93,19 +87,19 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
             t0 = time.perf_counter()
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            loss, tokens = nll_step(model, [demos[i] for i in batches[step]], pad_id, o.micro_batch_tokens,
-                                    o.logprob_chunk, train=True)
-            grad_norm = optimizer_step(optimizer, o.grad_clip)
+            loss, tokens = nll_step(model, [demos[i] for i in batches[step]], pad_id, optim.micro_batch_tokens,
+                                    optim.logprob_chunk, train=True)
+            grad_norm = optimizer_step(optimizer, optim.grad_clip)
             scheduler.step()
             final = log.log(step + 1, {"sft/loss": loss, "sft/perplexity": math.exp(min(loss, 50.0)),
                                        "grad_norm": grad_norm, "train_tokens": tokens,
                                        "lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0,
-                                       "epoch": step * s.epochs / len(batches)})
+                                       "epoch": step * sft_cfg.epochs / len(batches)})
             if (step + 1) % cfg.run.save_every == 0 or step + 1 == len(batches):
                 save_checkpoint(run_dir, step + 1, model, optimizer, scheduler, data_position=step + 1,
                                 keep=cfg.run.keep_checkpoints)
     model.eval()
-    loss_after, _ = nll_step(model, probe, pad_id, o.micro_batch_tokens, o.logprob_chunk, train=False)
+    loss_after, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False)
     model.save_pretrained(run_dir / "adapter", safe_serialization=True)
     return {**final, "sft/loss_before": loss_before, "sft/loss_after": loss_after, "demos": float(len(demos))}
 

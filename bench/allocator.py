@@ -43,21 +43,20 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
         assert ctypes.CDLL(None).mallopt(-3, 1 << 20) == 1, "no glibc mallopt here"
     import torch
 
-    from agent_rl.allocator import release_freed_memory
-
-    from agent_rl.chat import ChatRenderer
-    from agent_rl.config import load_config
+    from agent_rl.core.config import load_config
+    from agent_rl.core.renderers import load_renderer
     from agent_rl.demos import read_demos
-    from agent_rl.models import resolve_model
-    from agent_rl.sft import _as_trajectories, nll_step
-    from agent_rl.trainer import build_policy
+    from agent_rl.learn.allocator import release_freed_memory
+    from agent_rl.learn.models import resolve_model
+    from agent_rl.learn.policy import build_policy
+    from agent_rl.sft import nll_step
 
     torch.manual_seed(0)
     cfg = load_config(None, ["model.name=smollm2-135m"])
     model_dir = resolve_model(cfg.model.name)
-    pad_id = ChatRenderer.from_pretrained(model_dir).tokenizer.pad_token_id or 0
-    model, optimizer, _ = build_policy(cfg, model_dir)
-    demos = _as_trajectories(read_demos(demos_path))
+    pad_id = load_renderer(model_dir).pad_token_id
+    model, optimizer, _ = build_policy(cfg.model, cfg.optim, model_dir)
+    demos = read_demos(demos_path)
     model.train()
     step_s, rss = [], []
     for step in range(steps):
@@ -67,20 +66,20 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
         nll_step(model, rows, pad_id, micro_batch_tokens, cfg.optim.logprob_chunk, train=True)
         optimizer.step()
         if mode == "trim":
-            release_freed_memory()  # what agent_rl.update.optimizer_step does after every step
+            release_freed_memory()  # what agent_rl.learn.update.optimizer_step does after every step
         step_s.append(time.perf_counter() - t0)
         rss.append(rss_mib())
     print(json.dumps({"step_s": step_s, "rss_mib": rss}))
 
 
 def make_demos_file(path: Path) -> None:
-    from agent_rl.chat import ChatRenderer
+    from agent_rl.core.registry import load_env
+    from agent_rl.core.renderers import load_renderer
     from agent_rl.demos import make_demos, write_demos
-    from agent_rl.models import resolve_model
-    from agent_rl.rollout import EpisodeLimits
-    from envs.registry import load_env
+    from agent_rl.learn.models import resolve_model
+    from agent_rl.rollout.runner import EpisodeLimits
 
-    renderer = ChatRenderer.from_pretrained(resolve_model("smollm2-135m"))
+    renderer = load_renderer(resolve_model("smollm2-135m"))
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=64, max_total_tokens=768)  # the recipe's
     demos, _ = asyncio.run(make_demos(load_env("calculator"), renderer, 64, direct_share=0.3, limits=limits))
     write_demos(path, demos)

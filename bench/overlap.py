@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl import trainer  # noqa: E402
-from agent_rl.config import load_config  # noqa: E402
-from agent_rl.models import build_tiny_model, cache_dir, resolve_model  # noqa: E402
-from agent_rl.server import VLLMServer, attach  # noqa: E402
+from agent_rl.core.config import load_config  # noqa: E402
+from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model  # noqa: E402
+from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
+from agent_rl.trainer import train  # noqa: E402
 
 
 def step_times(url: str, model_dir: Path, args, overlap: bool, run_dir: Path) -> list[float]:
@@ -37,7 +37,7 @@ def step_times(url: str, model_dir: Path, args, overlap: bool, run_dir: Path) ->
         "rollout.max_total_tokens=1024", f"algorithm.overlap_rollouts={str(overlap).lower()}",
         f"run.steps={args.steps}", f"run.run_dir={run_dir}", "run.save_every=1000", "run.tensorboard=false",
     ])
-    asyncio.run(trainer.train(cfg))
+    asyncio.run(train(cfg))
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["time/step_s"] for r in rows[1:]]
 

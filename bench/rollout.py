@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiohttp  # noqa: E402
 
-from agent_rl.chat import ChatRenderer  # noqa: E402
-from agent_rl.models import resolve_model  # noqa: E402
-from agent_rl.rollout import EpisodeLimits, rollout_groups  # noqa: E402
-from agent_rl.sampler import VLLMSampler  # noqa: E402
-from agent_rl.server import VLLMServer, attach  # noqa: E402
-from agent_rl.types import Message  # noqa: E402
+from agent_rl.core.renderers import load_renderer  # noqa: E402
+from agent_rl.core.types import Message  # noqa: E402
+from agent_rl.learn.models import resolve_model  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
+from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
+from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
 from envs.base import Env, StepResult  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     model_dir = resolve_model(args.model)
-    renderer = ChatRenderer.from_pretrained(model_dir)
+    renderer = load_renderer(model_dir)
     server = None
     if args.server_url:
         url = attach(args.server_url)

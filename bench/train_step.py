@@ -3,9 +3,10 @@
 Runs `--steps` real steps of `agent_rl.trainer.train` (calculator env, 2 tasks x 4 rollouts,
 64 tokens per turn, rank-16 LoRA of `--model`) in a temp run dir against one vLLM server (started
 here, or `--server-url`), then pushes the trained adapter `--sync-reps` more times. The figures
-come from the run's metrics.jsonl plus probes patched into this process (nothing in `agent_rl`
-changes); step 1 is warm-up and is skipped when there are >= 3 steps. Every rollout is trained on,
-with advantages +1/-1 where its group has no reward variance (`force_updates`: the bare model
+come from the run's metrics.jsonl plus probes around the trainer's own stages, passed to it as
+`trainer.Stages` (the loop runs unchanged); step 1 is warm-up and is skipped when there are >= 3
+steps. Every rollout is trained on, with advantages +1/-1 where its group has no reward variance
+(`forced_advantages`: the bare model
 rarely earns a reward, and a step that drops every group would time no update at all);
 `--real-advantages` turns that off.
 
@@ -52,12 +53,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl import trainer  # noqa: E402
-from agent_rl.config import load_config  # noqa: E402
-from agent_rl.models import resolve_model  # noqa: E402
-from agent_rl.runlog import read_metrics  # noqa: E402
-from agent_rl.sampler import VLLMSampler  # noqa: E402
-from agent_rl.server import VLLMServer, attach  # noqa: E402
+from agent_rl.core.config import load_config  # noqa: E402
+from agent_rl.learn.advantages import group_advantages, grpo_advantages  # noqa: E402
+from agent_rl.learn.models import resolve_model  # noqa: E402
+from agent_rl.learn.update import policy_update  # noqa: E402
+from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
+from agent_rl.rollout.weight_sync import weight_sync_for  # noqa: E402
+from agent_rl.runs.runlog import read_metrics  # noqa: E402
+from agent_rl.trainer import Stages, sample_step, train  # noqa: E402
 
 
 class Probe:
@@ -82,41 +85,39 @@ class Probe:
             self.gen_s[self.step] = self.gen_s.get(self.step, 0.0) + time.perf_counter() - self.busy_since
 
 
-def install(probe: Probe) -> None:
-    """Patch the three probes into this process (the sampler class, and the trainer's two names)."""
-    sample = VLLMSampler.sample
+class TimedSampler:
+    """The trainer's sampler, with every request's time in flight recorded by the probe."""
 
-    async def timed_sample(self, prompt_ids, params):
-        probe.request_started()
+    def __init__(self, sampler, probe: Probe):
+        self._sampler, self._probe = sampler, probe
+
+    @property
+    def policy_version(self) -> int:
+        return self._sampler.policy_version
+
+    async def sample(self, prompt_ids, params, messages=()):
+        self._probe.request_started()
         try:
-            return await sample(self, prompt_ids, params)
+            return await self._sampler.sample(prompt_ids, params, messages)
         finally:
-            probe.request_ended()
-
-    VLLMSampler.sample = timed_sample
-    policy_update = trainer.policy_update
-
-    def timed_update(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return policy_update(*args, **kwargs)
-        finally:
-            probe.update_s[probe.step] = probe.update_s.get(probe.step, 0.0) + time.perf_counter() - t0
-
-    trainer.policy_update = timed_update
-
-    class TimedAdapterSync(trainer.AdapterSync):
-        async def push(self, model, version):
-            probe.sync, probe.model = self, model
-            seconds = await super().push(model, version)
-            probe.pushes.append({"version": version, "total_s": seconds, **self.last_timings})
-            probe.step = version + 1
-            return seconds
-
-    trainer.AdapterSync = TimedAdapterSync
+            self._probe.request_ended()
 
 
-def force_updates() -> None:
+class TimedSync:
+    """The trainer's weight sync; each push is recorded and advances the probe's step."""
+
+    def __init__(self, sync, probe: Probe):
+        self.sync, self.probe = sync, probe
+
+    async def push(self, model, version):
+        self.probe.sync, self.probe.model = self.sync, model
+        seconds = await self.sync.push(model, version)
+        self.probe.pushes.append({"version": version, "total_s": seconds, **self.sync.last_timings})
+        self.probe.step = version + 1
+        return seconds
+
+
+def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):
     """Groups without signal still enter the batch, with advantages +1, -1, +1, ...
 
     The bare base model rarely earns a reward, so GRPO would drop every group and the step would
@@ -124,17 +125,32 @@ def force_updates() -> None:
     this times a step in which every rollout is learned from. The logged group counts
     (`zero_variance_group_share`, `dropped_trajectories`) still describe the real rewards.
     """
-    group_advantages = trainer.A.group_advantages
+    adv = group_advantages(groups, advantage_fn, truncated_reward)
+    kept = {id(t) for t in adv.trajectories}
+    extra = [t for g in groups if not any(id(t) in kept for t in g.trajectories)
+             for t in g.trajectories if not t.infra_error]
+    signs = [1.0 if i % 2 == 0 else -1.0 for i in range(len(extra))]
+    return replace(adv, trajectories=adv.trajectories + tuple(extra), advantages=adv.advantages + tuple(signs))
 
-    def forced(groups, advantage_fn=trainer.A.grpo_advantages, truncated_reward=None):
-        adv = group_advantages(groups, advantage_fn, truncated_reward)
-        kept = {id(t) for t in adv.trajectories}
-        extra = [t for g in groups if not any(id(t) in kept for t in g.trajectories)
-                 for t in g.trajectories if not t.infra_error]
-        signs = [1.0 if i % 2 == 0 else -1.0 for i in range(len(extra))]
-        return replace(adv, trajectories=adv.trajectories + tuple(extra), advantages=adv.advantages + tuple(signs))
 
-    trainer.A.group_advantages = forced
+def timed_stages(probe: Probe, force: bool) -> Stages:
+    """The trainer's own stages, each wrapped in a probe: the loop runs unchanged."""
+
+    async def sample(stream, cfg, session, sampler, limits, step):
+        return await sample_step(stream, cfg, session, TimedSampler(sampler, probe), limits, step)
+
+    def update(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return policy_update(*args, **kwargs)
+        finally:
+            probe.update_s[probe.step] = probe.update_s.get(probe.step, 0.0) + time.perf_counter() - t0
+
+    def sync(full_finetune, run_dir, sampler):
+        return TimedSync(weight_sync_for(full_finetune, run_dir, sampler), probe)
+
+    return Stages(sample=sample, advantages=forced_advantages if force else group_advantages,
+                  update=update, sync=sync)
 
 
 class TreeRSS(threading.Thread):
@@ -194,7 +210,7 @@ def main() -> None:
     ap.add_argument("--server-url", help="attach to a running vLLM server (started with --enable-lora)")
     ap.add_argument("--sync-reps", type=int, default=5, help="extra pushes of the trained adapter after the run")
     ap.add_argument("--real-advantages", action="store_true",
-                    help="train only on groups with reward variance (default: every rollout, see force_updates)")
+                    help="train only on groups with reward variance (default: every rollout, see forced_advantages)")
     ap.add_argument("--set", action="append", default=[], help="extra config override key=value")
     args = ap.parse_args()
     model_dir = resolve_model(args.model)
@@ -219,13 +235,10 @@ def main() -> None:
         rss = TreeRSS(server.proc.pid)
         rss.start()
     probe = Probe()
-    install(probe)
-    if not args.real_advantages:
-        force_updates()
     try:
         cfg = cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"server_urls": [url]})})
         t0 = time.perf_counter()
-        asyncio.run(trainer.train(cfg))
+        asyncio.run(train(cfg, stages=timed_stages(probe, force=not args.real_advantages)))
         run_wall = time.perf_counter() - t0
 
         async def more_pushes():
@@ -240,7 +253,11 @@ def main() -> None:
         finally:
             if server:
                 server.stop()
+    print(json.dumps(summary(args, cfg, run_dir, probe, rss, run_wall)))
 
+
+def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall: float) -> dict:
+    """The figures of the run, from its metrics.jsonl and the probe."""
     records = read_metrics(run_dir)
     measured = [r for r in records if r["step"] > 1] if len(records) >= 3 else records
     step = [r["time/step_s"] for r in measured]
@@ -251,7 +268,7 @@ def main() -> None:
     busy = sum(gen) + sum(fbo) + sum(sync)
     later = probe.pushes[1:]
     per_step = lambda xs: [round(x, 3) for x in xs]  # noqa: E731
-    print(json.dumps({
+    return {
         "bench": "train_step", "model": args.model, "steps": args.steps,
         "measured_steps": [r["step"] for r in measured],
         "rollouts_per_step": cfg.rollout.rollouts_per_step, "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn,
@@ -276,7 +293,7 @@ def main() -> None:
         "run_wall_s": round(run_wall, 1), "run_dir": run_dir,
         "per_step": {"step_s": per_step(step), "generation_s": per_step(gen), "fwd_bwd_optim_s": per_step(fbo),
                      "sync_s": per_step(sync), "other_s": per_step(other)},
-    }))
+    }
 
 
 if __name__ == "__main__":

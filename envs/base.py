@@ -1,79 +1,25 @@
-"""The environment API: small, async, message-level, single-use classes.
+"""Environments whose actions are tool calls on typed Python functions.
 
-Owns: `Env` (what the rollout runner talks to), `StepResult`, and `ToolEnv`, the base class for
-environments whose actions are tool calls on typed Python functions.
-Does not own: tokens (the runner and `agent_rl.chat` handle those), sampling, or reward weighting.
+Owns: `ToolEnv`, the base class of tool-using environments: dispatching the tool calls the renderer
+parsed out of an assistant turn, one tool message back per attempted call, in order.
+Does not own: the environment protocol (`agent_rl.core.env`: `Env`, `StepResult`, re-exported here
+for environment authors), parsing calls out of text (the renderer), tokens, sampling, or rewards.
 
-An episode, as the runner plays it:
-
-    async with make_env(task) as env:             # the env owns its resources (sandboxes, clients)
-        messages = await env.initial_messages()   # system + user
-        while True:
-            reply = <the policy samples an assistant message>
-            result = await env.step(reply)        # tool results / follow-ups, done?
-            if result.done: break
-        reward = await env.reward(all_messages)
-
-A subclass of `ToolEnv` usually only writes `initial_messages` and `reward`; tools are passed in
-as functions or bound methods.
+A subclass usually only writes `initial_messages` and `reward`; tools are passed in as functions,
+bound methods or `tools.base.Tool` objects.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from agent_rl.toolcalls import parse_tool_calls
-from agent_rl.types import Message, StopReason, ToolCallRecord
+from agent_rl.core.env import Env, StepResult
+from agent_rl.core.types import Message, StopReason, ToolCall, ToolCallRecord
 from tools.base import Tool, ToolResult, as_tools
 
-
-@dataclass(frozen=True)
-class StepResult:
-    """What the environment says after one assistant turn."""
-
-    messages: tuple[Message, ...] = ()  # user or tool messages to append
-    done: bool = False
-    stop_reason: StopReason = StopReason.ENV_DONE  # read only when done
-    tool_calls: tuple[ToolCallRecord, ...] = ()
-
-
-class Env(abc.ABC):
-    """One episode of one task. Use it once, inside `async with`."""
-
-    tools: Sequence[Tool] = ()
-
-    async def __aenter__(self) -> "Env":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Release what the environment owns (sandboxes, HTTP sessions)."""
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return [t.schema for t in self.tools]
-
-    @abc.abstractmethod
-    async def initial_messages(self) -> list[Message]:
-        """The opening conversation: an optional system message, then the user's task."""
-
-    @abc.abstractmethod
-    async def step(self, reply: Message, turn: int) -> StepResult:
-        """React to the policy's assistant message (its exact sampled text in `reply.content`)."""
-
-    @abc.abstractmethod
-    async def reward(self, messages: Sequence[Message]) -> float:
-        """Score the finished conversation."""
-
-    def reward_parts(self) -> dict[str, float]:
-        """Named reward components and metrics of the last `reward` call (logged, weight-free)."""
-        return {}
+__all__ = ["Env", "StepResult", "ToolEnv"]
 
 
 class ToolEnv(Env):
@@ -90,19 +36,19 @@ class ToolEnv(Env):
         self.max_parallel_calls = max_parallel_calls
 
     async def step(self, reply: Message, turn: int) -> StepResult:
-        parsed = parse_tool_calls(reply.content)
-        if not parsed:
+        calls = reply.tool_calls
+        if not calls:
             return StepResult(done=True, stop_reason=StopReason.NO_TOOL_CALL)
-        parsed = parsed[: self.max_parallel_calls]
-        results = await asyncio.gather(*(self._run(p.call, p.error) for p in parsed))
+        calls = calls[: self.max_parallel_calls]
+        results = await asyncio.gather(*(self._run(call) for call in calls))
         messages = tuple(Message("tool", res.content, name=name) for name, res, _ in results)
         records = tuple(ToolCallRecord(name=name, ok=res.ok, error=res.error, latency_s=dt, turn=turn)
                         for name, res, dt in results)
         return StepResult(messages=messages, tool_calls=records)
 
-    async def _run(self, call: Any, parse_error: str | None) -> tuple[str, ToolResult, float]:
-        if call is None:
-            return "<invalid>", ToolResult(ok=False, content=f"Error: {parse_error}", error=parse_error), 0.0
+    async def _run(self, call: ToolCall) -> tuple[str, ToolResult, float]:
+        if call.error is not None:
+            return "<invalid>", ToolResult(ok=False, content=f"Error: {call.error}", error=call.error), 0.0
         tool = self._by_name.get(call.name)
         if tool is None:
             msg = f"unknown tool {call.name!r}; available tools: {', '.join(self._by_name) or 'none'}"

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import ast
 import operator
-import re
 from typing import Any, Sequence
 
-from agent_rl.chat import format_tool_call
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
 from rewards.answers import correct_answer
 from tools.base import ToolError
@@ -68,20 +66,15 @@ class CalculatorEnv(ToolEnv):
             if key not in task:
                 raise ValueError(f"calculator task {task.get('id', '?')!r} has no {key!r} column")
         self.task = task
-        self._parts: dict[str, float] = {}
 
     async def initial_messages(self) -> list[Message]:
         return [Message("system", SYSTEM), Message("user", str(self.task["question"]))]
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
         # one final answer, compared by value; a reply listing several numbers gets no credit
         [correct] = await correct_answer([final], [self.task["answer"]])
-        self._parts = {"correct": correct}
-        return correct
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        return Reward(correct, {"correct": correct})
 
 
 def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -111,18 +104,15 @@ def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
-
-
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: call the calculator on the task's expression, then state its result.
     With `direct`, state the answer at once (the share RL may learn to keep or drop)."""
     if direct:
-        return f"The answer is {task['answer']}."
-    responses = _TOOL_RESPONSE.findall(transcript)
-    if not responses:
-        return format_tool_call("calculator", {"expression": task["expression"]})
-    return f"The answer is {responses[-1].strip()}."
+        return Message("assistant", f"The answer is {task['answer']}.")
+    results = [m.content for m in messages if m.role == "tool"]
+    if not results:
+        return Message("assistant", "", (ToolCall("calculator", {"expression": task["expression"]}),))
+    return Message("assistant", f"The answer is {results[-1].strip()}.")
 
 
 def make_env(task: dict[str, Any]) -> CalculatorEnv:

@@ -21,8 +21,7 @@ import hashlib
 import random
 from typing import Any, Sequence
 
-from agent_rl.chat import format_tool_call
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
 from rewards.code import extract_code, run_hidden_tests, split_check
 from tools.python_tool import PythonSessionTool
@@ -92,7 +91,6 @@ class CodingEnv(ToolEnv):
         super().__init__([self._python.python])
         self._grader = get_backend(sandbox, GRADER_LIMITS)
         self.max_timeouts = max_timeouts
-        self._parts: dict[str, float] = {}
 
     async def __aenter__(self) -> CodingEnv:
         await self._python.__aenter__()
@@ -105,20 +103,15 @@ class CodingEnv(ToolEnv):
         return [Message("system", SYSTEM),
                 Message("user", f"Complete this Python function:\n\n```python\n{self.task['prompt']}```")]
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
         code = extract_code(final)
         if code is None:
-            self._parts = {"tests_passed": 0.0, "submitted": 0.0, "compiled": 0.0, "solved": 0.0}
-            return 0.0
+            return Reward(0.0, {"tests_passed": 0.0, "submitted": 0.0, "compiled": 0.0, "solved": 0.0})
         report = await run_hidden_tests(self._grader, self.task["prompt"] + "\n" + code,
                                         self.task["entry_point"], self.task["test"], self.max_timeouts)
-        self._parts = {"tests_passed": report.share, "submitted": 1.0, "compiled": float(report.compiled),
-                       "solved": float(report.share == 1.0)}
-        return report.share
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        return Reward(report.share, {"tests_passed": report.share, "submitted": 1.0,
+                                     "compiled": float(report.compiled), "solved": float(report.share == 1.0)})
 
 
 def make_env(task: dict[str, Any]) -> CodingEnv:
@@ -152,10 +145,11 @@ def _examples(task: dict[str, Any]) -> list[str]:
     return found
 
 
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: run the canonical solution on the docstring's examples once, then submit it."""
     solution = task["prompt"] + task["canonical_solution"]
-    if direct or "<tool_response>" in transcript:
-        return f"Here is my solution.\n\n```python\n{solution}```"
+    if direct or any(m.role == "tool" for m in messages):
+        return Message("assistant", f"Here is my solution.\n\n```python\n{solution}```")
     tries = [f"print({expr})" for expr in _examples(task)[:3]] or [f"print(callable({task['entry_point']}))"]
-    return "Let me test my solution first.\n" + format_tool_call("python", {"code": solution + "\n" + "\n".join(tries)})
+    call = ToolCall("python", {"code": solution + "\n" + "\n".join(tries)})
+    return Message("assistant", "Let me test my solution first.", (call,))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward
 from envs.base import ToolEnv
 from rewards.rubric import Messages, Rubric
 from tools.base import Tool
@@ -121,20 +121,15 @@ class RubricEnv(ToolEnv):
             else:
                 prompt.insert(0, {"role": "system", "content": system_prompt})
         self.prompt: Messages = prompt
-        self._parts: dict[str, float] = {}
 
     async def initial_messages(self) -> list[Message]:
         return [Message(m["role"], m["content"]) for m in self.prompt]
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         completion = [_as_dict(m) for m in messages[len(self.prompt):]]
         columns = {k: v for k, v in self.task.items() if k != "prompt"}
         score = await self.rubric.score(self.prompt, completion, **columns)
-        self._parts = score.parts
-        return score.total
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        return Reward(score.total, dict(score.parts))
 
 
 def _as_dict(m: Message) -> dict[str, Any]:

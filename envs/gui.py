@@ -24,11 +24,9 @@ import random
 import re
 from typing import Any, Literal, Sequence
 
-from agent_rl.chat import format_tool_call
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
-from envs.gui_app import BY_NAME, CONTROLS, SAVE, VISIBLE_ROWS, ActionError, Control, SettingsApp, Value, \
-    value_problem
+from envs.gui_app import BY_NAME, CONTROLS, SAVE, VISIBLE_ROWS, ActionError, Control, SettingsApp, Value, value_problem
 from tools.base import ToolError
 
 SYSTEM = ("You operate a settings page with the click, type, select and scroll tools. Each tool returns the "
@@ -150,7 +148,6 @@ class GuiEnv(ToolEnv):
         self.task = check_task(task)
         self.app: Any = SettingsApp(task["initial"], task["layout"])
         self.goal = {**task["initial"], **task["changes"]}
-        self._parts: dict[str, float] = {}
         super().__init__([self.click, self.type, self.select, self.scroll])
 
     async def _page(self, method: str, *args: str) -> Any:
@@ -202,20 +199,16 @@ class GuiEnv(ToolEnv):
         user = f"{self.task['instruction']}\n\nThe page (use the element ids in brackets):\n{await self._page('tree')}"
         return [Message("system", SYSTEM), Message("user", user)]
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         saved, draft = await self._page("values")
         initial, changes = self.task["initial"], self.task["changes"]
         solved = float(saved == self.goal)
-        self._parts = {
+        return Reward(solved, {
             "solved": solved,
             "progress": sum(saved[k] == v for k, v in changes.items()) / len(changes),
             "unrelated_changes": float(sum(saved[k] != initial[k] for k in BY_NAME if k not in changes)),
             "unsaved_changes": float(sum(draft[k] != saved[k] for k in BY_NAME)),
-        }
-        return solved
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        })
 
 
 def make_env(task: dict[str, Any]) -> GuiEnv:
@@ -237,8 +230,12 @@ def _shows(rest: str, value: Value) -> bool:
     return f"value={json.dumps(value)}" in rest
 
 
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
-    """The next reply of a scripted agent that reads the trees in `transcript`: one action per turn
+def _act(name: str, **arguments: Any) -> Message:
+    return Message("assistant", "", (ToolCall(name, arguments),))
+
+
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+    """The next reply of a scripted agent that reads the trees its messages show: one action per turn
     (scroll until the row is on screen, then click / select / type it), Save, then "done".
 
     What it knows of a setting is the last tree line that showed it (a value only changes when the
@@ -248,11 +245,12 @@ def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
     if direct:
         raise ValueError("gui tasks have no direct answer: the settings change only through the tools")
     check_task(task)
-    known = _read(transcript)
-    start = transcript.rfind('page "Settings"')
-    if start < 0:
-        raise ValueError("no page tree in the transcript: the gui task's user message shows one")
-    on_screen = _read(transcript[start:])
+    trees = [m.content for m in messages if m.role in ("user", "tool") and 'page "Settings"' in m.content]
+    if not trees:
+        raise ValueError("no page tree in the conversation: the gui task's user message shows one")
+    known = _read("\n".join(trees))
+    latest = trees[-1]
+    on_screen = _read(latest[latest.rfind('page "Settings"'):])
     top_row = min((BY_NAME[n].row for n in on_screen if n in BY_NAME and BY_NAME[n].row is not None), default=0)
     for control in CONTROLS:
         if control.name not in task["changes"]:
@@ -261,14 +259,14 @@ def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
         if control.name in known and _shows(known[control.name][1], want):
             continue
         if control.name not in on_screen:
-            return format_tool_call("scroll", {"direction": "down" if control.row > top_row else "up"})
+            return _act("scroll", direction="down" if control.row > top_row else "up")
         element = on_screen[control.name][0]
         if control.role == "combobox":
-            return format_tool_call("select", {"element": element, "option": want})
+            return _act("select", element=element, option=want)
         if control.role == "textbox":
-            return format_tool_call("type", {"element": element, "text": want})
-        return format_tool_call("click", {"element": element})
+            return _act("type", element=element, text=want)
+        return _act("click", element=element)
     element, rest = on_screen[SAVE]
     if "disabled" not in rest.split():
-        return format_tool_call("click", {"element": element})
-    return "done"
+        return _act("click", element=element)
+    return Message("assistant", "done")

@@ -30,8 +30,23 @@ from typing import Any
 import yaml
 
 from envs.gui import GuiEnv, load_tasks, solve
-from envs.gui_app import APPS, CONTROLS, LIST_NAME, SAVE, VISIBLE_ROWS, ActionError, SettingsApp, element_line, \
-    now_text, option_of, refusal, saved_text, scrolled, unknown, value_problem
+from envs.gui_app import (
+    APPS,
+    CONTROLS,
+    LIST_NAME,
+    SAVE,
+    VISIBLE_ROWS,
+    ActionError,
+    SettingsApp,
+    element_line,
+    now_text,
+    option_of,
+    refusal,
+    saved_text,
+    scrolled,
+    unknown,
+    value_problem,
+)
 
 URL = "http://settings.test/"  # never on the network: the page's route answers it from memory
 ACTION_TIMEOUT_MS = 5_000

@@ -21,10 +21,10 @@ import asyncio
 import queue
 import re
 import threading
-from typing import Any
+from typing import Any, Sequence
 
-from agent_rl.chat import format_tool_call
-from envs.search_qa import CountryQAEnv, answer_text, hop_path, qa_dataset, tool_responses
+from agent_rl.core.types import Message
+from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
 from tools.kg import KGClient
 from tools.kg_service import DEFAULT_DB, start_kg_service
 
@@ -111,18 +111,18 @@ def _values(response: str) -> list[str]:
     return _ENTITY.findall(response.partition(": ")[2].split(" … and ")[0])
 
 
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a careful agent: one `follow` per hop, each starting from the value the previous
     one returned; the answer is the value the last one returned."""
     if direct:
-        return answer_text(task)
+        return say(answer_text(task))
     entity, relations = hop_path(task["facts"])
-    responses = tool_responses(transcript)
+    responses = tool_responses(messages)
     for response in responses[: len(relations)]:
         values = _values(response)
         if not values:
-            return "<answer>I could not find it.</answer>"
+            return say("<answer>I could not find it.</answer>")
         entity = values[0]
     if len(responses) < len(relations):
-        return format_tool_call("follow", {"entity": entity, "relation": relations[len(responses)]})
-    return f"<answer>{entity}</answer>"
+        return call("follow", entity=entity, relation=relations[len(responses)])
+    return say(f"<answer>{entity}</answer>")

@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import datasets
 
-from agent_rl.chat import format_tool_call
+from agent_rl.core.types import Message, ToolCall
 from envs.calculator import calculator
 from envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
 from rewards.answers import correct_answer
@@ -156,10 +156,10 @@ def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, An
     return tasks_from_dataset(math_dataset(n, seed, split), required=("answer",))
 
 
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: compute the task's expression with the calculator, then give the answer
     boxed. Directly (or when the task has no expression), give the answer at once."""
-    final = f"The answer is \\boxed{{{task['answer']}}}."
-    if direct or not task.get("expression") or "<tool_response>" in transcript:
+    final = Message("assistant", f"The answer is \\boxed{{{task['answer']}}}.")
+    if direct or not task.get("expression") or any(m.role == "tool" for m in messages):
         return final
-    return format_tool_call("calculator", {"expression": task["expression"]})
+    return Message("assistant", "", (ToolCall("calculator", {"expression": task["expression"]}),))

@@ -25,13 +25,19 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from agent_rl.chat import format_tool_call
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
 from rewards.qa import judge_answer, mentions, normalize
 from tools.base import Tool, ToolError
-from tools.countries import (INVERSE_SUFFIX, LITERAL_TYPES, RELATIONS, country_articles, country_triples,
-                             entity_key, qa_pairs)
+from tools.countries import (
+    INVERSE_SUFFIX,
+    LITERAL_TYPES,
+    RELATIONS,
+    country_articles,
+    country_triples,
+    entity_key,
+    qa_pairs,
+)
 from tools.search import DEFAULT_INDEX, LocalSearch, SearchIndex
 
 if TYPE_CHECKING:
@@ -172,27 +178,22 @@ class CountryQAEnv(ToolEnv):
         self.task = task
         self.accepted = [task["answer"], *task.get("aliases", [])]
         self.candidates = candidate_names(task["answer_type"])
-        self._parts: dict[str, float] = {}
 
     async def initial_messages(self) -> list[Message]:
         return [Message("system", self.system), Message("user", self.task["question"])]
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
         verdict = judge_answer(final, self.accepted, self.candidates)
         tool_messages = [m for m in messages if m.role == "tool"]
-        self._parts = {
+        return Reward(float(verdict.correct), {
             "correct": float(verdict.correct),
             "exact": float(verdict.exact),  # the bare answer, no sentence around it
             "hedged": float(verdict.hedged),  # the right name among other candidates: no credit
             "hops": float(self.task.get("hops", 1)),
             "tool_calls": float(len(tool_messages)),
             "tool_errors": float(sum(m.content.startswith("Error:") for m in tool_messages)),
-        }
-        return float(verdict.correct)
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        })
 
 
 class SearchQAEnv(CountryQAEnv):
@@ -233,20 +234,29 @@ def make_env(task: dict[str, Any]) -> SearchQAEnv:
 
 # --- the scripted solver ---
 
-_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _HIT = re.compile(r"^\[\d+\] (.+)\n(.+)$", re.MULTILINE)
 # search queries per relation: region and subregion stand unlabelled in an article's first sentence
 _QUERY = {"capital_of": "capital {}", "borders": "borders {}", "capital": "capital {}", "currency": "currency {}",
           "region": "{} is a country in", "subregion": "{} is a country in"}
 
 
-def tool_responses(transcript: str) -> list[str]:
-    """The tool outputs the transcript shows, in order, error messages left out."""
-    return [r for r in _RESPONSE.findall(transcript) if not r.startswith("Error:")]
+def tool_responses(messages: Sequence[Message]) -> list[str]:
+    """The tool outputs of the conversation, in order, error messages left out."""
+    return [m.content for m in messages if m.role == "tool" and not m.content.startswith("Error:")]
 
 
 def answer_text(task: dict[str, Any]) -> str:
     return f"<answer>{task['answer']}</answer>"
+
+
+def say(text: str) -> Message:
+    """A reply without tool calls."""
+    return Message("assistant", text)
+
+
+def call(name: str, **arguments: Any) -> Message:
+    """A reply that is one tool call."""
+    return Message("assistant", "", (ToolCall(name, arguments),))
 
 
 def _pages(response: str) -> list[tuple[str, str]]:
@@ -263,28 +273,28 @@ def _links(relation: str, entity: str, title: str, text: str) -> bool:
     return normalize(title) != entity and " borders " in text and f" {entity} " in text
 
 
-def solve(task: dict[str, Any], transcript: str, direct: bool = False) -> str:
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a careful searcher. Per hop one search; the country found is read off the
     results; an article is opened when no snippet shows what is needed."""
     if direct:
-        return answer_text(task)
+        return say(answer_text(task))
     entity, relations = hop_path(task["facts"])
-    seen = iter(tool_responses(transcript))
+    seen = iter(tool_responses(messages))
     for relation in relations[:-1]:  # find the country the question describes
         if (response := next(seen, None)) is None:
-            return format_tool_call("search", {"query": _QUERY[relation].format(entity), "k": 5})
+            return call("search", query=_QUERY[relation].format(entity), k=5)
         pages = _pages(response)
         found = next((title for title, text in pages if _links(relation, entity, title, text)), None)
         if found is None:  # open the first hit that names the entity, and check it there
             found = next((title for title, text in pages if f" {normalize(entity)} " in text), None)
             if found is not None and (response := next(seen, None)) is None:
-                return format_tool_call("read_article", {"title": found})
+                return call("read_article", title=found)
             if found is None or not _links(relation, entity, *_pages(response)[0]):
-                return "<answer>I could not find it.</answer>"
+                return say("<answer>I could not find it.</answer>")
         entity = found
     if (response := next(seen, None)) is None:
-        return format_tool_call("search", {"query": _QUERY[relations[-1]].format(entity), "k": 3})
+        return call("search", query=_QUERY[relations[-1]].format(entity), k=3)
     text = dict(_pages(response)).get(entity, "")
     if not mentions(text, [task["answer"], *task.get("aliases", [])]) and next(seen, None) is None:
-        return format_tool_call("read_article", {"title": entity})
-    return answer_text(task)
+        return call("read_article", title=entity)
+    return say(answer_text(task))

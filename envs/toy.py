@@ -1,7 +1,7 @@
 """Toy environment with a dense reward, for learning tests and for seeing GRPO move quickly.
 
-Owns: `BrevityEnv`: a one-turn episode rewarded by how much of its token budget the answer leaves
-unused (1 - sampled tokens / budget). Every rollout gets a different reward, so no group lacks
+Owns: `BrevityEnv`: a one-turn episode rewarded by how much of its character budget the answer
+leaves unused (1 - characters / budget). Every rollout gets a different reward, so no group lacks
 signal, and even a tiny random model can learn it (end the turn sooner). Negating the advantages
 must make answers longer: the learning test checks both directions.
 Does not own: anything a real agent needs; use envs.calculator and friends for that.
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from agent_rl.types import Message
+from agent_rl.core.types import Message, Reward
 from envs.base import Env, StepResult
 
 
 class BrevityEnv(Env):
     def __init__(self, task: dict[str, Any], budget_chars: int = 200):
         self.task, self.budget_chars = task, budget_chars
-        self._parts: dict[str, float] = {}
 
     async def initial_messages(self) -> list[Message]:
         return [Message("user", f"Say something about {self.task['topic']}.")]
@@ -26,13 +25,9 @@ class BrevityEnv(Env):
     async def step(self, reply: Message, turn: int) -> StepResult:
         return StepResult(done=True)
 
-    async def reward(self, messages: Sequence[Message]) -> float:
+    async def reward(self, messages: Sequence[Message]) -> Reward:
         chars = len(messages[-1].content) if messages[-1].role == "assistant" else self.budget_chars
-        self._parts = {"chars": float(chars)}
-        return max(0.0, 1.0 - chars / self.budget_chars)
-
-    def reward_parts(self) -> dict[str, float]:
-        return dict(self._parts)
+        return Reward(max(0.0, 1.0 - chars / self.budget_chars), {"chars": float(chars)})
 
 
 def make_env(task: dict[str, Any]) -> BrevityEnv:

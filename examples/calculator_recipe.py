@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from agent_rl.models import resolve_model
-from agent_rl.plot import plot_runs
-from agent_rl.server import VLLMServer
+from agent_rl.learn.models import resolve_model
+from agent_rl.rollout.server import VLLMServer
+from agent_rl.runs.plot import plot_runs
 
 CONFIG = str(Path(__file__).with_name("calculator_recipe.yaml"))
 FIGURES = ("accuracy", "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "pass@2")

@@ -6,9 +6,10 @@ import os
 
 import pytest
 
-from agent_rl.chat import ChatRenderer
-from agent_rl.models import build_tiny_model, cache_dir, resolve_model
-from agent_rl.sampler import ScriptedSampler
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers import load_renderer
+from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
+from agent_rl.rollout.scripted import ScriptedSampler
 
 
 @pytest.fixture(scope="session")
@@ -17,8 +18,8 @@ def smol_dir():
 
 
 @pytest.fixture(scope="session")
-def renderer(smol_dir) -> ChatRenderer:
-    return ChatRenderer.from_pretrained(smol_dir)
+def renderer(smol_dir) -> Renderer:
+    return load_renderer(smol_dir)
 
 
 @pytest.fixture(scope="session")
@@ -28,25 +29,26 @@ def tiny_dir(smol_dir):
 
 @pytest.fixture()
 def scripted(renderer):
-    """A scripted sampler factory: script(prompt_text) -> reply text."""
+    """A scripted sampler factory: script(prompt_text) -> reply text (or script(messages) -> reply
+    text or Message, with on_messages=True)."""
 
-    def make(script, logprob: float = -0.5) -> ScriptedSampler:
-        return ScriptedSampler(renderer.encode, renderer.render_text, renderer.im_end, script, logprob)
+    def make(script, logprob: float = -0.5, on_messages: bool = False) -> ScriptedSampler:
+        return ScriptedSampler(renderer, script, logprob, on_messages=on_messages)
 
     return make
 
 
 @pytest.fixture
 def scripted_calls(scripted):
-    """A scripted sampler that sends `replies[k]` after k tool responses, then `finish(prompt)`:
+    """A scripted sampler that sends `replies[k]` after k tool messages, then `finish(messages)`:
     a run of (often malformed) tool calls, each answered by the env, before the episode ends."""
 
     def make(replies: list[str], finish) -> ScriptedSampler:
-        def script(prompt: str) -> str:
-            done = prompt.count("<tool_response>")
-            return replies[done] if done < len(replies) else finish(prompt)
+        def script(messages):
+            done = sum(m.role == "tool" for m in messages)
+            return replies[done] if done < len(replies) else finish(messages)
 
-        return scripted(script)
+        return scripted(script, on_messages=True)
 
     return make
 
@@ -54,7 +56,7 @@ def scripted_calls(scripted):
 @pytest.fixture(scope="session")
 def vllm_server(tiny_dir):
     """One real vLLM server on the tiny model for the whole session (start-up costs ~45 s)."""
-    from agent_rl.server import VLLMServer
+    from agent_rl.rollout.server import VLLMServer
 
     url = os.environ.get("AGENT_RL_TEST_VLLM_URL")
     if url:  # reuse a running server while developing
@@ -74,16 +76,16 @@ def play_on_server(vllm_server, renderer):
     """
     from dataclasses import replace
 
-    from agent_rl.rollout import request_seed, rollout_groups
-    from agent_rl.sampler import VLLMSampler
+    from agent_rl.rollout.runner import request_seed, rollout_groups
+    from agent_rl.rollout.sampler import VLLMSampler
 
     async def play(tasks, make_env, limits, group_size: int = 2):
         limits = replace(limits, seed=0 if limits.seed is None else limits.seed)
         returned = {}  # (prompt ids, request seed) -> the ids the server sampled
 
         class Recording(VLLMSampler):
-            async def sample(self, prompt_ids, params):
-                out = await super().sample(prompt_ids, params)
+            async def sample(self, prompt_ids, params, messages=()):
+                out = await super().sample(prompt_ids, params, messages)
                 returned[tuple(prompt_ids), params.seed] = out.token_ids
                 return out
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from agent_rl.advantages import (
+from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup
+from agent_rl.learn.advantages import (
     dr_grpo_advantages,
     group_advantages,
     grpo_advantages,
@@ -13,7 +14,6 @@ from agent_rl.advantages import (
     rloo_advantages,
     usable_rewards,
 )
-from agent_rl.types import StopReason, Trajectory, TrajectoryGroup
 
 
 def _close(actual, expected):
@@ -102,11 +102,8 @@ def test_truncated_masked_out():
     # group b: all 1 -> dropped; group c: only c0 usable (c1 infra error) -> dropped
     assert [t.task_id for t in result.trajectories] == ["a0", "a1"]
     _close(result.advantages, [0.5, -0.5])
-    assert result.rewards == (1.0, 0.0)
     assert result.num_groups == 3
     assert result.num_zero_variance_groups == 2
-    assert result.num_kept_groups == 1
-    assert result.num_infra_errors == 2
     assert result.num_truncated == 1
     # 10 trajectories in, 2 kept
     assert result.num_dropped_trajectories == 8
@@ -117,7 +114,6 @@ def test_truncated_given_failure_reward():
     # group a usable: a0 (1), a1 (0), a3 (truncated -> 0) -> mean 1/3 -> [2/3, -1/3, -1/3]
     assert [t.task_id for t in result.trajectories] == ["a0", "a1", "a3"]
     _close(result.advantages, [2 / 3, -1 / 3, -1 / 3])
-    assert result.rewards == (1.0, 0.0, 0.0)
     assert result.num_dropped_trajectories == 7
 
 

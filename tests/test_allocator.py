@@ -9,13 +9,13 @@ import textwrap
 import pytest
 import torch
 
-from agent_rl import update
+from agent_rl.learn import update
 
 # a trainer's pattern in miniature: a large buffer freed (glibc then raises its dynamic threshold),
 # then many large buffers of varying size interleaved with small long-lived allocations, all freed
 CHURN = textwrap.dedent("""
     import sys
-    from agent_rl.allocator import release_freed_memory
+    from agent_rl.learn.allocator import release_freed_memory
     def rss_mb():
         return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) // 1024
     x = bytearray(8 << 20); del x

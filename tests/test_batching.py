@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from agent_rl.batching import collate, micro_batches
-from agent_rl.types import StopReason, Trajectory
+from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.learn.batching import collate, micro_batches
 
 
 def _traj(token_ids, loss_mask, logprobs, name):
@@ -49,7 +49,7 @@ def test_collate_by_hand():
     assert batch.sampler_logp_B_T.dtype == torch.float32
     # 3 + 2 sampled tokens, 2 sequences
     assert (batch.step_num_tokens, batch.step_num_sequences) == (5, 2)
-    assert (batch.num_sampled_tokens, batch.num_sequences) == (5, 2)
+    assert batch.input_ids_B_T.shape[0] == 2
 
 
 def test_collate_enforces_zero_logprob_off_the_mask():
@@ -77,9 +77,9 @@ def test_micro_batches_by_token_budget():
     assert mbs[1].advantage_B.tolist() == [pytest.approx(0.3), pytest.approx(0.1)]
     # every micro-batch carries the step's normalisers, not its own
     assert all((mb.step_num_tokens, mb.step_num_sequences) == (6, 3) for mb in mbs)
-    assert sum(mb.num_sampled_tokens for mb in mbs) == 6
+    assert sum(int(mb.loss_mask_B_T.sum()) for mb in mbs) == 6
     # budget 5: A (6 tokens) goes alone over budget; B + C = 6 > 5 -> separate
-    assert [mb.num_sequences for mb in micro_batches(batch, max_tokens=5)] == [1, 1, 1]
+    assert [mb.input_ids_B_T.shape[0] for mb in micro_batches(batch, max_tokens=5)] == [1, 1, 1]
 
 
 def test_micro_batches_by_count():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent_rl.rollout import EpisodeLimits, run_episode
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.calculator import CalculatorEnv, arithmetic_tasks, calculator
 from rewards.answers import final_number, numeric_answer
 from tools.base import ToolError

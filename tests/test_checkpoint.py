@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from agent_rl.checkpoint import CheckpointError, checkpoints_dir, load_checkpoint, save_checkpoint
-from agent_rl.policy import apply_lora, load_causal_lm, token_logprobs
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import apply_lora, load_causal_lm
+from agent_rl.runs.checkpoint import CheckpointError, checkpoints_dir, load_checkpoint, save_checkpoint
 
 
 def lora_setup(tiny_dir, seed: int = 0):
@@ -101,7 +102,7 @@ def test_full_finetune_weights_round_trip_frozen_ones_are_not_stored(tmp_path):
 KILLED_SAVE = textwrap.dedent("""
     import os, signal, sys, torch
     from torch import nn
-    import agent_rl.checkpoint as ck
+    import agent_rl.runs.checkpoint as ck
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     ck.save_checkpoint(sys.argv[1], 1, model, None, None, data_position=1)

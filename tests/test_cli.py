@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.cli import main
-from agent_rl.models import ModelError, resolve_model
+from agent_rl.learn.models import ModelError, resolve_model
 from envs.base import Env
 
 
@@ -16,7 +16,7 @@ class RaisingEnv(Env):
         self.task = task
 
     async def initial_messages(self):
-        from agent_rl.types import Message
+        from agent_rl.core.types import Message
 
         return [Message("user", "hi")]
 

@@ -8,7 +8,7 @@ import time
 import datasets
 import pytest
 
-from agent_rl.rollout import EpisodeLimits, run_episode
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.coding import GRADER_LIMITS, CodingEnv, check_row, humaneval_dataset, load_tasks, solve
 from rewards.code import extract_code, run_hidden_tests, split_check
 from tools.sandbox import Limits, get_backend
@@ -65,7 +65,7 @@ async def test_tool_using_episode_earns_full_reward(scripted, renderer):
     task = PROBLEMS["HumanEval/0"]
     async with CodingEnv(task) as env:
         messages = await env.initial_messages()
-        traj = await run_episode(env, scripted(lambda p: solve(task, p, False)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, False), on_messages=True), renderer, LIMITS, task["id"])
     assert "assert candidate" not in "".join(m.content for m in messages)  # hidden tests stay hidden
     assert traj.reward == 1.0, traj.reward_parts
     assert traj.reward_parts == {"tests_passed": 1.0, "submitted": 1.0, "compiled": 1.0, "solved": 1.0}
@@ -77,7 +77,7 @@ async def test_tool_using_episode_earns_full_reward(scripted, renderer):
 async def test_direct_demonstration_and_no_code_block(scripted, renderer):
     task = PROBLEMS["HumanEval/38"]  # check() assigns `str`: it must not leak into the submission's globals
     async with CodingEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p, True)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, True), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.tool_calls == ()
     report = await score(task, "def decode_cyclic(s):\n    return str(encode_cyclic(encode_cyclic(s)))\n")
     assert report.share == 1.0
@@ -137,7 +137,7 @@ async def test_malformed_tool_calls_get_errors_and_the_episode_goes_on(scripted_
                 '<tool_call>\n{"name": "python", "arguments": {"source": "print(1)"}}\n</tool_call>']
 
     async with CodingEnv(task) as env:
-        sampler = scripted_calls(attempts, lambda p: solve(task, p, True))
+        sampler = scripted_calls(attempts, lambda p: solve(task, [], True))
         traj = await run_episode(env, sampler, renderer, LIMITS, task["id"])
     assert traj.reward == 1.0
     errors = [m.content for m in traj.messages if m.role == "tool"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from agent_rl.config import (
+from agent_rl.core.config import (
     AlgorithmConfig,
     ConfigError,
     ModelConfig,
@@ -37,7 +37,7 @@ def test_defaults_are_valid_and_as_documented():
     cfg = load_config(None, [])
     assert cfg == TrainConfig()
     assert cfg.model.name == "smollm2-135m" and cfg.model.target_modules == "all-linear"
-    assert cfg.sampler.server_urls == [] and cfg.sampler.starts_server
+    assert cfg.sampler.server_urls == []
     assert (cfg.rollout.tasks_per_step, cfg.rollout.group_size) == (8, 8)
     assert cfg.algorithm.tis_cap == 2.0 and cfg.algorithm.mismatch_bounds is None
     assert cfg.optim.lr == 5e-5 and cfg.run.steps == 20 and cfg.run.tensorboard is True
@@ -47,10 +47,6 @@ def test_derived_values_are_properties():
     cfg = load_config(None, ["rollout.tasks_per_step=3", "rollout.group_size=5", "model.lora_rank=8",
                              "algorithm.truncated_reward=0", "algorithm.kl_beta=0.01"])
     assert cfg.rollout.rollouts_per_step == 15
-    assert cfg.model.lora_scaling == 4.0  # alpha 32 / rank 8
-    assert not cfg.algorithm.masks_truncated  # a reward of 0 is given, not None
-    assert cfg.algorithm.needs_reference
-    assert cfg.run.path == Path("runs/default")
 
 
 def test_every_field_has_a_description():

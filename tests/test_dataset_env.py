@@ -5,9 +5,9 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from agent_rl.chat import format_tool_call
-from agent_rl.rollout import EpisodeLimits, run_episode
-from agent_rl.types import Message
+from agent_rl.core.chatml import format_tool_call
+from agent_rl.core.types import Message, Reward
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
 from rewards.answers import correct_answer
 from rewards.format import used_tools
@@ -117,7 +117,7 @@ async def test_rubric_env_gets_the_completion_and_columns():
     call = format_tool_call("add", {"a": 1, "b": 2})
     messages = [*await env.initial_messages(), Message("assistant", call), Message("tool", "3", name="add"),
                 Message("assistant", "3")]
-    assert await env.reward(messages) == 0.5 and env.reward_parts() == {"spy": 0.25}
+    assert await env.reward(messages) == Reward(0.5, {"spy": 0.25})
     assert seen == {
         "prompts": [[{"role": "user", "content": "What is 1 + 2?"}]],
         "completions": [[{"role": "assistant", "content": call}, {"role": "tool", "content": "3", "name": "add"},

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from agent_rl.cli import format_report, main
-from agent_rl.config import load_config
-from agent_rl.evaluate import eval_report, evaluate, pass_at_k, resolve_adapter
+from agent_rl.cli import main
+from agent_rl.core.config import load_config
+from agent_rl.core.registry import load_env
+from agent_rl.evaluate import eval_report, evaluate, format_report, pass_at_k, resolve_adapter
 from agent_rl.play import play, read_reply, summary
-from agent_rl.rollout import EpisodeLimits, rollout_groups
-from envs.calculator import solve
-from envs.registry import load_env
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.session import open_session
 
 
 def test_pass_at_k_by_hand():
@@ -36,11 +36,15 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
 
     def script(text: str) -> str:
         i, task = next(v for q, v in by_question.items() if q in text)
-        if i == 0:
-            return solve(task, text, False)
+        answer = f"The answer is {task['answer']}."
+        if i == 0:  # the calculator, then its result
+            if "<tool_response>" not in text:
+                return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % (
+                    task["expression"])
+            return answer
         if i == 1:
             n = counter[i] = counter.get(i, 0) + 1
-            return solve(task, text, True) if n == 1 else "The answer is -1."
+            return answer if n == 1 else "The answer is -1."
         if "<tool_response>" not in text:
             return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 +"}}\n</tool_call>'
         return "The answer is -1."
@@ -92,14 +96,14 @@ def test_eval_cli_bad_adapter_is_one_line(capsys):
 async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir, tmp_path):
     """A fresh LoRA adapter (B = 0) is the base model: with the same tasks and per-request seeds,
     both evaluations must sample the very same tokens, so every figure's delta is exactly 0."""
-    from agent_rl.policy import apply_lora, load_causal_lm
+    from agent_rl.learn.policy import apply_lora, load_causal_lm
 
     apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16).save_pretrained(tmp_path / "fresh")
     cfg = load_config(None, [f"model.name={tiny_dir}", "rollout.env=toy", "rollout.max_turns=1",
                              "rollout.max_tokens_per_turn=24", "rollout.max_total_tokens=128",
                              "eval.tasks=3", "eval.samples=2"])
     groups: dict = {}
-    report = await evaluate(cfg, ["base", str(tmp_path / "fresh")], [vllm_server.url], groups)
+    report = await evaluate(open_session(cfg), ["base", str(tmp_path / "fresh")], [vllm_server.url], groups)
     base, fresh = report["results"]["base"], report["results"][str(tmp_path / "fresh")]
     assert base["rollouts"] == 6 and base["infra_error_rate"] == 0.0
     assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
@@ -108,14 +112,14 @@ async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir
     assert len(figures) > 10 and set(figures.values()) == {0.0} and fresh["reward_mean"] == base["reward_mean"]
 
 
-def test_read_reply_shortcuts():
+def test_read_reply_shortcuts(renderer):
     stream = io.StringIO('/call calculator {"expression": "2 + 3"}\n.\nline one\nline two\n.\n/quit\n')
-    assert read_reply(stream) == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
-    assert read_reply(stream) == "line one\nline two"
+    assert read_reply(stream, renderer) == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+    assert read_reply(stream, renderer) == "line one\nline two"
     with pytest.raises(Exception, match="the player quit"):
-        read_reply(stream)
+        read_reply(stream, renderer)
     with pytest.raises(ValueError, match="/call calculator: arguments are not JSON"):
-        read_reply(io.StringIO("/call calculator {oops\n"))
+        read_reply(io.StringIO("/call calculator {oops\n"), renderer)
 
 
 async def test_play_from_a_script(renderer):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.config import load_config
-from envs.registry import load_env
+from agent_rl.core.config import load_config
+from agent_rl.core.registry import load_env
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 

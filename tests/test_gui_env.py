@@ -7,9 +7,8 @@ import shutil
 
 import pytest
 
-from agent_rl.chat import format_tool_call
-from agent_rl.rollout import EpisodeLimits, run_episode
-from agent_rl.types import StopReason
+from agent_rl.core.types import StopReason
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.gui import GuiEnv, check_task, load_tasks, make_env, solve
 from envs.gui_app import APPS, BY_NAME, CONTROLS, VISIBLE_ROWS, ActionError, SettingsApp
 
@@ -39,7 +38,7 @@ button "Save" [e40] disabled"""
 
 
 def call(name, **arguments):
-    return format_tool_call(name, arguments)
+    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -132,12 +131,17 @@ def test_malformed_row_names_the_row_and_column(change, message):
 
 # -- episodes -----------------------------------------------------------------------------------
 async def play(scripted, renderer, task, script):
+    """An episode whose replies are `script(messages)`: text, or a Message like the solver's."""
     async with GuiEnv(task) as env:
-        return await run_episode(env, scripted(script), renderer, LIMITS, task["id"])
+        return await run_episode(env, scripted(script, on_messages=True), renderer, LIMITS, task["id"])
+
+
+def saves(reply) -> bool:
+    return any(c.arguments.get("element") == "e40" for c in reply.tool_calls)
 
 
 async def test_scripted_demonstration_earns_full_reward(scripted, renderer):
-    traj = await play(scripted, renderer, TASK, lambda p: solve(TASK, p, False))
+    traj = await play(scripted, renderer, TASK, lambda m: solve(TASK, m, False))
     replies = [m.content for m in traj.messages if m.role == "assistant"]
     assert replies == [call("click", element="e51"), call("select", element="e93", option="16"),
                        call("scroll", direction="down"), call("scroll", direction="down"),
@@ -147,23 +151,23 @@ async def test_scripted_demonstration_earns_full_reward(scripted, renderer):
     assert "Turn on dark mode" in traj.messages[1].content and TREE in traj.messages[1].content
     assert traj.messages[-2].content.startswith("Saved 3 changes.\npage \"Settings\" (all changes saved)")
     for task in load_tasks(6, seed=1) + load_tasks(3, seed=1, split="eval"):
-        traj = await play(scripted, renderer, task, lambda p, task=task: solve(task, p, False))
+        traj = await play(scripted, renderer, task, lambda m, task=task: solve(task, m, False))
         assert traj.reward == 1.0, (task["id"], traj.messages[-3:])
 
 
 async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
-    def unsaved(prompt):  # does everything the solver does except pressing Save
-        reply = solve(TASK, prompt, False)
-        return "done" if '"e40"' in reply else reply
+    def unsaved(messages):  # does everything the solver does except pressing Save
+        reply = solve(TASK, messages, False)
+        return "done" if saves(reply) else reply
 
     traj = await play(scripted, renderer, TASK, unsaved)
     assert traj.reward == 0.0
     assert traj.reward_parts == {"solved": 0.0, "progress": 0.0, "unrelated_changes": 0.0, "unsaved_changes": 3.0}
 
-    def also_renames(prompt):  # the asked changes plus a new display name, all saved
-        if "Display name is now" not in prompt:
+    def also_renames(messages):  # the asked changes plus a new display name, all saved
+        if not any("Display name is now" in m.content for m in messages):
             return call("type", element="e19", text="Robin")
-        return solve(TASK, prompt, False)
+        return solve(TASK, messages, False)
 
     traj = await play(scripted, renderer, TASK, also_renames)
     assert traj.reward == 0.0
@@ -179,9 +183,9 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(script
                 call("select", element="e93"),  # missing argument
                 call("click", element="e40")]  # Save is disabled
 
-    def script(prompt):
-        turn = prompt.count("<|im_start|>assistant") - 1
-        return mistakes[turn] if turn < len(mistakes) else solve(TASK, prompt, False)
+    def script(messages):
+        turn = sum(m.role == "assistant" for m in messages)
+        return mistakes[turn] if turn < len(mistakes) else solve(TASK, messages, False)
 
     traj = await play(scripted, renderer, TASK, script)
     errors = [m.content for m in traj.messages if m.role == "tool"][:5]
@@ -196,7 +200,7 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(script
 
 def test_direct_solving_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="gui tasks have no direct answer"):
-        solve(TASK, "", True)
+        solve(TASK, [], True)
 
 
 # -- the same page in headless Chromium (envs.gui_browser) -------------------------------------
@@ -252,16 +256,16 @@ async def test_browser_episode_earns_full_reward_only_when_saved(scripted, rende
     from envs.gui_browser import BrowserGuiEnv
 
     async with BrowserGuiEnv(TASK) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(TASK, p, False)), renderer, LIMITS, "t")
+        traj = await run_episode(env, scripted(lambda m: solve(TASK, m, False), on_messages=True), renderer, LIMITS, "t")
     assert traj.reward == 1.0 and len(traj.tool_calls) == 6 and all(c.ok for c in traj.tool_calls)
     assert TREE in traj.messages[1].content
 
-    def unsaved(prompt):
-        reply = solve(TASK, prompt, False)
-        return "done" if '"e40"' in reply else reply
+    def unsaved(messages):
+        reply = solve(TASK, messages, False)
+        return "done" if saves(reply) else reply
 
     async with BrowserGuiEnv(TASK) as env:
-        traj = await run_episode(env, scripted(unsaved), renderer, LIMITS, "t")
+        traj = await run_episode(env, scripted(unsaved, on_messages=True), renderer, LIMITS, "t")
     assert traj.reward == 0.0 and traj.reward_parts["unsaved_changes"] == 3.0
 
 

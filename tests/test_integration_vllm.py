@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from agent_rl.rollout import EpisodeLimits, rollout_groups, run_episode
-from agent_rl.sampler import SamplerError, SamplingParams, VLLMSampler
-from agent_rl.server import ServerError, VLLMServer
-from agent_rl.types import Message, StopReason
+from agent_rl.core.types import Message, StopReason
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler
+from agent_rl.rollout.server import ServerError, VLLMServer
 from envs.base import Env, StepResult
 from envs.calculator import CalculatorEnv, arithmetic_tasks
 

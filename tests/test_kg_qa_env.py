@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.rollout import EpisodeLimits, run_episode
-from agent_rl.toolcalls import parse_tool_calls
-from agent_rl.types import Message
+from agent_rl.core.types import Message
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.kg_qa import KGQAEnv, load_tasks, local_kg_url, make_env, solve
 from envs.search_qa import qa_dataset
 from tools.kg_service import KGStore, start_kg_service
@@ -32,12 +31,12 @@ def rows(kg_url):
 async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, scripted, renderer):
     task = rows["What is the capital of the only country that borders Lesotho?"]
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
         assert env.client._session is not None  # the env's client talked to the service...
     assert env.client._session is None  # ...and leaving the env closed it
     assert traj.reward == 1.0 and traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0,
                                                         "tool_calls": 2.0, "tool_errors": 0.0}
-    first, second = (parse_tool_calls(m.content)[0].call for m in traj.messages if "<tool_call>" in m.content)
+    first, second = (m.tool_calls[0] for m in traj.messages if m.tool_calls)
     assert first.arguments == {"entity": "Lesotho", "relation": "borders"}
     assert traj.messages[3].content == "Lesotho borders: South Africa [country]"
     assert second.arguments == {"entity": "South Africa", "relation": "capital"}  # read off the first answer
@@ -47,7 +46,7 @@ async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, s
 async def test_backward_hop_through_capital_of(rows, scripted, renderer):
     task = rows["Which subregion is the country whose capital is Ashgabat in?"]
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
     assert [m.content for m in traj.messages if m.role == "tool"] == [
         "Ashgabat capital_of: Turkmenistan [country]", "Turkmenistan subregion: Central Asia [subregion]"]
     assert traj.reward == 1.0
@@ -61,7 +60,7 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, scripted, renderer):
             traj = await run_episode(env, scripted(lambda p, r=reply: r), renderer, LIMITS, task["id"])
         assert traj.reward == 0.0 and traj.reward_parts["hedged"] == hedged
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p, direct=True)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.tool_calls == ()
 
 
@@ -73,7 +72,7 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, 
            '<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesoto", "relation": "borders"}}\n</tool_call>']
 
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted_calls(bad, lambda p: solve(task, p)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted_calls(bad, lambda m: solve(task, m)), renderer, LIMITS, task["id"])
     errors = [m.content for m in traj.messages if m.role == "tool"][:4]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")
     assert errors[1] == "Error: unknown tool 'sparql'; available tools: search_entities, get_relations, follow"
@@ -110,7 +109,7 @@ async def test_without_a_url_every_env_shares_the_process_service(scripted, rend
     urls = set()
     for task in tasks:
         async with make_env(task) as env:
-            traj = await run_episode(env, scripted(lambda p, t=task: solve(t, p)), renderer, LIMITS, task["id"])
+            traj = await run_episode(env, scripted(lambda m, t=task: solve(t, m), on_messages=True), renderer, LIMITS, task["id"])
         urls.add(env.client.url)
         assert traj.reward == 1.0 and traj.reward_parts["tool_calls"] == 2.0
     assert urls == {local_kg_url()}
@@ -122,15 +121,16 @@ async def test_the_solver_answers_every_two_hop_question(kg_url):
     assert len(tasks) == 716
     for task in tasks:
         async with KGQAEnv({**task, "kg_url": kg_url}) as env:
-            tools, transcript, reply = {t.name: t for t in env.tools}, task["question"], ""
+            tools, messages = {t.name: t for t in env.tools}, [Message("user", task["question"])]
             for _ in range(4):
-                reply = solve(task, transcript)
-                if not (parsed := parse_tool_calls(reply)):
+                reply = solve(task, messages)
+                if not reply.tool_calls:
                     break
-                result = await tools[parsed[0].call.name].call(parsed[0].call.arguments)
-                transcript += f"\n<tool_response>\n{result.content}\n</tool_response>"
-            assert transcript.count("<tool_response>") == 2
-            assert await env.reward([Message("assistant", reply)]) == 1.0, (task["question"], transcript)
+                call = reply.tool_calls[0]
+                result = await tools[call.name].call(call.arguments)
+                messages += [reply, Message("tool", result.content, name=call.name)]
+            assert sum(m.role == "tool" for m in messages) == 2
+            assert (await env.reward([reply])).value == 1.0, (task["question"], messages)
 
 
 @pytest.mark.integration

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from agent_rl import trainer
-from agent_rl.config import load_config
+from agent_rl.core.config import load_config
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from agent_rl.loss import (
+from agent_rl.learn.loss import (
     constant_normalised_sum,
     gspo_loss,
     k3_kl,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.chat import format_tool_call
-from agent_rl.rollout import EpisodeLimits, run_episode
+from agent_rl.core.chatml import format_tool_call
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.calculator import calculator
 from envs.math import MathEnv, final_step, load_tasks, make_env, math_dataset, solve
 from tools.sandbox import get_backend
@@ -78,7 +78,7 @@ class TestEpisodes:
     async def test_scripted_solver_earns_full_reward(self, tasks, scripted, renderer):
         for task in tasks:
             for direct in (False, True):
-                sampler = scripted(lambda p: solve(task, p, direct))
+                sampler = scripted(lambda m: solve(task, m, direct), on_messages=True)
                 async with make_env(task) as env:
                     traj = await run_episode(env, sampler, renderer, LIMITS, task["id"])
                 assert traj.error is None and traj.reward == 1.0, (task, traj.messages)

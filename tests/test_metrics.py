@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent_rl.metrics import rollout_metrics
-from agent_rl.types import StopReason, ToolCallRecord, Trajectory, Turn
+from agent_rl.core.types import StopReason, ToolCallRecord, Trajectory, Turn
+from agent_rl.runs.metrics import rollout_metrics
 
 
 def traj(calls=(), stop=StopReason.NO_TOOL_CALL, reward=0.0, n_tokens=10, sampled=4, turns=1):

@@ -6,13 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agent_rl.policy import (
-    apply_lora,
-    enable_full_finetune,
-    reference_logprobs,
-    token_logprobs,
-    trainable_parameters,
-)
+from agent_rl.learn.logprobs import reference_logprobs, token_logprobs
+from agent_rl.learn.policy import apply_lora, enable_full_finetune, trainable_parameters
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size chunking exists for
 
@@ -182,7 +177,7 @@ def test_no_vocabulary_wide_activation_is_kept_for_backward():
 
 
 def test_load_causal_lm_from_a_folder(tmp_path):
-    from agent_rl.policy import load_causal_lm
+    from agent_rl.learn.policy import load_causal_lm
 
     model = _tiny_llama()
     model.save_pretrained(tmp_path)

@@ -6,8 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
-from agent_rl.rollout import EpisodeLimits, rollout_groups
-from agent_rl.types import StopReason
+from agent_rl.core.types import StopReason
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from agent_rl.plot import plot_run, plot_runs
-from agent_rl.runlog import CollapseAlarm, RunLogError, RunLogger, read_metrics
+from agent_rl.runs.plot import plot_run, plot_runs
+from agent_rl.runs.runlog import CollapseAlarm, RunLogError, RunLogger, read_metrics
 
 
 def lines(run_dir) -> list[dict]:
@@ -86,7 +86,7 @@ def test_truncate_after_restores_the_alarm_peak(tmp_path, caplog):
     with logger(tmp_path) as lg:
         for step, rate in [(1, 0.3), (2, 0.6), (3, 0.5)]:
             lg.log(step, {"tool_use_rate": rate})
-    with caplog.at_level(logging.WARNING, logger="agent_rl.runlog"), logger(tmp_path) as lg:
+    with caplog.at_level(logging.WARNING, logger="agent_rl.runs.runlog"), logger(tmp_path) as lg:
         lg.truncate_after(3)
         logged = lg.log(4, {"tool_use_rate": 0.2})  # 0.2 < 0.5 x peak 0.6 of the resumed run
     assert logged["alarm/tool_collapse"] == 1.0
@@ -136,7 +136,7 @@ def test_alarm_entropy_floor_and_missing_keys():
 
 
 def test_logger_emits_alarm_warnings_and_flags(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="agent_rl.runlog"):
+    with caplog.at_level(logging.WARNING, logger="agent_rl.runs.runlog"):
         with logger(tmp_path, collapse_drop=0.5, entropy_floor=0.05) as lg:
             lg.log(1, {"tool_use_rate": 0.6, "entropy": 0.5})
             lg.log(2, {"tool_use_rate": 0.2, "entropy": 0.01})

@@ -10,8 +10,8 @@ import pytest
 
 from tools.base import Tool, ToolError
 from tools.countries import country_articles
-from tools.kg_service import start_search_service
 from tools.search import LocalSearch, RemoteSearch, SearchIndex, query_terms, search_cli
+from tools.search_service import start_search_service
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.rollout import EpisodeLimits, run_episode
-from agent_rl.toolcalls import parse_tool_calls
-from agent_rl.types import Message
+from agent_rl.core.types import Message
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.search_qa import SearchQAEnv, load_tasks, make_env, qa_dataset, solve, split_of
 from rewards.qa import judge_answer, mentions, normalize
 from tools.countries import country_triples
@@ -103,11 +102,11 @@ def test_subregion_questions_accept_the_intermediate_region(rows):
 async def test_two_hop_episode_reads_the_country_from_the_first_search(rows, index_path, scripted, renderer):
     task = rows["Which region is the country whose capital is Paris in?"]
     async with SearchQAEnv(task, index_path) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0, traj.messages[-1]
     assert traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0, "tool_calls": 2.0,
                                  "tool_errors": 0.0}
-    first, second = (parse_tool_calls(m.content)[0].call for m in traj.messages if "<tool_call>" in m.content)
+    first, second = (m.tool_calls[0] for m in traj.messages if m.tool_calls)
     assert first.arguments["query"] == "capital Paris" and "Its **capital** is **Paris**" in traj.messages[3].content
     assert second.arguments == {"query": "France is a country in", "k": 3}  # France: read off the first result
     assert traj.messages[-1].content == "<answer>Europe</answer>"
@@ -116,7 +115,7 @@ async def test_two_hop_episode_reads_the_country_from_the_first_search(rows, ind
 async def test_snippet_without_the_fact_opens_the_article(rows, index_path, scripted, renderer):
     task = rows["What currency is used in Laos?"]
     async with SearchQAEnv(task, index_path) as env:
-        traj = await run_episode(env, scripted(lambda p: solve(task, p)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and [c.name for c in traj.tool_calls] == ["search", "read_article"]
     assert "LAK" not in traj.messages[3].content and "Currency: LAK." in traj.messages[5].content
 
@@ -129,7 +128,7 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, index_path, scripted,
             traj = await run_episode(env, scripted(lambda p, r=reply: r), renderer, LIMITS, task["id"])
         assert traj.reward == 0.0 and traj.reward_parts["hedged"] == hedged and traj.tool_calls == ()
     async with SearchQAEnv(task, index_path) as env:  # the direct answer of the solver
-        traj = await run_episode(env, scripted(lambda p: solve(task, p, direct=True)), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.reward_parts["tool_calls"] == 0.0
 
 
@@ -141,7 +140,7 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, 
            '<tool_call>\n{"name": "read_article", "arguments": {"title": "Frnace"}}\n</tool_call>']
 
     async with SearchQAEnv(task, index_path) as env:
-        sampler = scripted_calls(bad, lambda p: solve(task, p))
+        sampler = scripted_calls(bad, lambda m: solve(task, m))
         traj = await run_episode(env, sampler, renderer, EpisodeLimits(max_turns=8, max_total_tokens=4096), task["id"])
     errors = [m.content for m in traj.messages if m.role == "tool"][:4]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")
@@ -173,15 +172,16 @@ async def test_the_solver_answers_every_eval_question_and_a_sample_of_train(inde
     calls = {1: [], 2: []}
     for task in tasks:
         async with SearchQAEnv(task, index_path) as env:
-            tools, transcript, reply = {t.name: t for t in env.tools}, task["question"], ""
+            tools, messages = {t.name: t for t in env.tools}, [Message("user", task["question"])]
             for _ in range(6):
-                reply = solve(task, transcript)
-                if not (parsed := parse_tool_calls(reply)):
+                reply = solve(task, messages)
+                if not reply.tool_calls:
                     break
-                result = await tools[parsed[0].call.name].call(parsed[0].call.arguments)
-                transcript += f"\n<tool_response>\n{result.content}\n</tool_response>"
-            assert await env.reward([Message("assistant", reply)]) == 1.0, (task["question"], transcript)
-            calls[task["hops"]].append(transcript.count("<tool_response>"))
+                call = reply.tool_calls[0]
+                result = await tools[call.name].call(call.arguments)
+                messages += [reply, Message("tool", result.content, name=call.name)]
+            assert (await env.reward([reply])).value == 1.0, (task["question"], messages)
+            calls[task["hops"]].append(sum(m.role == "tool" for m in messages))
     assert set(calls[1]) == {1, 2} and min(calls[2]) == 2 and max(calls[2]) <= 4
 
 

@@ -1,7 +1,7 @@
 """Tool-call parsing: every attempted call is found; every malformed one says what is wrong."""
 
-from agent_rl.toolcalls import parse_tool_calls
-from agent_rl.types import ToolCall
+from agent_rl.core.toolcalls import parse_tool_calls
+from agent_rl.core.types import ToolCall
 
 
 def test_no_call_means_no_attempt():
@@ -12,18 +12,18 @@ def test_several_calls_in_order():
     text = ('first <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> then '
             '<tool_call>{"name": "mul", "arguments": {"a": 3}}</tool_call>')
     got = parse_tool_calls(text)
-    assert [p.call for p in got] == [ToolCall("add", {"a": 1, "b": 2}, "call_1"), ToolCall("mul", {"a": 3}, "call_2")]
-    assert all(p.error is None for p in got)
+    assert got == [ToolCall("add", {"a": 1, "b": 2}, "call_1"), ToolCall("mul", {"a": 3}, "call_2")]
+    assert all(p.ok for p in got)
 
 
 def test_string_encoded_arguments_are_accepted():
     (p,) = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
-    assert p.call == ToolCall("f", {"x": 1}, "call_1")
+    assert p == ToolCall("f", {"x": 1}, "call_1")
 
 
 def test_malformed_json():
     (p,) = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>')
-    assert p.call is None
+    assert not p.ok and p.arguments == {}
     assert p.error.startswith("tool call 1: malformed JSON (Expecting property name enclosed in double quotes")
 
 
@@ -44,7 +44,7 @@ def test_unclosed_tag_at_end_and_before_another_call():
     assert p.error == "tool call 1: unclosed <tool_call> tag (no </tool_call> after '{\"name\": \"add\"')"
     got = parse_tool_calls('<tool_call>{"name": "a" <tool_call>{"name": "b", "arguments": {}}</tool_call>')
     assert got[0].error == "tool call 1: unclosed <tool_call> tag before another <tool_call>"
-    assert got[1].call == ToolCall("b", {}, "call_2")
+    assert got[1] == ToolCall("b", {}, "call_2")
 
 
 def test_stray_closing_tag():

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from agent_rl import trainer
-from agent_rl.config import load_config
-from agent_rl.policy import load_causal_lm, token_logprobs
+from agent_rl.core.config import load_config
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import load_causal_lm
 
 pytestmark = pytest.mark.integration
 LOGPROB_TOL = 1e-4  # fp32 on CPU; observed ~1e-6 (tests/test_weight_sync.py calibrates the same bound)

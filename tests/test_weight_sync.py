@@ -16,10 +16,11 @@ import aiohttp
 import pytest
 import torch
 
-from agent_rl.policy import apply_lora, load_causal_lm, token_logprobs
-from agent_rl.sampler import SamplingParams, VLLMSampler
-from agent_rl.server import VLLMServer, free_port
-from agent_rl.weight_sync import AdapterSync, FullWeightSync, WeightSyncError
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import apply_lora, load_causal_lm
+from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
+from agent_rl.rollout.server import VLLMServer, free_port
+from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, WeightSyncError
 
 pytestmark = pytest.mark.integration
 

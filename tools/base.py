@@ -2,8 +2,8 @@
 
 Owns: `Tool` (name, description, JSON schema from the signature and docstring through pydantic,
 argument validation, calling sync or async functions with a deadline) and `ToolError`.
-Does not own: parsing tool calls out of model text (`agent_rl.toolcalls`) or rendering schemas
-into a prompt (`agent_rl.chat`).
+Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`) or rendering schemas
+into a prompt (`agent_rl.core.chatml`).
 
 A tool function returns a string (what the model reads) or anything JSON-serialisable. It raises
 `ToolError` to tell the model something went wrong; any other exception is reported to the model

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from agent_rl.core.http import SessionOwner
 from tools.base import Tool, ToolError
-from tools.http import SessionOwner
 
 
 class KGClient(SessionOwner):

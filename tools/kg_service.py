@@ -1,16 +1,15 @@
-"""HTTP services over local data: the knowledge-graph API (and a `/search` endpoint for a search index).
+"""The knowledge-graph API: an HTTP service over SQLite triples.
 
 Owns: the triple store in SQLite (`KGStore`: build once, reopen read-only; entity lookup by exact,
-alias, substring and fuzzy name), the aiohttp apps with their JSON error handling, the running-service
-handle (`Service`, from `start_kg_service` / `start_search_service`) and `kg_serve_cli`.
-Does not own: the facts themselves (`tools.countries`), the search index (`tools.search`) or the
-agent-facing clients (`tools.kg.KGClient`, `tools.search.RemoteSearch`).
+alias, substring and fuzzy name), its aiohttp app (`kg_app`, `start_kg_service`) and `kg_serve_cli`.
+Does not own: the facts themselves (`tools.countries`), the shared service plumbing
+(`tools.http_service`), the search service (`tools.search_service`) or the agent-facing client
+(`tools.kg.KGClient`).
 
 Endpoints (GET with query parameters, or POST with a JSON object; JSON out):
   /entities  name, type?, limit?    entities whose name contains `name`, else the closest names
   /relations entity                 the relations an entity has, with how many values each
   /follow    entity, relation, limit?  the values of one relation
-  /search    q, k?                  (search service only) top-k articles
 Every answer carries a `message` written for a language model; an empty result says what was asked
 and what exists nearby, never a bare `[]`. Bad requests get 4xx and `{"error": "..."}`.
 """
@@ -31,20 +30,15 @@ from typing import Any, Callable
 from aiohttp import web
 
 from tools.countries import LITERAL_TYPES, Triple, country_triples, entity_key
-from tools.search import SearchIndex, format_hits, query_terms
+from tools.http_service import RequestError, Service, json_errors, request_params, serve
 from tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_DB = Path("~/.cache/agent-rl/countries-kg.sqlite")
 SCHEMA_VERSION = "countries-kg-1"
-REQUEST_DEADLINE_S = 10.0
 
 
-class KGError(Exception):
+class KGError(RequestError):
     """A request the store cannot answer; `status` is the HTTP status, `message` says how to recover."""
-
-    def __init__(self, status: int, message: str, **extra: Any):
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra
 
 
 def _pairs(key: str) -> set[str]:
@@ -222,78 +216,20 @@ _KG_PARAMS: dict[str, dict[str, tuple[type, bool]]] = {
     "relations": {"entity": (str, True)},
     "follow": {"entity": (str, True), "relation": (str, True), "limit": (int, False)},
 }
-_LIMITS = {"entities": 100, "follow": 500, "search": 20}
-
-
-async def _params(
-    request: web.Request, endpoint: str, spec: dict[str, tuple[type, bool]], max_chars: int = 200
-) -> dict[str, Any]:
-    """Validated parameters from the query string (GET) or a JSON object body (POST); 400 with a reason."""
-    if request.method == "POST":
-        try:
-            raw = await request.json()
-        except ValueError:
-            raise KGError(400, f"/{endpoint}: the body is not valid JSON") from None
-        if not isinstance(raw, dict):
-            raise KGError(400, f"/{endpoint}: the body must be a JSON object, got {type(raw).__name__}")
-    else:
-        raw = dict(request.query)
-    expected = ", ".join(f"{p}{'' if req else '?'}" for p, (_, req) in spec.items())
-    if unknown := sorted(set(raw) - set(spec)):
-        raise KGError(400, f"/{endpoint}: unknown parameter {unknown[0]!r}; expected: {expected}")
-    out: dict[str, Any] = {}
-    for name, (kind, required) in spec.items():
-        value = raw.get(name)
-        if value is None or value == "":
-            if required:
-                raise KGError(400, f"/{endpoint}: missing parameter {name!r}; expected: {expected}")
-            continue
-        if kind is int and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-            value = int(value)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise KGError(400, f"/{endpoint}: parameter {name!r} must be {kind.__name__}, got {value!r}"[:300])
-        if kind is str and len(value) > max_chars:
-            raise KGError(400, f"/{endpoint}: parameter {name!r} is longer than {max_chars} characters")
-        if kind is int and not 1 <= value <= _LIMITS[endpoint]:
-            raise KGError(400, f"/{endpoint}: parameter {name!r} must be from 1 to {_LIMITS[endpoint]}, got {value}")
-        out[name] = value
-    return out
-
-
-def _json_errors(endpoints: str) -> Callable:
-    """Middleware: a deadline on every request; every failure leaves as `{"error": ...}` JSON, 4xx/5xx."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-        try:
-            async with asyncio.timeout(REQUEST_DEADLINE_S):
-                return await handler(request)
-        except KGError as e:
-            return web.json_response({"error": e.message, **e.extra}, status=e.status)
-        except web.HTTPNotFound:
-            return web.json_response({"error": f"unknown endpoint {request.path}; endpoints: {endpoints}"}, status=404)
-        except web.HTTPMethodNotAllowed:
-            msg = f"method {request.method} not allowed on {request.path}; use GET or POST"
-            return web.json_response({"error": msg}, status=405)
-        except web.HTTPException as e:
-            return web.json_response({"error": f"{e.status} {e.reason}: {e.text or ''}".strip()}, status=e.status)
-        except (asyncio.TimeoutError, TimeoutError):
-            return web.json_response({"error": f"{request.path} took longer than {REQUEST_DEADLINE_S:g} s"}, status=503)
-
-    return middleware
+_MAX_INT = {"entities": 100, "relations": 1, "follow": 500}
 
 
 def kg_app(store: KGStore) -> web.Application:
     """The knowledge-graph API over an open store."""
     listing = "/entities (name, type?, limit?), /relations (entity), /follow (entity, relation, limit?)"
-    app = web.Application(middlewares=[_json_errors(listing)], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[json_errors(listing)], client_max_size=64 * 1024)
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kg")  # SQLite and difflib off the loop
     app.on_cleanup.append(lambda _: asyncio.to_thread(worker.shutdown))
     calls = {"entities": store.search_entities, "relations": store.relations, "follow": store.follow}
 
     def endpoint(name: str) -> Callable:
         async def handle(request: web.Request) -> web.Response:
-            params = await _params(request, name, _KG_PARAMS[name])
+            params = await request_params(request, name, _KG_PARAMS[name], max_int=_MAX_INT[name])
             answer = await asyncio.get_running_loop().run_in_executor(worker, lambda: calls[name](**params))
             return web.json_response(answer)
 
@@ -310,63 +246,10 @@ def kg_app(store: KGStore) -> web.Application:
     return app
 
 
-def search_app(index: SearchIndex) -> web.Application:
-    """`GET /search?q=&k=` over a search index, answering `{query, terms, hits, message}`."""
-    app = web.Application(middlewares=[_json_errors("/search (q, k?)")])
-
-    async def search(request: web.Request) -> web.Response:
-        params = await _params(request, "search", {"q": (str, False), "k": (int, False)}, max_chars=4000)
-        q, k = params.get("q", ""), params.get("k", 5)
-        terms = query_terms(q)
-        hits = await asyncio.to_thread(index.query, terms, k)
-        body = {"query": q, "terms": terms, "hits": [h.__dict__ for h in hits], "message": format_hits(q, terms, hits)}
-        return web.json_response(body)
-
-    app.router.add_get("/search", search)
-    return app
-
-
-class Service:
-    """A running aiohttp app on a TCP port: `.url`, `await close()`, or `async with`."""
-
-    def __init__(self, runner: web.AppRunner, url: str, on_close: Callable[[], None]):
-        self.runner, self.url, self._on_close = runner, url, on_close
-
-    async def close(self) -> None:
-        await asyncio.wait_for(self.runner.cleanup(), 30)
-        self._on_close()
-
-    async def __aenter__(self) -> Service:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-async def _serve(app: web.Application, host: str, port: int, on_close: Callable[[], None]) -> Service:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await asyncio.wait_for(runner.setup(), 30)
-    try:
-        await asyncio.wait_for(web.TCPSite(runner, host, port).start(), 30)
-    except BaseException:
-        await asyncio.wait_for(runner.cleanup(), 30)
-        on_close()
-        raise
-    bound_host, bound_port = runner.addresses[0][:2]
-    host = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return Service(runner, f"http://{host}:{bound_port}", on_close)
-
-
 async def start_kg_service(db_path: str | Path = DEFAULT_DB, host: str = "127.0.0.1", port: int = 0) -> Service:
     """Serve the knowledge graph at `db_path` (built from countryinfo if missing); port 0 picks a free one."""
     store = await asyncio.wait_for(asyncio.to_thread(KGStore.open_or_build, db_path), 60)
-    return await _serve(kg_app(store), host, port, store.close)
-
-
-async def start_search_service(index_path: str | Path, host: str = "127.0.0.1", port: int = 0) -> Service:
-    """Serve a search index (built if missing) at `/search`, the retrieval service `RemoteSearch` talks to."""
-    index = await asyncio.wait_for(asyncio.to_thread(SearchIndex.open_or_build, index_path), 60)
-    return await _serve(search_app(index), host, port, index.close)
+    return await serve(kg_app(store), host, port, store.close)
 
 
 def kg_serve_cli(host: str, port: int, db_path: str | None) -> int:

@@ -5,7 +5,7 @@ safe FTS5 terms (`query_terms`), the model-readable result text (`format_hits`),
 backends with one `search(query, k)` method each (`LocalSearch` over a file, `RemoteSearch` over
 HTTP) and `search_cli`.
 Does not own: the article text (`tools.countries`) or the HTTP server that serves an index at
-`/search` (`tools.kg_service.start_search_service`).
+`/search` (`tools.search_service.start_search_service`).
 
 Queries are never handed to FTS5 as syntax: words are pulled out with a regex, quoted one by one
 and OR-ed, so quotes, operators and brackets in the model's text cannot raise, and BM25 ranks
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
+from agent_rl.core.http import SessionOwner
 from tools.base import ToolError
-from tools.http import SessionOwner
 from tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_INDEX = Path("~/.cache/agent-rl/countries-fts.sqlite")

@@ -7,23 +7,21 @@ Does not own: what goes in the files (`tools.search`, `tools.kg_service`).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 from typing import Callable
 
+from agent_rl.core.files import atomic_path
+
 
 def write_atomically(path: str | Path, fill: Callable[[sqlite3.Connection], None]) -> Path:
-    """Run `fill` on a fresh database at a temp path, commit, and rename it to `path`."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    with sqlite3.connect(tmp) as db:
-        fill(db)
-    db.close()
-    os.replace(tmp, path)  # a reader never sees a half-written file
-    return path
+    """Run `fill` on a fresh database at a temp path, commit, and rename it to `path`
+    (`agent_rl.core.files.atomic_path`): a reader never sees a half-written file."""
+    with atomic_path(path) as tmp:
+        with sqlite3.connect(tmp) as db:
+            fill(db)
+        db.close()
+    return Path(path).expanduser()
 
 
 def open_versioned(path: Path, version: str, what: str, builder: str,

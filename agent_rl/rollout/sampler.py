@@ -1,9 +1,9 @@
 """Samplers: token ids in, sampled token ids + log-probs + finish reason out.
 
-Owns: the `Sampler` protocol, `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread
-over replicas by least outstanding requests, with deadlines and retries) and `ScriptedSampler`
-(canned replies for unit tests).
-Does not own: starting servers (`server`), loading adapters (`weight_sync`), chat rendering.
+Owns: the `Sampler` protocol and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread
+over replicas by least outstanding requests, with deadlines and retries).
+Does not own: starting servers (`rollout.server`), loading adapters (`rollout.weight_sync`), chat
+rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced.
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 import aiohttp
 
-from tools.http import SessionOwner
+from agent_rl.core.http import SessionOwner
+from agent_rl.core.types import Message
 
 
 class SamplerError(Exception):
@@ -43,9 +44,13 @@ class Completion:
 
 
 class Sampler(Protocol):
+    """Samples one assistant turn. `messages` is the conversation the ids render, for samplers that
+    act on messages (a scripted solver); token samplers ignore it."""
+
     policy_version: int
 
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion: ...
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     messages: Sequence[Message] = ()) -> Completion: ...
 
 
 @dataclass
@@ -76,7 +81,8 @@ class VLLMSampler(SessionOwner):
         low = min(r.outstanding for r in self.replicas)
         return random.choice([r for r in self.replicas if r.outstanding == low])
 
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     messages: Sequence[Message] = ()) -> Completion:
         model, version = self.model, self.policy_version
         body: dict[str, Any] = {
             "model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
@@ -124,29 +130,3 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
     if echoed is not None and list(echoed) != list(prompt_ids):
         raise SamplerError(f"{url} changed the prompt tokens: the sampler must see exactly the ids sent")
     return Completion(ids, logprobs, "length" if finish == "length" else "stop", version)
-
-
-@dataclass
-class ScriptedSampler:
-    """Replies chosen by a function of the prompt text; for unit tests of multi-turn loops.
-
-    `script(prompt_text, turn_index) -> reply text`; the reply is encoded canonically and closed
-    with the stop token, unless `max_tokens` cuts it ("length").
-    """
-
-    encode: Callable[[str], list[int]]
-    decode: Callable[[Sequence[int]], str]
-    stop_id: int
-    script: Callable[[str], str]
-    logprob: float = -0.5
-    policy_version: int = 0
-    calls: list[list[int]] = field(default_factory=list)
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        self.calls.append(list(prompt_ids))
-        ids = [*self.encode(self.script(self.decode(prompt_ids))), self.stop_id]
-        finish = "stop"
-        if len(ids) > params.max_tokens:
-            ids, finish = ids[: params.max_tokens], "length"
-        await asyncio.sleep(0)  # yield like a real client would
-        return Completion(tuple(ids), tuple([self.logprob] * len(ids)), finish, self.policy_version)

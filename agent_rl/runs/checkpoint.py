@@ -3,12 +3,12 @@
 Owns: writing `<run_dir>/checkpoints/step-{step:06d}` atomically (trainable weights, optimizer and
 scheduler state, Python/NumPy/torch RNG states, data position, caller's extras), the `latest`
 pointer file, keeping the newest N, and loading the newest *complete* checkpoint back.
-Does not own: the adapters served to vLLM (`weight_sync`), the training loop, the data pipeline
+Does not own: the adapters served to vLLM (`rollout.weight_sync`), the training loop, the data pipeline
 (it only stores the position the caller hands in).
 
-Atomicity: files are written into `checkpoints/.tmp-step-*`, fsynced, a `manifest.json` with each
-file's size and sha256 is written last, then the folder is renamed to `step-*` and `latest` is
-replaced (write temp + fsync + `os.replace`). A kill at any point leaves either the previous
+Atomicity (`core.files`): files are written into a `checkpoints/.tmp-step-*` folder, a
+`manifest.json` with each file's size and sha256 last, everything fsynced, then the folder is renamed
+to `step-*` and `latest` is replaced (write temp + fsync + `os.replace`). A kill at any point leaves either the previous
 checkpoint as `latest` or the new one complete. Loading verifies the manifest and falls back to the
 newest older checkpoint that verifies; temp folders are never loaded and are removed by the next save.
 
@@ -21,11 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from agent_rl.core.files import atomic_dir, write_text
 
 log = logging.getLogger(__name__)
 
@@ -78,30 +78,17 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer:
     for stale in root.glob(".tmp-*"):  # left by a run killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
 
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step-{step:06d}-"))
-    try:
+    final = root / f"step-{step:06d}"
+    with atomic_dir(final, durable=True) as tmp:  # the same step saved again after a resume: replaced
         save_file(_trainable_state(model), tmp / _WEIGHTS)
         torch.save(optimizer.state_dict() if optimizer is not None else None, tmp / _OPTIMIZER)
         torch.save(scheduler.state_dict() if scheduler is not None else None, tmp / _SCHEDULER)
         torch.save(_rng_state(), tmp / _RNG)
         (tmp / _STATE).write_text(state_json)
-        files = {}
-        for name in (_WEIGHTS, _OPTIMIZER, _SCHEDULER, _RNG, _STATE):
-            _fsync(tmp / name)
-            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
-        _write_synced(tmp / _MANIFEST, json.dumps({"format": FORMAT, "step": step, "files": files}, indent=1))
-        _fsync(tmp)
-        final = root / f"step-{step:06d}"
-        replaced = tmp.with_name(tmp.name + "-old")
-        if final.exists():  # the same step saved again after a resume
-            os.replace(final, replaced)
-        os.replace(tmp, final)
-        _fsync(root)
-        shutil.rmtree(replaced, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _write_synced(root / "latest", final.name + "\n", atomic=True)
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+                 for name in (_WEIGHTS, _OPTIMIZER, _SCHEDULER, _RNG, _STATE)}
+        (tmp / _MANIFEST).write_text(json.dumps({"format": FORMAT, "step": step, "files": files}, indent=1))
+    write_text(root / "latest", final.name + "\n")
     _prune(root, step, keep)
     return final
 
@@ -226,20 +213,4 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
-
-def _write_synced(path: Path, text: str, atomic: bool = False) -> None:
-    target = path.with_name(path.name + ".tmp") if atomic else path
-    with open(target, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    if atomic:
-        os.replace(target, path)
-        _fsync(path.parent)

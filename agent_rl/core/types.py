@@ -1,8 +1,8 @@
 """Every RL noun of agent-rl in one place: messages, tool calls, sampled turns, trajectories, groups.
 
 Owns: plain data types shared by the rollout runner, the environments, rewards and the trainer.
-Does not own: any behaviour beyond small derived properties (rendering lives in `chat`, sampling
-in `sampler`, playing an episode in `rollout`).
+Does not own: any behaviour beyond small derived properties (rendering and parsing live in
+`core.renderer`, sampling in `rollout.sampler`, playing an episode in `rollout.runner`).
 
 Token-level truth: a `Trajectory` holds the exact token ids the sampler produced plus the
 template/tool tokens inserted between turns, a loss mask aligned one to one with them
@@ -21,16 +21,31 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the model asked for: tool name and JSON arguments."""
+    """One call the model attempted: a tool name and JSON arguments, or why it is not a call.
+
+    `error` is set when the attempt could not be read (malformed JSON, an unclosed tag, no name...);
+    `name` then holds whatever name could be read, possibly "". Every attempt, readable or not,
+    gets exactly one tool message back.
+    """
 
     name: str
     arguments: dict[str, Any]
     id: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 @dataclass(frozen=True)
 class Message:
-    """A chat message. Assistant messages keep the exact decoded text the policy sampled."""
+    """A chat message.
+
+    A sampled assistant message holds the exact decoded text of the turn in `content` (tool-call
+    markup included) and the renderer's parse of that text in `tool_calls`. A reply written by hand
+    (a scripted solver's, a person's) is turned into text by `Renderer.format_reply`.
+    """
 
     role: Role
     content: str
@@ -47,6 +62,14 @@ class ToolCallRecord:
     error: str | None
     latency_s: float
     turn: int
+
+
+@dataclass(frozen=True)
+class Reward:
+    """An episode's score: the value GRPO compares, and named parts logged beside it (weight-free)."""
+
+    value: float
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 class StopReason(str, enum.Enum):
@@ -120,7 +143,3 @@ class TrajectoryGroup:
 
     task_id: str
     trajectories: tuple[Trajectory, ...]
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]

@@ -6,7 +6,7 @@ trajectories enter the batch (`group_advantages`): infrastructure errors and, op
 truncated episodes are kept out of the group statistics; groups without reward variance are
 dropped and counted. `usable_rewards` / `has_signal` are what DAPO-style dynamic sampling needs.
 Does not own: resampling groups to refill a batch (the training loop), turning advantages into
-tensors (`batching`), the loss (`loss`).
+tensors (`learn.batching`), the loss (`learn.loss`).
 
 Standard deviation: `grpo_advantages` divides by the *sample* standard deviation (Bessel, N - 1),
 which is what torch's default `Tensor.std` gives and therefore what TRL's GRPOTrainer and verl's
@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from agent_rl.types import Trajectory, TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -107,16 +107,10 @@ class GroupAdvantages:
 
     trajectories: tuple[Trajectory, ...]  # kept ones, in group order then rollout order
     advantages: tuple[float, ...]  # aligned with `trajectories`
-    rewards: tuple[float, ...]  # the rewards the advantages were computed from (after truncation)
     num_groups: int
     num_zero_variance_groups: int  # dropped: usable rewards all equal (or fewer than two usable)
-    num_infra_errors: int
     num_truncated: int  # truncated trajectories seen (masked out or given `truncated_reward`)
     num_dropped_trajectories: int  # every trajectory not in the batch, whatever the reason
-
-    @property
-    def num_kept_groups(self) -> int:
-        return self.num_groups - self.num_zero_variance_groups
 
 
 def group_advantages(
@@ -132,11 +126,9 @@ def group_advantages(
     """
     trajectories: list[Trajectory] = []
     advantages: list[float] = []
-    rewards_kept: list[float] = []
-    num_zero_variance = num_infra = num_truncated = num_total = 0
+    num_zero_variance = num_truncated = num_total = 0
     for group in groups:
         num_total += len(group.trajectories)
-        num_infra += sum(t.infra_error for t in group.trajectories)
         num_truncated += sum(t.truncated for t in group.trajectories)
         kept, rewards = usable_rewards(group, truncated_reward)
         if len(set(rewards)) <= 1:
@@ -145,14 +137,11 @@ def group_advantages(
         advantages_G = advantage_fn(torch.tensor(rewards, dtype=torch.float64))
         trajectories.extend(kept)
         advantages.extend(float(a) for a in advantages_G)
-        rewards_kept.extend(rewards)
     return GroupAdvantages(
         trajectories=tuple(trajectories),
         advantages=tuple(advantages),
-        rewards=tuple(rewards_kept),
         num_groups=len(groups),
         num_zero_variance_groups=num_zero_variance,
-        num_infra_errors=num_infra,
         num_truncated=num_truncated,
         num_dropped_trajectories=num_total - len(trajectories),
     )

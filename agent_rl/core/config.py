@@ -6,7 +6,7 @@ Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `Ro
 YAML file plus `--set key=value` overrides (`load_config`) and writing it back (`dump_config`);
 the rule that every config mistake is one `ConfigError` line naming the field.
 Does not own: acting on the values (the trainer, sampler, policy), or knowing which environments
-or models exist (`envs.registry`, `models`): a bad name fails where it is resolved.
+or models exist (`core.registry`, `learn.models`): a bad name fails where it is resolved.
 
 Every field is validated where it is declared, with `extra="forbid"` so a typo such as
 `rollout.group_sise` is an error instead of a silently ignored key. Values that follow from
@@ -54,10 +54,6 @@ class ModelConfig(_Section):
             raise ValueError("must name at least one module (got [])")
         return v
 
-    @property
-    def lora_scaling(self) -> float:
-        return self.lora_alpha / self.lora_rank
-
 
 class SamplerConfig(_Section):
     server_urls: list[str] = Field(
@@ -68,13 +64,9 @@ class SamplerConfig(_Section):
     kv_cache_gib: int = Field(2, ge=1, description="KV-cache size in whole GiB of a server started here (CPU build)")
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
 
-    @property
-    def starts_server(self) -> bool:
-        return not self.server_urls
-
 
 class RolloutConfig(_Section):
-    env: str = Field("calculator", min_length=1, description="environment name from envs.registry")
+    env: str = Field("calculator", min_length=1, description="environment name from agent_rl.core.registry")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
@@ -122,14 +114,6 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"must satisfy 0 < low <= 1 <= high (got [{v[0]}, {v[1]}])")
         return v
 
-    @property
-    def masks_truncated(self) -> bool:
-        return self.truncated_reward is None
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_beta > 0.0
-
 
 class OptimConfig(_Section):
     lr: float = Field(5e-5, gt=0.0, description="AdamW peak learning rate")
@@ -153,10 +137,6 @@ class RunConfig(_Section):
     collapse_drop: float = Field(
         0.5, ge=0.0, le=1.0, description="warn when the tool-use rate falls below this fraction of its running peak")
     entropy_floor: float = Field(0.05, ge=0.0, description="warn when the mean policy entropy falls below this")
-
-    @property
-    def path(self) -> Path:
-        return Path(self.run_dir)
 
 
 class SFTConfig(_Section):

@@ -2,9 +2,9 @@
 
 Owns: `RunLogger` (one call per optimizer step writes every sink), the `metrics.jsonl` format and
 its reader `read_metrics`, keeping that file consistent on resume (`truncate_after`), and
-`CollapseAlarm`, the two warnings that tell you a tool-use run has gone wrong while it runs, and
-`write_json` (reports such as evaluations, written atomically).
-Does not own: computing metrics (`metrics`, `update`), plotting them (`plot`), checkpoints.
+`CollapseAlarm`, the two warnings that tell you a tool-use run has gone wrong while it runs.
+Does not own: computing metrics (`runs.metrics`, `learn.update`), plotting them (`runs.plot`),
+checkpoints, atomic files (`core.files`).
 
 metrics.jsonl holds one JSON object per step, `{"step": k, "time": unix_s, name: value, ...}`,
 written with flush + fsync, so killing the run loses at most the step in progress. Non-finite
@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
+
+from agent_rl.core.files import write_lines
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +105,6 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             records.append(record)
     return records
-
-
-def write_json(path: str | Path, obj: Any) -> Path:
-    """A JSON report written atomically (temp file, fsync, rename): a kill never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
 
 
 def _require_tensorboard():
@@ -247,13 +236,7 @@ class RunLogger:
         reopen = self._file is not None
         if reopen:
             self._file.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_lines(self.path, (json.dumps(r) for r in kept))
         if reopen:
             self._file = open(self.path, "a", encoding="utf-8")
 

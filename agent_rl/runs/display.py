@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from agent_rl.chat import ChatRenderer
-from agent_rl.types import Trajectory
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.types import Trajectory
 
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
 
 
-def format_trajectory(traj: Trajectory, renderer: ChatRenderer, title: str = "", color: bool = False) -> str:
+def format_trajectory(traj: Trajectory, renderer: Renderer, title: str = "", color: bool = False) -> str:
     """Each run of equal mask values as one block: `[policy N tok]` for sampled ones, `[context N tok]` else."""
     tools = ", ".join(f"{c.name}:{'ok' if c.ok else 'error'}" for c in traj.tool_calls) or "none"
     head = (f"=== {title or traj.task_id}  reward={traj.reward:g}  stop={traj.stop_reason.value}  "

@@ -4,7 +4,7 @@
 Owns: choosing the loss variant and aggregation from the algorithm config (a lookup, not a branch
 inside the loss), the optional reference pass (skipped when kl_beta == 0), truncated importance
 sampling, gradient accumulation with the step's global denominators, and the step statistics.
-Does not own: the maths of each loss (`loss`), log-probs (`policy`), what is in the batch.
+Does not own: the maths of each loss (`learn.loss`), log-probs (`learn.logprobs`), what is in the batch.
 
 Old log-probs. We take one optimizer step per batch of rollouts, so before that step the trainer's
 policy *is* the policy that sampled: pi_old = pi.detach() and the PPO ratio is exactly 1 (the clip
@@ -20,25 +20,32 @@ from typing import Any
 
 import torch
 
-from agent_rl import loss as L
-from agent_rl.allocator import release_freed_memory
-from agent_rl.batching import Batch, micro_batches
-from agent_rl.policy import reference_logprobs, token_logprobs
+from agent_rl.learn.allocator import release_freed_memory
+from agent_rl.learn.batching import Batch, micro_batches
+from agent_rl.learn.logprobs import reference_logprobs, token_logprobs
+from agent_rl.learn.loss import (
+    constant_normalised_sum,
+    gspo_loss,
+    k3_kl,
+    mismatch_sequence_mask,
+    ppo_clip_loss,
+    sequence_mean,
+    token_mean,
+    truncated_importance_weights,
+)
 
-LOSSES = {"ppo": L.ppo_clip_loss, "gspo": L.gspo_loss}
-
-
-def aggregate(name: str, loss_B_T: torch.Tensor, mask_B_T: torch.Tensor, batch: Batch, norm_tokens: int):
-    if name == "token_mean":
-        return L.token_mean(loss_B_T, mask_B_T, batch.step_num_tokens)
-    if name == "sequence_mean":
-        return L.sequence_mean(loss_B_T, mask_B_T, batch.step_num_sequences)
-    return L.constant_normalised_sum(loss_B_T, mask_B_T, batch.step_num_sequences, norm_tokens)
+LOSSES = {"ppo": ppo_clip_loss, "gspo": gspo_loss}
+# loss_B_T, mask_B_T, the step's batch, constant_norm_tokens -> the micro-batch's share of the step's loss
+AGGREGATIONS = {
+    "token_mean": lambda loss, mask, batch, norm: token_mean(loss, mask, batch.step_num_tokens),
+    "sequence_mean": lambda loss, mask, batch, norm: sequence_mean(loss, mask, batch.step_num_sequences),
+    "constant": lambda loss, mask, batch, norm: constant_normalised_sum(loss, mask, batch.step_num_sequences, norm),
+}
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     """Clip the accumulated gradients, step, and give the step's freed host memory back to the OS
-    (`allocator`). Returns the gradient norm before clipping (0 when nothing has a gradient)."""
+    (`learn.allocator`). Returns the gradient norm before clipping (0 when nothing has a gradient)."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip)) if params else 0.0
     optimizer.step()
@@ -69,19 +76,19 @@ def policy_update(model: Any, optimizer: torch.optim.Optimizer, batch: Batch, al
         per_token = pl.loss_B_T
         # sampler/trainer mismatch: always measured, corrected when tis_cap is set (not when stale:
         # the ratio against the sampler's log-probs already is the correction)
-        iw = L.truncated_importance_weights(logp.detach(), mb.sampler_logp_B_T, mask, algo.tis_cap or 1e9)
+        iw = truncated_importance_weights(logp.detach(), mb.sampler_logp_B_T, mask, algo.tis_cap or 1e9)
         if algo.tis_cap and not stale:
             per_token = per_token * iw.weight_B_T
         if algo.mismatch_bounds:
-            keep_B = L.mismatch_sequence_mask(logp.detach(), mb.sampler_logp_B_T, mask, *algo.mismatch_bounds)
+            keep_B = mismatch_sequence_mask(logp.detach(), mb.sampler_logp_B_T, mask, *algo.mismatch_bounds)
             mask = mask & keep_B[:, None]
         if algo.kl_beta > 0:
             ref = reference_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature,
                                      optim.logprob_chunk)
-            kl_B_T = L.k3_kl(logp, ref, mask)
+            kl_B_T = k3_kl(logp, ref, mask)
             per_token = per_token + algo.kl_beta * kl_B_T
             add("kl", torch.where(mask, kl_B_T.detach(), 0.0).sum() / max(k, 1), k)
-        loss = aggregate(algo.aggregation, per_token, mask, batch, algo.constant_norm_tokens)
+        loss = AGGREGATIONS[algo.aggregation](per_token, mask, batch, algo.constant_norm_tokens)
         loss.backward()
         total_loss += float(loss.detach())
         gap = torch.where(mb.loss_mask_B_T, (logp.detach() - mb.sampler_logp_B_T).abs(), 0.0)

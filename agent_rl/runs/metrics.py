@@ -2,7 +2,7 @@
 
 Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per trajectory,
 per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors).
-Does not own: training metrics (the loss returns its own), logging to files (`logging`).
+Does not own: training metrics (the loss returns its own), logging to files (`runs.runlog`).
 
 Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
 policy that stopped calling tools.
@@ -14,7 +14,7 @@ from collections import Counter
 from statistics import fmean
 from typing import Sequence
 
-from agent_rl.types import StopReason, Trajectory
+from agent_rl.core.types import StopReason, Trajectory
 
 
 def _mean(xs: Sequence[float]) -> float:

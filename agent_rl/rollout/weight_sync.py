@@ -4,7 +4,8 @@ Owns: writing each policy version to disk (`<run_dir>/adapters/v{version}` for L
 `<run_dir>/weights/v{version}` for full fine-tuning; temp folder then rename), loading it on every
 server URL of the sampler, retiring old versions on the servers and on disk, and pointing the
 sampler at the new version so every later rollout carries the version it was sampled with.
-Does not own: starting servers (`server`), sampling (`sampler`), training checkpoints (`checkpoint`).
+Does not own: starting servers (`rollout.server`), sampling (`rollout.sampler`), training checkpoints
+(`runs.checkpoint`).
 
 Two classes, one per way of training:
 - `AdapterSync` (LoRA): each version is a new adapter name, `{prefix}-v{version}`, loaded next to
@@ -21,15 +22,16 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
 
-from agent_rl.sampler import VLLMSampler
+from agent_rl.core.files import atomic_dir
+from agent_rl.rollout.sampler import VLLMSampler
 
 
 class WeightSyncError(Exception):
@@ -40,27 +42,11 @@ _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
 def _write_version_dir(parent: Path, version: int, write: Callable[[Path], None]) -> Path:
-    """Run `write(tmp)` in a temp folder next to the target, then rename it to `v{version}`.
-
-    A version folder therefore exists only once it is complete; a run killed mid-write leaves a
-    `.tmp-*` folder that the next write removes. An existing folder of the same version (a resumed
-    run writing it again) is replaced.
-    """
-    parent.mkdir(parents=True, exist_ok=True)
-    for stale in parent.glob(f".tmp-v{version}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-v{version}-"))
+    """`write(folder)` into `parent/v{version}`, atomically (`core.files.atomic_dir`): a version folder
+    exists only once complete; one of the same version (a resumed run writing it again) is replaced."""
     final = parent / f"v{version}"
-    try:
+    with atomic_dir(final) as tmp:
         write(tmp)
-        if final.exists():
-            old = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-v{version}-old-"))
-            os.replace(final, old / "x")
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 
@@ -258,3 +244,11 @@ class FullWeightSync:
                       body: dict[str, Any] | None = None) -> None:
         await asyncio.gather(*(self._http.post(http, url, path, what, body) for url in self.urls))
 
+
+
+def weight_sync_for(full_finetune: bool, run_dir: str | Path, sampler: VLLMSampler) -> AdapterSync | FullWeightSync:
+    """The sync a run needs: whole weights reloaded in place, or adapter versions under names unique to
+    this process (a long-lived server may hold an earlier run's)."""
+    if full_finetune:
+        return FullWeightSync(run_dir, sampler)
+    return AdapterSync(run_dir, sampler, prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")

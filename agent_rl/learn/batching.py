@@ -2,7 +2,8 @@
 
 Owns: `Batch` (the tensors of one optimizer step or one micro-batch of it), `collate` and
 `micro_batches`, and the shift convention every `_B_T` tensor of the trainer follows.
-Does not own: which trajectories enter the batch (`advantages`), log-probs (`policy`), the loss.
+Does not own: which trajectories enter the batch (`learn.advantages`), log-probs (`learn.logprobs`),
+the loss (`learn.loss`).
 
 Shift convention. A causal LM's output at position t predicts token t + 1. So every per-token
 tensor here is indexed by the *predicting* position: column t of `loss_mask_B_T`,
@@ -15,16 +16,17 @@ t + 1 of `input_ids_B_T`:
 
 `advantage_B[b]` applies to every sampled token of every turn of row b. Rows are right-padded
 (`attention_mask_B_T` 0 on padding), so positions of real tokens are 0, 1, 2... as when sampled.
+
+`collate` takes trajectories, or any rows with `token_ids` and `loss_mask` (SFT demonstrations, which
+have no sampler log-probs: theirs are 0.0).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
-
-from agent_rl.types import Trajectory
 
 
 @dataclass(frozen=True)
@@ -44,28 +46,8 @@ class Batch:
     step_num_tokens: int  # sampled tokens in the whole step
     step_num_sequences: int  # sequences of the whole step with at least one sampled token
 
-    @property
-    def num_sequences(self) -> int:
-        return self.input_ids_B_T.shape[0]
 
-    @property
-    def num_sampled_tokens(self) -> int:
-        return int(self.loss_mask_B_T.sum())
-
-    def to(self, device: torch.device | str) -> Batch:
-        return replace(
-            self,
-            input_ids_B_T=self.input_ids_B_T.to(device),
-            attention_mask_B_T=self.attention_mask_B_T.to(device),
-            loss_mask_B_T=self.loss_mask_B_T.to(device),
-            sampler_logp_B_T=self.sampler_logp_B_T.to(device),
-            advantage_B=self.advantage_B.to(device),
-        )
-
-
-def collate(
-    trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int = 0
-) -> Batch:
+def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
     """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc)."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -85,7 +67,8 @@ def collate(
         input_ids_B_T[b, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
         attention_mask_B_T[b, :n] = 1
         loss_mask_B_T[b, : n - 1] = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
-        sampled_logp = torch.tensor(traj.logprobs[1:], dtype=torch.float32)
+        logprobs = getattr(traj, "logprobs", None) or (0.0,) * n
+        sampled_logp = torch.tensor(logprobs[1:], dtype=torch.float32)
         # the sampler's value only where sampled: the trajectory promises 0.0 elsewhere, enforce it
         sampler_logp_B_T[b, : n - 1] = torch.where(loss_mask_B_T[b, : n - 1], sampled_logp, 0.0)
     return Batch(

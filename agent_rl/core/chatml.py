@@ -1,8 +1,9 @@
-"""Chat rendering: the only module that touches the tokenizer.
+"""ChatML with Qwen2.5-style tool blocks: the format of SmolLM2, Qwen2.5 and other ChatML models.
 
-Owns: the tool-calling chat format (ChatML with Qwen2.5-style tool blocks), rendering messages to
-token ids, the token *delta* appended after a sampled assistant turn, and decoding sampled ids.
-Does not own: parsing tool calls out of text (`toolcalls`) or deciding what the messages are (`envs`).
+Owns: `ChatMLRenderer` (rendering and parsing this family: tool schemas in the system turn,
+`<tool_call>{json}</tool_call>` blocks in assistant turns, results in `<tool_response>` blocks).
+Does not own: the renderer interface (`core.renderer`), the `<tool_call>` JSON parser it shares
+with other Hermes-style families (`core.toolcalls`), or deciding what the messages are (`envs`).
 
 Format (structural tokens by id, text segments through the tokenizer):
 
@@ -25,10 +26,11 @@ which the tests check; for anything the policy samples, the sampled ids are kept
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Sequence
 
-from agent_rl.types import Message
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.toolcalls import parse_tool_calls
+from agent_rl.core.types import Message, ToolCall
 
 TOOLS_PREAMBLE = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -47,39 +49,29 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
-class ChatRenderer:
-    """Renders conversations to token ids with one tokenizer."""
+class ChatMLRenderer(Renderer):
+    """Renders ChatML conversations to token ids with one tokenizer, and parses sampled turns."""
+
+    name = "chatml"
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.im_start = self._special_id("<|im_start|>")
-        self.im_end = self._special_id("<|im_end|>")
+        super().__init__(tokenizer)
+        self.im_start = self.special_id("<|im_start|>")
+        self.im_end = self.special_id("<|im_end|>")
         # constant pieces, tokenised once: rendering runs at every turn of every rollout
         self.newline = self.encode("\n")
         self.generation_prompt = [self.im_start, *self.encode("assistant\n")]
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> "ChatRenderer":
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(str(path)))
-
-    def _special_id(self, token: str) -> int:
-        ids = self.tokenizer.convert_tokens_to_ids([token])
-        if not ids or ids[0] is None or ids[0] == self.tokenizer.unk_token_id:
-            raise ValueError(f"tokenizer has no {token} token: the ChatML tool format needs it")
-        return int(ids[0])
-
-    # -- token level -------------------------------------------------------------------------
     @property
     def stop_token_ids(self) -> list[int]:
         return [self.im_end]
 
-    def encode(self, text: str) -> list[int]:
-        """Plain text to ids; special-token strings inside `text` stay plain text."""
-        if not text:
-            return []
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+    def parse_tool_calls(self, text: str) -> list[ToolCall]:
+        return parse_tool_calls(text)
+
+    def format_reply(self, content: str, tool_calls: Sequence[ToolCall] = ()) -> str:
+        calls = "\n".join(format_tool_call(c.name, c.arguments) for c in tool_calls)
+        return "\n".join(part for part in (content, calls) if part)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text the environment sees (the stop token dropped)."""
@@ -99,12 +91,6 @@ class ChatRenderer:
             text += TOOLS_PREAMBLE + schemas + TOOLS_POSTAMBLE
         return text
 
-    def _assistant_text(self, m: Message) -> str:
-        if m.tool_calls and "<tool_call>" not in m.content:  # built by hand, e.g. demonstrations
-            calls = "\n".join(format_tool_call(c.name, c.arguments) for c in m.tool_calls)
-            return f"{m.content}\n{calls}" if m.content else calls
-        return m.content
-
     def _render_messages(self, messages: Sequence[Message]) -> list[int]:
         """Messages after the system turn, each turn closed by <|im_end|> and the newline after it."""
         ids: list[int] = []
@@ -119,7 +105,7 @@ class ChatRenderer:
                 ids += self._turn("user", "\n".join(block)) + self.newline
                 continue
             if m.role == "assistant":
-                ids += [*self.generation_prompt, *self.encode(self._assistant_text(m)), self.im_end]
+                ids += [*self.generation_prompt, *self.encode(m.content), self.im_end]
                 ids += self.newline
             elif m.role in ("user", "system"):
                 ids += self._turn(m.role, m.content) + self.newline
@@ -148,7 +134,3 @@ class ChatRenderer:
             raise ValueError("an environment may only add user or tool messages between turns")
         head = self.newline if after_stop else [self.im_end, *self.newline]
         return head + self._render_messages(messages) + self.generation_prompt
-
-    def render_text(self, ids: Sequence[int]) -> str:
-        """Any ids, special tokens shown, for humans and debugging."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

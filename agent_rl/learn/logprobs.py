@@ -1,20 +1,18 @@
-"""The trained policy: a Hugging Face causal LM, with a LoRA adapter or fully trainable, and
-its per-token log-probs.
+"""Per-token log-probs and entropies of a causal LM, computed in chunks.
 
-Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
-`enable_full_finetune`), `token_logprobs` (log-probs and entropies of the next token at every
-position, computed in chunks), and `reference_logprobs` (the same model with the adapter off).
-Does not own: the loss, gradient accumulation and the optimizer (the training loop), saving or
-syncing weights (`weight_sync`, `checkpoint`).
+Owns: `token_logprobs` (log-probs and entropies of the next token at every position; the output
+layer and log-softmax run on a chunk of positions at a time) and `reference_logprobs` (the same
+model with its LoRA adapter off).
+Does not own: building the model (`learn.policy`), the loss, gradient accumulation, the optimizer.
 
-Shift convention (as `batching`): column t of `logp_B_T` is
+Shift convention (as `learn.batching`): column t of `logp_B_T` is
 log p(input_ids[t + 1] | input_ids[<= t]); the last column is 0.0.
 
 Agreement with the sampler: logits are cast to float32 and divided by the sampling temperature
 before the log-softmax, as vLLM's sampler does. vLLM returns those processed log-probs only when
 started with `--logprobs-mode processed_logprobs` (its default reports raw, pre-temperature ones),
 and only a full-vocabulary distribution matches: sample with top_p = 1, top_k = -1, or let the
-importance weights of `loss` absorb the difference.
+importance weights of `learn.loss` absorb the difference.
 """
 
 from __future__ import annotations
@@ -22,52 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, PreTrainedModel
-
-
-def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """A causal LM from a local Hugging Face folder (`models` resolves specs to one), frozen."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    model.requires_grad_(False)
-    return model
-
-
-def apply_lora(
-    model: PreTrainedModel,
-    rank: int = 16,
-    alpha: int = 32,
-    dropout: float = 0.0,
-    target_modules: str | list[str] = "all-linear",
-) -> PeftModel:
-    """Wrap `model` with a fresh LoRA adapter; only the adapter's parameters are trainable.
-
-    "all-linear" targets every linear projection of the transformer blocks (attention and MLP)
-    and leaves the output layer alone, as peft defines it. The base weights are the reference
-    policy: `reference_logprobs` runs them with the adapter disabled. Dropout > 0 makes two
-    forward passes disagree; keep it 0 or compute no-grad log-probs in eval mode.
-    """
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=target_modules,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
-
-
-def enable_full_finetune(model: PreTrainedModel) -> PreTrainedModel:
-    """Make every parameter trainable. A KL penalty then needs a separate frozen copy as the
-    reference (`token_logprobs` on it under no_grad); `reference_logprobs` is for LoRA only."""
-    model.requires_grad_(True)
-    return model
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
+from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)

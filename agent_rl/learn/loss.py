@@ -5,9 +5,10 @@ Owns: the per-token objectives (`ppo_clip_loss` with DAPO's separate eps_low / e
 (`k3_kl`), the sampler/trainer mismatch corrections (`truncated_importance_weights`,
 `mismatch_sequence_mask`) and the reductions to a scalar (`token_mean`, `sequence_mean`,
 `constant_normalised_sum`).
-Does not own: log-probs (`policy`), tensors from trajectories (`batching`), the optimizer step.
+Does not own: log-probs (`learn.logprobs`), tensors from trajectories (`learn.batching`), the optimizer
+step (`learn.update`).
 
-Conventions. Every `_B_T` tensor is aligned the same way (see `batching`): row b, column t holds the
+Conventions. Every `_B_T` tensor is aligned the same way (see `learn.batching`): row b, column t holds the
 quantity for the token at t + 1. `mask_B_T` is bool, True where that token was sampled by the
 policy. Masked positions may hold anything (padding, ±1e9, ±inf, nan): every input goes
 through `torch.where` *before* any arithmetic, so they change neither the loss nor the gradient

@@ -2,19 +2,21 @@
 
 Owns: `load_env(name) -> EnvSpec`. An environment module exposes `make_env(task) -> Env` and
 `load_tasks(n: int, seed: int, split: str) -> list[dict]`, and may expose a scripted solver for
-demonstrations, `solve(task, transcript: str, direct: bool) -> str`: the next assistant reply
-given the conversation so far as rendered text (what a scripted sampler sees); with `direct`
-it answers without calling a tool.
-Does not own: the environments themselves.
+demonstrations, `solve(task, messages, direct: bool) -> Message`: the next assistant reply given
+the conversation so far as messages (tool results in the tool messages); the reply's `content` is
+its prose and its `tool_calls` the calls to make, which the renderer writes in the model's format;
+with `direct` it answers without calling a tool.
+Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from envs.base import Env
+from agent_rl.core.env import Env
+from agent_rl.core.types import Message
 
 BUILTIN = {"calculator": "envs.calculator", "coding": "envs.coding", "gui": "envs.gui", "gui_browser": "envs.gui_browser",
            "kg_qa": "envs.kg_qa", "math": "envs.math", "search_qa": "envs.search_qa",
@@ -26,7 +28,7 @@ class EnvSpec:
     name: str
     make_env: Callable[[dict[str, Any]], Env]
     load_tasks: Callable[..., list[dict[str, Any]]]
-    solve: Callable[[dict[str, Any], str, bool], str] | None = None
+    solve: Callable[[dict[str, Any], Sequence[Message], bool], Message] | None = None
 
 
 def load_env(name: str) -> EnvSpec:

@@ -1,0 +1,228 @@
+"""What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
+
+Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `plot`, and the
+tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
+input such as a config, a model path or an environment name; 1 for a failed run such as an
+unreachable server), and printing results.
+Does not own: argument parsing (`cli`), any logic a library module can own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from typing import Any, Iterator
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+
+
+class CLIError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+@contextlib.contextmanager
+def errors_as_lines() -> Iterator[None]:
+    """Bad input (a config, model or environment the library refuses) and server failures as CLIError."""
+    from agent_rl.core.config import ConfigError
+    from agent_rl.learn.models import ModelError
+    from agent_rl.rollout.server import ServerError
+
+    try:
+        yield
+    except (ConfigError, ModelError, ValueError) as e:
+        raise CLIError(str(e), EXIT_BAD_INPUT) from None
+    except ServerError as e:
+        raise CLIError(str(e)) from None
+
+
+def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
+    """The YAML file `args.config` (or the defaults) with `--set` overrides, then `extra` ones."""
+    from agent_rl.core.config import load_config
+
+    with errors_as_lines():
+        return load_config(args.config, [*(args.set or []), *extra])
+
+
+def announce_server(cfg) -> None:
+    if not cfg.sampler.server_urls:
+        print(f"starting a vLLM server for {cfg.model.name} (about a minute on a CPU)...", file=sys.stderr)
+
+
+def _rounded(metrics: dict[str, float]) -> str:
+    return json.dumps({k: round(v, 4) for k, v in metrics.items()})
+
+
+def rollout(args: argparse.Namespace) -> int:
+    from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+    from agent_rl.runs.display import format_trajectory
+    from agent_rl.runs.metrics import rollout_metrics
+    from agent_rl.session import open_session, sampling
+
+    urls = f"[{','.join(args.server_url)}]" if args.server_url else "[]"
+    cfg = config(argparse.Namespace(config=None, set=[
+        f"model.name={args.model}", f"rollout.env={args.env}", f"rollout.max_turns={args.max_turns}",
+        f"rollout.max_tokens_per_turn={args.max_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
+        f"sampler.temperature={args.temperature}", f"sampler.request_timeout_s={args.request_timeout}",
+        f"sampler.server_urls={urls}"]))
+    with errors_as_lines():
+        session = open_session(cfg)
+    try:
+        tasks = session.env.load_tasks(args.tasks, seed=args.seed, split=args.split)
+    except Exception as e:
+        raise CLIError(f"environment {args.env!r} could not load tasks: {type(e).__name__}: {e}", EXIT_BAD_INPUT)
+    limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature)
+
+    async def run():
+        async with sampling(cfg, session.model_dir) as sampler:
+            return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits, args.group_size)
+
+    announce_server(cfg)
+    with errors_as_lines():
+        groups = asyncio.run(run())
+    trajs = [t for g in groups for t in g.trajectories]
+    for g in groups:
+        for i, t in enumerate(g.trajectories):
+            title = f"{g.task_id} #{i + 1}/{len(g.trajectories)}"
+            print(format_trajectory(t, session.renderer, title, sys.stdout.isatty()), "\n")
+    print(_rounded(rollout_metrics(trajs)))
+    failed = [t for t in trajs if t.infra_error]
+    if failed:
+        raise CLIError(f"{len(failed)} of {len(trajs)} rollouts failed; first: {failed[0].error}")
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    cfg = config(args)
+    from agent_rl.trainer import train as run_training
+
+    with errors_as_lines():
+        final = asyncio.run(run_training(cfg, resume=args.resume))
+    if args.plot:
+        from agent_rl.runs.plot import plot_run
+
+        plot_run(cfg.run.run_dir)
+    print(_rounded(final))
+    return 0
+
+
+def demos(args: argparse.Namespace) -> int:
+    from agent_rl.demos import make_demos, write_demos
+    from agent_rl.rollout.runner import EpisodeLimits
+    from agent_rl.session import open_session
+
+    cfg = config(args)
+    s = cfg.sft
+    out = args.out or s.demos
+    with errors_as_lines():
+        session = open_session(cfg)
+        made, stats = asyncio.run(make_demos(session.env, session.renderer, s.num_demos, seed=cfg.run.seed,
+                                             direct_share=s.direct_share,
+                                             limits=EpisodeLimits.from_config(cfg.rollout)))
+    if not made:
+        raise CLIError(f"the {cfg.rollout.env!r} solver solved none of {s.num_demos} tasks within the rollout limits")
+    write_demos(out, made)
+    print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
+    return 0
+
+
+def sft(args: argparse.Namespace) -> int:
+    cfg = config(args)
+    from agent_rl.sft import sft as run_sft
+
+    with errors_as_lines():
+        final = run_sft(cfg, resume=args.resume)
+    if args.plot:
+        from agent_rl.runs.plot import plot_run
+
+        plot_run(cfg.sft.run_dir)
+    print(_rounded(final))
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from agent_rl.core.files import write_json
+    from agent_rl.evaluate import evaluate as run_eval
+    from agent_rl.evaluate import format_report, resolve_adapter
+    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.runs.display import format_trajectory
+    from agent_rl.session import open_session
+
+    extra = [f"eval.samples={args.n}"] * (args.n is not None) + [f"eval.tasks={args.tasks}"] * (args.tasks is not None)
+    cfg = config(args, extra)
+    adapters = args.adapter or ["base"]
+    if len(set(adapters)) != len(adapters):
+        raise CLIError(f"--adapter given twice: {adapters}", EXIT_BAD_INPUT)
+    groups: dict[str, Any] = {}
+    with errors_as_lines():
+        for a in adapters:
+            resolve_adapter(a)
+        session = open_session(cfg)
+        announce_server(cfg)
+        with serve_or_attach(cfg, session.model_dir) as urls:
+            report = asyncio.run(run_eval(session, adapters, urls, groups))
+    for label, gs in groups.items():
+        for g in gs[: args.show]:
+            print(format_trajectory(g.trajectories[0], session.renderer, f"{label}: {g.task_id}",
+                                    sys.stdout.isatty()), "\n")
+    if args.out:
+        write_json(args.out, report)
+    print(format_report(report))
+    print(json.dumps(report))
+    failed = sum(r["infra_error_rate"] > 0 for r in report["results"].values())
+    if failed:
+        raise CLIError(f"{failed} evaluation(s) had infrastructure errors: see infra_error_rate")
+    return 0
+
+
+def play(args: argparse.Namespace) -> int:
+    from agent_rl.play import play as play_episode
+    from agent_rl.play import summary
+    from agent_rl.session import open_session
+
+    cfg = config(argparse.Namespace(config=None, set=[f"model.name={args.model}", f"rollout.env={args.env}"]))
+    with errors_as_lines():
+        session = open_session(cfg)
+        tasks = session.env.load_tasks(args.task + 1, seed=args.seed, split=args.split)
+    task = tasks[args.task]
+    if sys.stdin.isatty():
+        print("Type the assistant's reply; end it with a line holding only '.'. "
+              "Shortcuts: /call NAME {json arguments}, /quit.", file=sys.stderr)
+    traj = asyncio.run(play_episode(session.env, task, session.renderer, sys.stdin,
+                                    lambda text: print(text, end="", flush=True)))
+    print()
+    print(json.dumps(summary(traj)))
+    return 0 if not traj.infra_error else EXIT_FAILED
+
+
+def plot(args: argparse.Namespace) -> int:
+    from agent_rl.runs.plot import plot_run
+
+    try:
+        paths = plot_run(args.run_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise CLIError(str(e), EXIT_BAD_INPUT) from None
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def sandbox_exec(args: argparse.Namespace) -> int:
+    from tools.sandbox import exec_cli
+
+    return exec_cli(args.file, args.backend)
+
+
+def kg_serve(args: argparse.Namespace) -> int:
+    from tools.kg_service import kg_serve_cli
+
+    return kg_serve_cli(args.host, args.port, args.db)
+
+
+def search_query(args: argparse.Namespace) -> int:
+    from tools.search import search_cli
+
+    return search_cli(" ".join(args.text), args.k, args.index)

@@ -1,0 +1,76 @@
+"""The environment protocol: what the rollout runner talks to.
+
+Owns: `Env` (a small, async, message-level, single-use episode of one task) and `StepResult`.
+Does not own: tokens (the runner and the renderer handle those), tool dispatch (`envs.base.ToolEnv`,
+the base class of tool-using environments), sampling, or reward weighting (`rewards.rubric`).
+
+An episode, as the runner plays it:
+
+    async with make_env(task) as env:             # the env owns its resources (sandboxes, clients)
+        messages = await env.initial_messages()   # system + user
+        while True:
+            reply = <the policy samples; the renderer parses it into an assistant Message>
+            result = await env.step(reply, turn)  # tool results / follow-ups, done?
+            if result.done: break
+        reward = await env.reward(all_messages)   # a float, or a Reward with named parts
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the environment says after one assistant turn."""
+
+    messages: tuple[Message, ...] = ()  # user or tool messages to append
+    done: bool = False
+    stop_reason: StopReason = StopReason.ENV_DONE  # read only when done
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+
+
+class Env(abc.ABC):
+    """One episode of one task. Use it once, inside `async with`.
+
+    `tools` are objects with a `.schema` (an OpenAI-style function schema, rendered into the
+    prompt); `envs.base.ToolEnv` fills them from typed Python functions.
+    """
+
+    tools: Sequence[Any] = ()
+
+    async def __aenter__(self) -> "Env":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release what the environment owns (sandboxes, HTTP sessions)."""
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools]
+
+    @abc.abstractmethod
+    async def initial_messages(self) -> list[Message]:
+        """The opening conversation: an optional system message, then the user's task."""
+
+    @abc.abstractmethod
+    async def step(self, reply: Message, turn: int) -> StepResult:
+        """React to the policy's assistant message (exact text in `content`, parsed `tool_calls`)."""
+
+    @abc.abstractmethod
+    async def reward(self, messages: Sequence[Message]) -> float | Reward:
+        """Score the finished conversation: a float, or a `Reward` with its named parts."""
+
+
+def as_reward(value: float | Reward) -> Reward:
+    """What `Env.reward` returned, as a `Reward` (a bare number has no parts)."""
+    if isinstance(value, Reward):
+        return Reward(float(value.value), {k: float(v) for k, v in value.parts.items()})
+    return Reward(float(value))

@@ -1,0 +1,92 @@
+"""The chat-format interface: one renderer per model family renders *and* parses.
+
+Owns: `Renderer`, the base every family's renderer implements (render a conversation with tool
+schemas; the token delta appended after a sampled turn; parse sampled ids into an assistant
+`Message` with its tool calls and parse errors; stop tokens; how a reply with tool calls is
+written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
+never forge a turn boundary).
+Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
+deciding what the messages are (`envs`), sampling, or the token buffer of an episode
+(`rollout.runner`).
+
+The contract the runner relies on: after a sampled assistant turn, `continuation(messages)` is
+appended to the token buffer; for canonically tokenised replies, initial prompt + samples +
+continuations == `render(all messages)` (each family's tests check it). The sampled ids themselves
+are never re-rendered.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Sequence
+
+from agent_rl.core.types import Message, ToolCall
+
+
+class Renderer(abc.ABC):
+    """Renders conversations to token ids and parses sampled ids back into messages."""
+
+    name: str = ""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    # -- tokens ----------------------------------------------------------------------------------
+    def special_id(self, token: str) -> int:
+        """The id of a special token, or ValueError naming the token this format needs."""
+        ids = self.tokenizer.convert_tokens_to_ids([token])
+        if not ids or ids[0] is None or ids[0] == self.tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer has no {token} token: the {self.name} chat format needs it")
+        return int(ids[0])
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids; special-token strings inside `text` stay plain text."""
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def render_text(self, ids: Sequence[int]) -> str:
+        """Any ids, special tokens shown, for humans and debugging."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id or 0
+
+    @property
+    @abc.abstractmethod
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end an assistant turn (the sampler stops on them and keeps them)."""
+
+    # -- conversations ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+               add_generation_prompt: bool = True) -> list[int]:
+        """A whole conversation (the first message may be the system prompt) with tool schemas."""
+
+    @abc.abstractmethod
+    def continuation(self, messages: Sequence[Message], after_stop: bool = True) -> list[int]:
+        """Ids to append after a sampled assistant turn: close it, add `messages` (user or tool),
+        prompt the assistant again. `after_stop` is False when the turn ended without a stop token."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Sampled ids to the text of the turn (a trailing stop token dropped)."""
+
+    @abc.abstractmethod
+    def parse_tool_calls(self, text: str) -> list[ToolCall]:
+        """Every tool call attempted in a turn's text, in order, malformed ones with their `error`."""
+
+    @abc.abstractmethod
+    def format_reply(self, content: str, tool_calls: Sequence[ToolCall] = ()) -> str:
+        """The text of an assistant turn saying `content` and then making `tool_calls`, written the
+        way this family writes them (demonstrations, scripted solvers, a person playing)."""
+
+    def parse(self, ids: Sequence[int]) -> Message:
+        """A sampled assistant turn as a message: its exact text and the tool calls parsed from it."""
+        text = self.decode(ids)
+        return Message("assistant", text, tool_calls=tuple(self.parse_tool_calls(text)))
+
+    def reply_ids(self, reply: Message) -> list[int]:
+        """A hand-written reply as the ids a policy would sample for it, stop token included."""
+        return [*self.encode(self.format_reply(reply.content, reply.tool_calls)), self.stop_token_ids[0]]

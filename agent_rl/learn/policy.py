@@ -1,0 +1,83 @@
+"""The trained policy: a Hugging Face causal LM with a LoRA adapter or fully trainable, and its optimizer.
+
+Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
+`enable_full_finetune`), and `build_policy` (model, AdamW and the warm-up schedule from a config,
+starting from a fresh adapter, a saved one, or every weight).
+Does not own: log-probs (`learn.logprobs`), the loss and the optimizer step (`learn.update`), saving
+or syncing weights (`rollout.weight_sync`, `runs.checkpoint`), resolving model specs (`learn.models`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+
+def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A causal LM from a local Hugging Face folder (`learn.models` resolves specs to one), frozen."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.requires_grad_(False)
+    return model
+
+
+def apply_lora(
+    model: PreTrainedModel,
+    rank: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: str | list[str] = "all-linear",
+) -> PeftModel:
+    """Wrap `model` with a fresh LoRA adapter; only the adapter's parameters are trainable.
+
+    "all-linear" targets every linear projection of the transformer blocks (attention and MLP)
+    and leaves the output layer alone, as peft defines it. The base weights are the reference
+    policy: `reference_logprobs` runs them with the adapter disabled. Dropout > 0 makes two
+    forward passes disagree; keep it 0 or compute no-grad log-probs in eval mode.
+    """
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def enable_full_finetune(model: PreTrainedModel) -> PreTrainedModel:
+    """Make every parameter trainable. A KL penalty then needs a separate frozen copy as the
+    reference (`token_logprobs` on it under no_grad); `reference_logprobs` is for LoRA only."""
+    model.requires_grad_(True)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+
+
+def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None):
+    """(model, AdamW optimizer, warm-up scheduler) as `model.*` and `optim.*` of a config say:
+    every weight trainable, a saved adapter (`init_adapter`) to continue, or a fresh LoRA.
+    `lr` overrides `optim.lr` (the SFT uses its own)."""
+    model = load_causal_lm(str(model_dir))
+    if model_cfg.full_finetune:
+        model = enable_full_finetune(model)
+    elif model_cfg.init_adapter:
+        model = PeftModel.from_pretrained(model, model_cfg.init_adapter, is_trainable=True)
+    else:
+        model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
+                           dropout=model_cfg.lora_dropout, target_modules=model_cfg.target_modules)
+    optim = optim_cfg
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
+                                  betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)
+    warmup = optim.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    return model, optimizer, scheduler

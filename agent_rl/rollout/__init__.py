@@ -1,0 +1,1 @@
+"""Playing episodes: the async runner, samplers, vLLM servers, weight sync."""

@@ -1,0 +1,170 @@
+"""The async rollout runner: play environments turn by turn and record token-exact trajectories.
+
+Owns: one episode (`run_episode`) and G episodes per task for a batch of tasks, concurrently under a
+cap (`rollout_groups`); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`); the
+stop rules (no tool call, env done, max turns, max total tokens, a turn cut by `length`); the
+per-request sampling seeds (`request_seed`) and the episode limits (`EpisodeLimits`).
+Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
+rewards beyond asking the env.
+
+Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR and
+the message in `Trajectory.error`; the other episodes go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from agent_rl.core.env import Env, as_reward
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
+from agent_rl.rollout.sampler import Sampler, SamplingParams
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    max_tokens_per_turn: int = 256
+    max_total_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    env_timeout_s: float = 120.0  # deadline for any single environment call
+    seed: int | None = None  # base of per-request sampling seeds: same seed, same rollouts
+
+    @classmethod
+    def from_config(cls, rollout: Any, temperature: float = 1.0, top_p: float = 1.0,
+                    seed: int | None = None) -> EpisodeLimits:
+        """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
+        return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
+                   max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+
+def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
+    """A stable 31-bit seed per (base, task, rollout, turn): Python's hash() is salted per process."""
+    digest = hashlib.blake2b(f"{base}|{task_id}|{rollout_index}|{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+@dataclass
+class TokenBuffer:
+    """The episode's ids, loss mask and log-probs, aligned one to one; it only ever grows, so every
+    prompt extends the previous prompt plus its samples."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+
+
+@dataclass
+class _Episode:
+    """What one episode accumulates while it is played."""
+
+    buffer: TokenBuffer = field(default_factory=TokenBuffer)
+    turns: list[Turn] = field(default_factory=list)
+    records: list[ToolCallRecord] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    stop: StopReason = StopReason.MAX_TURNS
+    prompt_len: int = 0
+
+
+async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
+                      ep: _Episode, task_id: str, rollout_index: int) -> None:
+    """Sample and step until a stop rule fires; fills `ep`. Raises on sampler or env failures."""
+    buf = ep.buffer
+    for turn in range(limits.max_turns):
+        budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - len(buf.ids))
+        if budget <= 0:
+            ep.stop = StopReason.MAX_TOKENS
+            return
+        seed = None if limits.seed is None else request_seed(limits.seed, task_id, rollout_index, turn)
+        params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
+                                stop_token_ids=tuple(renderer.stop_token_ids), seed=seed)
+        # the vLLM sampler also checks that the server echoed these ids unchanged
+        out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+        start = len(buf.ids)
+        buf.add_sampled(out.token_ids, out.logprobs)
+        ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version))
+        reply = renderer.parse(out.token_ids)
+        ep.messages.append(reply)
+        if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
+            ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
+            return
+        result = await asyncio.wait_for(env.step(reply, turn), limits.env_timeout_s)
+        ep.records.extend(result.tool_calls)
+        if result.done:
+            ep.stop = result.stop_reason
+            return
+        if turn == limits.max_turns - 1:
+            return  # MAX_TURNS
+        ep.messages.extend(result.messages)
+        ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
+        buf.add_context(renderer.continuation(result.messages, after_stop=ended))
+
+
+async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
+                      task_id: str = "", rollout_index: int = 0) -> Trajectory:
+    """Play one episode in an entered env. Never raises for sampler or env failures."""
+    ep = _Episode()
+    error, reward, reward_s = None, Reward(0.0), 0.0
+    try:
+        ep.messages = list(await asyncio.wait_for(env.initial_messages(), limits.env_timeout_s))
+        ep.buffer.add_context(renderer.render(ep.messages, env.tool_schemas))
+        ep.prompt_len = len(ep.buffer.ids)
+        await _play_turns(env, sampler, renderer, limits, ep, task_id, rollout_index)
+        t_reward = time.perf_counter()
+        reward = as_reward(await asyncio.wait_for(env.reward(ep.messages), limits.env_timeout_s))
+        reward_s = time.perf_counter() - t_reward
+    except Exception as e:  # infrastructure: sampler down, env bug, deadline
+        ep.stop, error = StopReason.ERROR, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        reward = Reward(0.0)
+    versions = [t.policy_version for t in ep.turns]
+    buf = ep.buffer
+    return Trajectory(
+        task_id=task_id, token_ids=tuple(buf.ids), loss_mask=tuple(buf.mask), logprobs=tuple(buf.logprobs),
+        prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
+        tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
+        error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
+    )
+
+
+async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
+                         sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
+                         group_size: int, max_concurrent: int = 64) -> list[TrajectoryGroup]:
+    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive."""
+    gate = asyncio.Semaphore(max_concurrent)
+
+    async def one(task: dict[str, Any], index: int) -> Trajectory:
+        task_id = str(task.get("id", ""))
+        async with gate:
+            try:
+                env = make_env(task)
+                async with env:
+                    return await run_episode(env, sampler, renderer, limits, task_id, index)
+            except Exception as e:  # the env could not even be built or entered
+                return _failed(task_id, f"environment could not start: {type(e).__name__}: {e}",
+                               sampler.policy_version)
+
+    per_task = [[one(task, j) for j in range(group_size)] for task in tasks]
+    flat = await asyncio.gather(*(c for group in per_task for c in group))
+    return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
+            for i, task in enumerate(tasks)]
+
+
+def _failed(task_id: str, error: str, version: int) -> Trajectory:
+    return Trajectory(task_id=task_id, token_ids=(), loss_mask=(), logprobs=(), prompt_len=0, turns=(),
+                      messages=(), tool_calls=(), stop_reason=StopReason.ERROR, error=error,
+                      policy_version=version)

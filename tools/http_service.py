@@ -1,0 +1,111 @@
+"""The plumbing every small HTTP service here shares: request parameters, JSON errors, start and stop.
+
+Owns: `RequestError` (a 4xx/5xx with a message written for the caller), `request_params` (validated
+GET query or POST JSON parameters), `json_errors` (middleware: a deadline on every request, every
+failure as `{"error": ...}`), `Service` (a running app's URL and its clean close) and `serve`.
+Does not own: any endpoint (`tools.kg_service`, `tools.search_service`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Callable
+
+from aiohttp import web
+
+
+class RequestError(Exception):
+    """A request a service cannot answer; `status` is the HTTP status, `message` says how to recover."""
+
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+async def request_params(request: web.Request, endpoint: str, spec: dict[str, tuple[type, bool]], *,
+                         max_chars: int = 200, max_int: int = 100) -> dict[str, Any]:
+    """Validated parameters from the query string (GET) or a JSON object body (POST); 400 with a reason."""
+    if request.method == "POST":
+        try:
+            raw = await request.json()
+        except ValueError:
+            raise RequestError(400, f"/{endpoint}: the body is not valid JSON") from None
+        if not isinstance(raw, dict):
+            raise RequestError(400, f"/{endpoint}: the body must be a JSON object, got {type(raw).__name__}")
+    else:
+        raw = dict(request.query)
+    expected = ", ".join(f"{p}{'' if req else '?'}" for p, (_, req) in spec.items())
+    if unknown := sorted(set(raw) - set(spec)):
+        raise RequestError(400, f"/{endpoint}: unknown parameter {unknown[0]!r}; expected: {expected}")
+    out: dict[str, Any] = {}
+    for name, (kind, required) in spec.items():
+        value = raw.get(name)
+        if value is None or value == "":
+            if required:
+                raise RequestError(400, f"/{endpoint}: missing parameter {name!r}; expected: {expected}")
+            continue
+        if kind is int and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            value = int(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise RequestError(400, f"/{endpoint}: parameter {name!r} must be {kind.__name__}, got {value!r}"[:300])
+        if kind is str and len(value) > max_chars:
+            raise RequestError(400, f"/{endpoint}: parameter {name!r} is longer than {max_chars} characters")
+        if kind is int and not 1 <= value <= max_int:
+            raise RequestError(400, f"/{endpoint}: parameter {name!r} must be from 1 to {max_int}, got {value}")
+        out[name] = value
+    return out
+
+
+def json_errors(endpoints: str, deadline_s: float = 10.0) -> Callable:
+    """Middleware: a deadline on every request; every failure leaves as `{"error": ...}` JSON, 4xx/5xx."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await handler(request)
+        except RequestError as e:
+            return web.json_response({"error": e.message, **e.extra}, status=e.status)
+        except web.HTTPNotFound:
+            return web.json_response({"error": f"unknown endpoint {request.path}; endpoints: {endpoints}"}, status=404)
+        except web.HTTPMethodNotAllowed:
+            msg = f"method {request.method} not allowed on {request.path}; use GET or POST"
+            return web.json_response({"error": msg}, status=405)
+        except web.HTTPException as e:
+            return web.json_response({"error": f"{e.status} {e.reason}: {e.text or ''}".strip()}, status=e.status)
+        except (asyncio.TimeoutError, TimeoutError):
+            return web.json_response({"error": f"{request.path} took longer than {deadline_s:g} s"}, status=503)
+
+    return middleware
+
+
+class Service:
+    """A running aiohttp app on a TCP port: `.url`, `await close()`, or `async with`."""
+
+    def __init__(self, runner: web.AppRunner, url: str, on_close: Callable[[], None]):
+        self.runner, self.url, self._on_close = runner, url, on_close
+
+    async def close(self) -> None:
+        await asyncio.wait_for(self.runner.cleanup(), 30)
+        self._on_close()
+
+    async def __aenter__(self) -> Service:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def serve(app: web.Application, host: str, port: int, on_close: Callable[[], None]) -> Service:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    await asyncio.wait_for(runner.setup(), 30)
+    try:
+        await asyncio.wait_for(web.TCPSite(runner, host, port).start(), 30)
+    except BaseException:
+        await asyncio.wait_for(runner.cleanup(), 30)
+        on_close()
+        raise
+    bound_host, bound_port = runner.addresses[0][:2]
+    host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return Service(runner, f"http://{host}:{bound_port}", on_close)
