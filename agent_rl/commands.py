@@ -147,7 +147,7 @@ def sft(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
     from agent_rl.evaluate import evaluate as run_eval
-    from agent_rl.evaluate import format_report, resolve_adapter
+    from agent_rl.evaluate import format_report, resolve_policy
     from agent_rl.rollout.server import serve_or_attach
     from agent_rl.runs.display import format_trajectory
     from agent_rl.session import open_session
@@ -160,11 +160,13 @@ def evaluate(args: argparse.Namespace) -> int:
     groups: dict[str, Any] = {}
     with errors_as_lines():
         for a in adapters:
-            resolve_adapter(a)
+            resolve_policy(a)
         session = open_session(cfg)
         announce_server(cfg)
-        with serve_or_attach(cfg, session.model_dir) as urls:
-            report = asyncio.run(run_eval(session, adapters, urls, groups))
+        def serve(model_dir):  # saved full weights have no tokenizer files: the base model's
+            return serve_or_attach(cfg, model_dir, tokenizer=None if model_dir == session.model_dir else session.model_dir)
+
+        report = asyncio.run(run_eval(session, adapters, serve, groups))
     for label, gs in groups.items():
         for g in gs[: args.show]:
             print(format_trajectory(g.trajectories[0], session.renderer, f"{label}: {g.task_id}",

@@ -1,7 +1,8 @@
 """Held-out evaluation: accuracy, pass@k and tool use of one or more policies on the same tasks.
 
 Owns: `eval_report` (a pure function from rollout groups to figures), `pass_at_k` (the unbiased
-estimator of Chen et al. 2021), `resolve_adapter` (what a user may point `--adapter` at), and
+estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
+model, a LoRA adapter, or the full weights of a full fine-tune), and
 `evaluate` (serve each adapter, play the held-out tasks, report; two adapters side by side) and
 `format_report` (the figures side by side as a table).
 Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
@@ -16,9 +17,10 @@ import math
 import os
 import secrets
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
@@ -68,22 +70,39 @@ def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.
     return {**report, **metrics}
 
 
-def resolve_adapter(spec: str) -> Path | None:
-    """`base` (no adapter), a peft adapter folder, or a run folder: its `adapter/` (written at the end
-    of `agent-rl sft` and `agent-rl train`), else its newest `adapters/v*`."""
+@dataclass(frozen=True)
+class PolicySpec:
+    """What `--adapter` named: the base model, a LoRA adapter folder, or a folder of full weights."""
+
+    label: str
+    kind: str  # "base", "adapter" or "weights"
+    path: Path | None = None
+
+
+def _newest(path: Path, pattern: str, marker: str) -> Path | None:
+    versions = sorted((int(p.name[1:]), p) for p in path.glob(pattern) if p.name[1:].isdigit() and (p / marker).is_file())
+    return versions[-1][1] if versions else None
+
+
+def resolve_policy(spec: str) -> PolicySpec:
+    """`base`; a peft adapter folder, or a run folder's `adapter/` (written at the end of `agent-rl sft`
+    and `agent-rl train`), else its newest `adapters/v*`; a model folder of full weights (config.json),
+    or a full fine-tune run's newest `weights/v*`."""
     if spec == BASE:
-        return None
+        return PolicySpec(spec, "base")
     path = Path(spec)
-    if (path / "adapter_config.json").is_file():
-        return path
-    if (path / "adapter" / "adapter_config.json").is_file():
-        return path / "adapter"
-    versions = sorted((int(p.name[1:]), p) for p in path.glob("adapters/v*")
-                      if p.name[1:].isdigit() and (p / "adapter_config.json").is_file())
-    if versions:
-        return versions[-1][1]
-    raise ValueError(f"adapter {spec!r}: not a peft adapter folder (no adapter_config.json) nor a run folder "
-                     f"with adapter/ or adapters/v*; use 'base' for the model without an adapter")
+    for folder in (path, path / "adapter"):
+        if (folder / "adapter_config.json").is_file():
+            return PolicySpec(spec, "adapter", folder)
+    if (newest := _newest(path, "adapters/v*", "adapter_config.json")) is not None:
+        return PolicySpec(spec, "adapter", newest)
+    if (path / "config.json").is_file():
+        return PolicySpec(spec, "weights", path)
+    if (newest := _newest(path, "weights/v*", "config.json")) is not None:
+        return PolicySpec(spec, "weights", newest)
+    raise ValueError(f"adapter {spec!r}: not a peft adapter folder (no adapter_config.json), a model folder "
+                     f"(config.json), nor a run folder with adapter/, adapters/v* or weights/v*; use 'base' "
+                     f"for the model without an adapter")
 
 
 def compare(reports: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -92,30 +111,49 @@ def compare(reports: dict[str, dict[str, float]]) -> dict[str, float]:
     return {k: b[k] - a[k] for k in a if k in b}
 
 
-async def evaluate(session: Session, adapters: Sequence[str], urls: Sequence[str],
-                   groups_out: dict | None = None) -> dict[str, Any]:
-    """Evaluate each adapter spec on `cfg.eval` held-out tasks against running servers `urls`.
+async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequence[str], adapter: Path | None,
+                tmp: Path) -> list[TrajectoryGroup]:
+    """The held-out tasks on servers `urls`, with `adapter` loaded under a name unique to this process
+    (a shared server may hold others), or with the served weights as they are."""
+    cfg = session.cfg
+    async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
+        if adapter is not None:
+            await AdapterSync(tmp, sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}").load_initial(adapter)
+        return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits,
+                                    cfg.eval.samples, cfg.rollout.max_concurrent)
 
-    Returns {"eval": settings, "results": {adapter: figures}, "delta": second - first (two adapters)}.
-    `groups_out`, when given, receives each adapter's rollout groups (for printing transcripts).
+
+async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path], Any],
+                   groups_out: dict | None = None) -> dict[str, Any]:
+    """Evaluate each policy spec (`resolve_policy`) on `cfg.eval` held-out tasks.
+
+    `serve(model_dir)` is a context manager giving server URLs for a model folder
+    (`rollout.server.serve_or_attach`): the base model and its adapters share one; full weights get
+    their own. Returns {"eval": settings, "results": {spec: figures}, "delta": second - first (two)}.
+    `groups_out`, when given, receives each policy's rollout groups (for printing transcripts).
     """
-    cfg, spec, renderer = session.cfg, session.env, session.renderer
+    cfg = session.cfg
     settings, rollout = cfg.eval, cfg.rollout
-    paths = {a: resolve_adapter(a) for a in adapters}  # every bad path fails before any sampling
-    tasks = spec.load_tasks(settings.tasks, seed=settings.seed, split=settings.split)
+    policies = [resolve_policy(s) for s in specs]  # every bad path fails before any sampling
+    if any(p.kind == "weights" for p in policies) and cfg.sampler.server_urls:
+        raise ValueError("sampler.server_urls: full weights are evaluated on a server started on them; "
+                         "drop the attached servers (got " + ", ".join(cfg.sampler.server_urls) + ")")
+    tasks = session.env.load_tasks(settings.tasks, seed=settings.seed, split=settings.split)
     limits = EpisodeLimits.from_config(rollout, settings.temperature, seed=settings.seed)
-    results: dict[str, dict[str, float]] = {}
+    groups: dict[str, list[TrajectoryGroup]] = {}
     with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
-        for i, (label, path) in enumerate(paths.items()):
-            async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
-                if path is not None:  # a name unique to this process: a shared server may hold others
-                    sync = AdapterSync(Path(tmp) / str(i), sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}")
-                    await sync.load_initial(path)
-                groups = await rollout_groups(tasks, spec.make_env, sampler, renderer, limits, settings.samples,
-                                              rollout.max_concurrent)
-            if groups_out is not None:
-                groups_out[label] = groups
-            results[label] = eval_report(groups, settings.success_threshold)
+        shared = [p for p in policies if p.kind != "weights"]
+        if shared:
+            with serve(session.model_dir) as urls:
+                for i, p in enumerate(shared):
+                    groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
+        for p in policies:
+            if p.kind == "weights":
+                with serve(p.path) as urls:
+                    groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
+    if groups_out is not None:
+        groups_out.update({p.label: groups[p.label] for p in policies})
+    results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}
     out: dict[str, Any] = {"eval": {"env": rollout.env, "model": cfg.model.name, **settings.model_dump()},
                            "results": results}
     if len(results) >= 2:

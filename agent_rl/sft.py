@@ -65,7 +65,8 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     torch.manual_seed(cfg.run.seed)
     model_dir = resolve_model(cfg.model.name)
     pad_id = load_renderer(model_dir).pad_token_id
-    model, optimizer, scheduler = build_policy(cfg.model, optim, model_dir, lr=sft_cfg.lr)
+    policy = build_policy(cfg.model, optim, model_dir, lr=sft_cfg.lr)
+    model, optimizer, scheduler = policy.model, policy.optimizer, policy.scheduler
     # the schedule of batches is a pure function of the seed: a resumed run skips the steps done
     order = random.Random(cfg.run.seed)
     batches = []

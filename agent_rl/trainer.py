@@ -36,7 +36,7 @@ from agent_rl.learn.advantages import (
     rloo_advantages,
 )
 from agent_rl.learn.batching import collate
-from agent_rl.learn.policy import build_policy
+from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.weight_sync import weight_sync_for
@@ -93,21 +93,19 @@ class Stages:
 
     sample: Callable[..., Any] = sample_step  # async (stream, cfg, session, sampler, limits, step) -> (groups, metrics)
     advantages: Callable[..., GroupAdvantages] = group_advantages  # (groups, advantage_fn, truncated_reward)
-    # (model, optimizer, batch, algo, optim, temperature, stale) -> update statistics
+    # (policy, batch, algo, optim, temperature, stale, seed) -> update statistics
     update: Callable[..., dict[str, float]] = policy_update
     sync: Callable[..., Any] = weight_sync_for  # (full_finetune, run_dir, sampler) -> .push(model, version)
 
 
 @dataclass
 class Run:
-    """What the loop reads: the config, the session, the policy and its optimizer, the task stream."""
+    """What the loop reads: the config, the session, the policy (model, optimizer, reference), the tasks."""
 
     cfg: TrainConfig
     run_dir: Path
     session: Session
-    model: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
+    policy: Policy
     stream: TaskStream
     limits: EpisodeLimits
     start: int = 0  # steps already done (resumed)
@@ -125,10 +123,11 @@ def prepare(cfg: TrainConfig, resume: bool = False) -> Run:
     rollout = cfg.rollout
     pool = session.env.load_tasks(rollout.tasks_per_step * cfg.run.steps * (1 + cfg.algorithm.max_resample_batches),
                                   seed=cfg.run.seed, split="train")
-    model, optimizer, scheduler = build_policy(cfg.model, cfg.optim, session.model_dir)
+    # the KL reference is the starting policy: made before a checkpoint is loaded into the model
+    policy = build_policy(cfg.model, cfg.optim, session.model_dir, with_reference=cfg.algorithm.kl_beta > 0)
     limits = EpisodeLimits.from_config(rollout, cfg.sampler.temperature, cfg.sampler.top_p)
-    run = Run(cfg, run_dir, session, model, optimizer, scheduler, TaskStream(pool), limits)
-    if resume and (ck := load_checkpoint(run_dir, model, optimizer, scheduler)) is not None:
+    run = Run(cfg, run_dir, session, policy, TaskStream(pool), limits)
+    if resume and (ck := load_checkpoint(run_dir, policy.model, policy.optimizer, policy.scheduler)) is not None:
         run.start, run.stream.position = ck.step, ck.data_position
     return run
 
@@ -138,14 +137,14 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     run = prepare(cfg, resume)
     async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler:
         sync = stages.sync(cfg.model.full_finetune, run.run_dir, sampler)
-        await sync.push(run.model, run.start)  # the server samples with exactly the trainer's weights
+        await sync.push(run.policy.model, run.start)  # the server samples with exactly the trainer's weights
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=cfg.run.tensorboard,
                        wandb_project=cfg.run.wandb_project, start_step=run.start,
                        collapse_drop=cfg.run.collapse_drop, entropy_floor=cfg.run.entropy_floor) as log:
             log.truncate_after(run.start)
             final = await loop(run, sampler, sync, log, stages)
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
-        run.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
+        run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
     return final
 
 
@@ -158,6 +157,9 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         t_step = time.perf_counter()
         # 1. sample (overlapped: these rollouts started while the previous step trained)
         groups, metrics = await (pending or asyncio.create_task(sample(step)))
+        # where a resumed run restarts the task stream: before the next step's rollouts take any
+        # (overlapped, they start now; with dynamic sampling they may take more than tasks_per_step)
+        position = run.stream.position
         overlap = algo.overlap_rollouts and step + 1 < cfg.run.steps
         pending = asyncio.create_task(sample(step + 1)) if overlap else None
         trajs = [t for g in groups for t in g.trajectories]
@@ -168,22 +170,23 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         if adv.trajectories:
             # 4. batch, 5. loss + backward, 6. optimizer step (in a thread: overlapped rollouts go on)
             batch = collate(adv.trajectories, adv.advantages, run.session.renderer.pad_token_id)
-            metrics.update(await asyncio.to_thread(stages.update, run.model, run.optimizer, batch, algo, cfg.optim,
-                                                   cfg.sampler.temperature, algo.overlap_rollouts))
-            run.scheduler.step()
+            metrics.update(await asyncio.to_thread(stages.update, run.policy, batch, algo, cfg.optim,
+                                                   cfg.sampler.temperature, algo.overlap_rollouts,
+                                                   cfg.run.seed * 1_000_003 + step))
+            run.policy.scheduler.step()
         metrics["time/train_s"] = time.perf_counter() - t_train
         # 7. sync the new weights into every server (version = number of steps taken)
-        metrics["time/sync_s"] = await sync.push(run.model, step + 1)
+        metrics["time/sync_s"] = await sync.push(run.policy.model, step + 1)
         # 8. log and checkpoint
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
-        metrics["lr"] = run.scheduler.get_last_lr()[0]
+        metrics["lr"] = run.policy.scheduler.get_last_lr()[0]
+        metrics["data_position"] = float(position)
         final = log.log(step + 1, metrics)
         if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps:
-            # with overlap, the in-flight rollouts' tasks are re-drawn after a resume
-            position = run.stream.position - (cfg.rollout.tasks_per_step if pending else 0)
-            save_checkpoint(run.run_dir, step + 1, run.model, run.optimizer, run.scheduler, data_position=position,
-                            keep=cfg.run.keep_checkpoints)
+            policy = run.policy
+            save_checkpoint(run.run_dir, step + 1, policy.model, policy.optimizer, policy.scheduler,
+                            data_position=position, keep=cfg.run.keep_checkpoints)
     if pending:
         pending.cancel()
     return final

@@ -55,7 +55,8 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
     cfg = load_config(None, ["model.name=smollm2-135m"])
     model_dir = resolve_model(cfg.model.name)
     pad_id = load_renderer(model_dir).pad_token_id
-    model, optimizer, _ = build_policy(cfg.model, cfg.optim, model_dir)
+    policy = build_policy(cfg.model, cfg.optim, model_dir)
+    model, optimizer = policy.model, policy.optimizer
     demos = read_demos(demos_path)
     model.train()
     step_s, rss = [], []

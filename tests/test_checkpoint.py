@@ -16,7 +16,12 @@ from torch import nn
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
-from agent_rl.runs.checkpoint import CheckpointError, checkpoints_dir, load_checkpoint, save_checkpoint
+from agent_rl.runs.checkpoint import (
+    CheckpointError,
+    checkpoints_dir,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def lora_setup(tiny_dir, seed: int = 0):

@@ -9,7 +9,14 @@ import datasets
 import pytest
 
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.coding import GRADER_LIMITS, CodingEnv, check_row, humaneval_dataset, load_tasks, solve
+from envs.coding import (
+    GRADER_LIMITS,
+    CodingEnv,
+    check_row,
+    humaneval_dataset,
+    load_tasks,
+    solve,
+)
 from rewards.code import extract_code, run_hidden_tests, split_check
 from tools.sandbox import Limits, get_backend
 from tools.sandbox_bwrap import unavailable_reason

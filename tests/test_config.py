@@ -195,3 +195,37 @@ def test_frozen():
 def test_extra_forbidden_in_code():
     with pytest.raises(pydantic.ValidationError):
         AlgorithmConfig(kl_betta=0.1)
+
+
+def test_gspo_gets_its_paper_defaults_unless_set():
+    gspo = load_config(None, ["algorithm.loss=gspo"]).algorithm
+    assert (gspo.eps_low, gspo.eps_high, gspo.aggregation) == (3e-4, 4e-4, "sequence_mean")
+    mixed = load_config(None, ["algorithm.loss=gspo", "algorithm.eps_high=0.001", "algorithm.aggregation=token_mean"])
+    assert (mixed.algorithm.eps_low, mixed.algorithm.eps_high, mixed.algorithm.aggregation) == (3e-4, 1e-3, "token_mean")
+    ppo = load_config(None, []).algorithm
+    assert (ppo.eps_low, ppo.eps_high, ppo.aggregation, ppo.epochs, ppo.mini_batches) == (0.2, 0.28, "token_mean", 1, 1)
+    # written out and read back, the resolved values stay
+    assert load_config_text(dump_config(load_config(None, ["algorithm.loss=gspo"]))).algorithm == gspo
+
+
+def load_config_text(text: str):
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    return load_config(f.name)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.mini_batches=65"], "config error: algorithm.mini_batches: must be <= the rollouts of a step"),
+    (["algorithm.dynamic_sampling=true", "algorithm.max_resample_batches=0"],
+     "config error: algorithm.max_resample_batches: must be >= 1 with dynamic_sampling"),
+    (["model.full_finetune=true", "model.init_adapter=runs/sft/adapter"],
+     "config error: model.init_adapter: a LoRA adapter cannot start a full fine-tune"),
+    (["model.lora_dropout=0.1", "algorithm.mini_batches=2"],
+     "config error: model.lora_dropout: must be 0 with several optimizer steps per batch"),
+])
+def test_settings_that_cannot_work_together_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -12,7 +13,14 @@ import pytest
 from agent_rl.cli import main
 from agent_rl.core.config import load_config
 from agent_rl.core.registry import load_env
-from agent_rl.evaluate import eval_report, evaluate, format_report, pass_at_k, resolve_adapter
+from agent_rl.evaluate import (
+    PolicySpec,
+    eval_report,
+    evaluate,
+    format_report,
+    pass_at_k,
+    resolve_policy,
+)
 from agent_rl.play import play, read_reply, summary
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.session import open_session
@@ -61,18 +69,25 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
     assert r["turns_mean"] == (2 * 2 + 1 + 1 + 2 * 4) / 8 and r["infra_error_rate"] == 0.0
 
 
-def test_resolve_adapter(tmp_path):
-    assert resolve_adapter("base") is None
+def test_resolve_policy(tmp_path):
+    assert resolve_policy("base") == PolicySpec("base", "base")
     run = tmp_path / "run"
     for v in (3, 10):
         (run / "adapters" / f"v{v}").mkdir(parents=True)
         (run / "adapters" / f"v{v}" / "adapter_config.json").write_text("{}")
-    assert resolve_adapter(str(run)) == run / "adapters" / "v10"
+    assert resolve_policy(str(run)) == PolicySpec(str(run), "adapter", run / "adapters" / "v10")
     (run / "adapter").mkdir()
     (run / "adapter" / "adapter_config.json").write_text("{}")
-    assert resolve_adapter(str(run)) == run / "adapter"
+    assert resolve_policy(str(run)).path == run / "adapter"
+    # a full fine-tune run keeps its newest weights under weights/v*; a model folder is full weights too
+    full = tmp_path / "full"
+    for v in (4, 6):
+        (full / "weights" / f"v{v}").mkdir(parents=True)
+        (full / "weights" / f"v{v}" / "config.json").write_text("{}")
+    assert resolve_policy(str(full)) == PolicySpec(str(full), "weights", full / "weights" / "v6")
+    assert resolve_policy(str(full / "weights" / "v4")).kind == "weights"
     with pytest.raises(ValueError, match="adapter '/nope': not a peft adapter folder"):
-        resolve_adapter("/nope")
+        resolve_policy("/nope")
 
 
 def test_report_table_side_by_side():
@@ -88,8 +103,9 @@ def test_report_table_side_by_side():
 def test_eval_cli_bad_adapter_is_one_line(capsys):
     assert main(["eval", "--adapter", "/no/adapter"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: adapter '/no/adapter': not a peft adapter folder (no adapter_config.json) nor a run "
-                   "folder with adapter/ or adapters/v*; use 'base' for the model without an adapter"]
+    assert err == ["error: adapter '/no/adapter': not a peft adapter folder (no adapter_config.json), a model "
+                   "folder (config.json), nor a run folder with adapter/, adapters/v* or weights/v*; use 'base' "
+                   "for the model without an adapter"]
 
 
 @pytest.mark.integration
@@ -103,7 +119,8 @@ async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir
                              "rollout.max_tokens_per_turn=24", "rollout.max_total_tokens=128",
                              "eval.tasks=3", "eval.samples=2"])
     groups: dict = {}
-    report = await evaluate(open_session(cfg), ["base", str(tmp_path / "fresh")], [vllm_server.url], groups)
+    served = contextlib.nullcontext([vllm_server.url])
+    report = await evaluate(open_session(cfg), ["base", str(tmp_path / "fresh")], lambda _: served, groups)
     base, fresh = report["results"]["base"], report["results"][str(tmp_path / "fresh")]
     assert base["rollouts"] == 6 and base["infra_error_rate"] == 0.0
     assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
@@ -146,3 +163,33 @@ def test_play_cli_driven_by_stdin():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["reward"] == 1.0 and out["tool_calls"] == [] and out["task_id"] == task["id"]
     assert task["question"] in proc.stdout
+
+
+@pytest.mark.integration
+async def test_eval_of_full_weights_serves_them(vllm_server, tiny_dir, tmp_path):
+    """A full fine-tune's weights (saved without a tokenizer, as FullWeightSync saves them) are served by a
+    server started on them: the same weights as the base model sample the very same tokens."""
+    from agent_rl.learn.policy import load_causal_lm
+    from agent_rl.rollout.server import serve_or_attach
+
+    load_causal_lm(str(tiny_dir)).save_pretrained(tmp_path / "full" / "weights" / "v2")
+    cfg = load_config(None, [f"model.name={tiny_dir}", "rollout.env=toy", "rollout.max_turns=1",
+                             "rollout.max_tokens_per_turn=24", "rollout.max_total_tokens=128",
+                             "eval.tasks=3", "eval.samples=2", "sampler.kv_cache_gib=1", "sampler.max_model_len=512"])
+    session, started = open_session(cfg), []
+
+    def serve(model_dir):
+        if model_dir == session.model_dir:
+            return contextlib.nullcontext([vllm_server.url])  # the base model: the session's server
+        started.append(model_dir)
+        return serve_or_attach(cfg, model_dir, tokenizer=session.model_dir)
+
+    groups: dict = {}
+    report = await evaluate(session, ["base", str(tmp_path / "full")], serve, groups)
+    assert started == [tmp_path / "full" / "weights" / "v2"]
+    assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
+           [t.token_ids for g in groups[str(tmp_path / "full")] for t in g.trajectories]
+    assert report["results"]["base"]["rollouts"] == 6
+    with pytest.raises(ValueError, match="sampler.server_urls: full weights are evaluated on a server started"):
+        attached = load_config(None, [f"model.name={tiny_dir}", f"sampler.server_urls=[{vllm_server.url}]"])
+        await evaluate(open_session(attached), [str(tmp_path / "full")], serve)

@@ -15,11 +15,12 @@ import pytest
 
 from agent_rl import trainer
 from agent_rl.core.config import load_config
+from agent_rl.learn.advantages import group_advantages
 
 pytestmark = pytest.mark.integration
 
 
-def run(tmp_path, vllm_server, name: str, steps: int = 8) -> list[float]:
+def run(tmp_path, vllm_server, name: str, steps: int = 8, stages: trainer.Stages = trainer.Stages()) -> list[float]:
     cfg = load_config(None, [
         f"model.name={vllm_server.model_dir}", "model.lora_rank=8", "model.lora_alpha=16",
         f"sampler.server_urls=[{vllm_server.url}]", "sampler.max_model_len=2048",
@@ -28,19 +29,21 @@ def run(tmp_path, vllm_server, name: str, steps: int = 8) -> list[float]:
         "optim.lr=3e-3", "algorithm.tis_cap=null",
         f"run.steps={steps}", f"run.run_dir={tmp_path / name}", "run.save_every=100", "run.seed=1",
     ])
-    asyncio.run(trainer.train(cfg))
+    asyncio.run(trainer.train(cfg, stages=stages))
     lines = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, steps + 1))
     return [x["reward_mean"] for x in lines]
 
 
-def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, vllm_server, monkeypatch):
+def negated(groups, advantage_fn, truncated_reward):
+    return group_advantages(groups, lambda rewards: -advantage_fn(rewards), truncated_reward)
+
+
+def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, vllm_server):
     up = run(tmp_path, vllm_server, "up")
     first, last = sum(up[:2]) / 2, sum(up[-2:]) / 2
     assert last > first + 0.1, up
 
-    grpo = trainer.ADVANTAGES["grpo"]
-    monkeypatch.setitem(trainer.ADVANTAGES, "grpo", lambda r: -grpo(r))
-    down = run(tmp_path, vllm_server, "down")
+    down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated))
     first_d, last_d = sum(down[:2]) / 2, sum(down[-2:]) / 2
     assert last_d < first_d - 0.1, down

@@ -12,7 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rewards.answers import answer_span, correct_answer, is_number_list, math_answer, math_equal
+from rewards.answers import (
+    answer_span,
+    correct_answer,
+    is_number_list,
+    math_answer,
+    math_equal,
+)
 from rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
 from rewards.rubric import RewardError, RewardTerm, Rubric, final_reply
 

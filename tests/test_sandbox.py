@@ -19,7 +19,14 @@ import pytest
 
 from tools.base import Tool
 from tools.python_tool import PythonSessionTool, PythonTool
-from tools.sandbox import SANDBOX_ENV, ExecResult, Limits, exec_cli, format_result, get_backend
+from tools.sandbox import (
+    SANDBOX_ENV,
+    ExecResult,
+    Limits,
+    exec_cli,
+    format_result,
+    get_backend,
+)
 from tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
 from tools.sandbox_docker import DockerBackend, container_config
 from tools.sandbox_docker import unavailable_reason as docker_missing

@@ -7,7 +7,14 @@ import pytest
 
 from agent_rl.core.types import Message
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.search_qa import SearchQAEnv, load_tasks, make_env, qa_dataset, solve, split_of
+from envs.search_qa import (
+    SearchQAEnv,
+    load_tasks,
+    make_env,
+    qa_dataset,
+    solve,
+    split_of,
+)
 from rewards.qa import judge_answer, mentions, normalize
 from tools.countries import country_triples
 from tools.search import SearchIndex

@@ -102,3 +102,36 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     b = load_file(str(killed / "adapters" / "v4" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_resume_with_overlap_and_dynamic_sampling_restarts_at_the_exact_task(tmp_path, vllm_server, monkeypatch):
+    """Overlapped rollouts of step k+1 start while step k trains, and dynamic sampling lets them take
+    more tasks than tasks_per_step: the checkpoint must hold the position before they started, so a
+    resumed run draws exactly the tasks (and per-request seeds) the uninterrupted one drew."""
+    sets = {"rollout.env": "half_flat_env", "algorithm.overlap_rollouts": "true",
+            "algorithm.dynamic_sampling": "true", "algorithm.max_resample_batches": "1"}
+    straight = tmp_path / "straight"
+    asyncio.run(trainer.train(config(vllm_server, straight, steps=4, **sets)))
+
+    killed = tmp_path / "killed"
+    original = trainer.save_checkpoint
+
+    def save_then_die(run_dir, step, *args, **kwargs):
+        path = original(run_dir, step, *args, **kwargs)
+        if step == 2:
+            raise KeyboardInterrupt("killed after step 2")
+        return path
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **sets)))
+    monkeypatch.setattr(trainer, "save_checkpoint", original)
+    asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **sets), resume=True))
+
+    def positions(run_dir):
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(x["step"], x["data_position"], x["resample_batches"]) for x in lines]
+
+    # two tasks a step, one half of them flat: every step resamples one extra task
+    assert positions(straight) == [(1, 3.0, 1.0), (2, 6.0, 1.0), (3, 9.0, 1.0), (4, 12.0, 1.0)]
+    assert positions(killed) == positions(straight)

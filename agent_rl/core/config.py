@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -86,15 +93,28 @@ class RolloutConfig(_Section):
         return self.tasks_per_step * self.group_size
 
 
+# what `loss` implies for the fields a config leaves out: DAPO's clip-higher for PPO; the GSPO paper's
+# sequence-level ranges (a sequence ratio moves far less than a token ratio) and per-sequence mean
+LOSS_DEFAULTS = {"ppo": {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "token_mean"},
+                 "gspo": {"eps_low": 3e-4, "eps_high": 4e-4, "aggregation": "sequence_mean"}}
+
+
 class AlgorithmConfig(_Section):
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
         "grpo", description="advantage estimator: (r - mean) / std, r - mean, or leave-one-out")
     loss: Literal["ppo", "gspo"] = Field("ppo", description="token-ratio PPO clip, or GSPO's sequence ratio")
     aggregation: Literal["token_mean", "sequence_mean", "constant"] = Field(
-        "token_mean", description="loss reduction: per token of the step, per sequence, or / constant_norm_tokens")
-    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="clip the ratio below at 1 - eps_low")
-    eps_high: float = Field(0.28, ge=0.0, description="clip the ratio above at 1 + eps_high (DAPO clip-higher)")
-    kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL penalty to the base model; 0: no reference pass")
+        "token_mean", description="loss reduction: per token of the step, per sequence, or / constant_norm_tokens "
+                                  "(default: token_mean for ppo, sequence_mean for gspo)")
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0,
+                           description="clip the ratio below at 1 - eps_low (default 0.2 for ppo, 3e-4 for gspo)")
+    eps_high: float = Field(0.28, ge=0.0, description="clip the ratio above at 1 + eps_high (DAPO clip-higher; "
+                                                      "default 0.28 for ppo, 4e-4 for gspo)")
+    epochs: int = Field(1, ge=1, description="passes over each batch of rollouts")
+    mini_batches: int = Field(
+        1, ge=1, description="optimizer steps per pass: the batch is shuffled and split into this many; "
+                             "epochs x mini_batches > 1 makes the PPO ratio move (and clip)")
+    kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL penalty to the starting policy; 0: no reference")
     tis_cap: float | None = Field(
         2.0, gt=0.0, description="cap of truncated importance weights pi_trainer / pi_sampler; None: off")
     mismatch_bounds: tuple[float, float] | None = Field(
@@ -107,12 +127,26 @@ class AlgorithmConfig(_Section):
         False, description="sample step k+1 while training step k (rollouts one policy version stale)")
     constant_norm_tokens: int = Field(1024, ge=1, description="normaliser of the 'constant' aggregation (Dr. GRPO)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("loss", "ppo") in LOSS_DEFAULTS:
+            return {**LOSS_DEFAULTS[data.get("loss", "ppo")], **data}
+        return data
+
     @field_validator("mismatch_bounds")
     @classmethod
     def _bounds_around_one(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
         if v is not None and not 0.0 < v[0] <= 1.0 <= v[1]:
             raise ValueError(f"must satisfy 0 < low <= 1 <= high (got [{v[0]}, {v[1]}])")
         return v
+
+    @model_validator(mode="after")
+    def _resampling_needs_rounds(self) -> AlgorithmConfig:
+        if self.dynamic_sampling and self.max_resample_batches == 0:
+            raise ValueError("max_resample_batches: must be >= 1 with dynamic_sampling (got 0): "
+                             "there would be nothing to resample with")
+        return self
 
 
 class OptimConfig(_Section):
@@ -175,6 +209,21 @@ class TrainConfig(_Section):
         if self.rollout.max_total_tokens > self.sampler.max_model_len:
             raise ValueError(f"rollout.max_total_tokens: must be <= sampler.max_model_len "
                              f"({self.sampler.max_model_len}) (got {self.rollout.max_total_tokens})")
+        return self
+
+    @model_validator(mode="after")
+    def _settings_work_together(self) -> TrainConfig:
+        model, algo, rollouts = self.model, self.algorithm, self.rollout.rollouts_per_step
+        if model.full_finetune and model.init_adapter:
+            raise ValueError(f"model.init_adapter: a LoRA adapter cannot start a full fine-tune "
+                             f"(model.full_finetune is true) (got {model.init_adapter})")
+        if algo.mini_batches > rollouts:
+            raise ValueError(f"algorithm.mini_batches: must be <= the rollouts of a step, rollout.tasks_per_step "
+                             f"x rollout.group_size ({rollouts}) (got {algo.mini_batches})")
+        if model.lora_dropout > 0 and algo.epochs * algo.mini_batches > 1:
+            raise ValueError(f"model.lora_dropout: must be 0 with several optimizer steps per batch "
+                             f"(algorithm.epochs x mini_batches): the ratio to the old policy needs a "
+                             f"deterministic forward pass (got {model.lora_dropout})")
         return self
 
 

@@ -1,7 +1,9 @@
 """Trajectories plus advantages -> padded tensors, and the split into micro-batches.
 
-Owns: `Batch` (the tensors of one optimizer step or one micro-batch of it), `collate` and
-`micro_batches`, and the shift convention every `_B_T` tensor of the trainer follows.
+Owns: `Batch` (the tensors of a rollout batch, of one optimizer step of it, or of one micro-batch),
+`collate`, `split_steps` (a rollout batch into the mini-batches of several optimizer steps, each with
+its own normalisers), `micro_batches` (one step into memory-sized pieces that keep the step's
+normalisers), and the shift convention every `_B_T` tensor of the trainer follows.
 Does not own: which trajectories enter the batch (`learn.advantages`), log-probs (`learn.logprobs`),
 the loss (`learn.loss`).
 
@@ -45,6 +47,22 @@ class Batch:
     advantage_B: torch.Tensor  # float32
     step_num_tokens: int  # sampled tokens in the whole step
     step_num_sequences: int  # sequences of the whole step with at least one sampled token
+    index_B: torch.Tensor | None = None  # long: each row's position in the batch `collate` made
+    old_logp_B_T: torch.Tensor | None = None  # the trainer's log-probs under the policy that sampled
+    ref_logp_B_T: torch.Tensor | None = None  # the KL reference's log-probs (only when kl_beta > 0)
+
+    def with_rows(self, rows_B: torch.Tensor, **columns: torch.Tensor) -> Batch:
+        """Per-row tensors computed on some rows (e.g. a micro-batch: `rows_B` = its `index_B`,
+        columns as wide as its own), written into full-size copies of this batch's."""
+        out = {}
+        for name, part in columns.items():
+            full = getattr(self, name)
+            if full is None:
+                full = torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=part.device)
+            full = full.clone()
+            full[rows_B, : part.shape[1]] = part
+            out[name] = full
+        return replace(self, **out)
 
 
 def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
@@ -79,6 +97,7 @@ def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_
         advantage_B=torch.tensor(advantages, dtype=torch.float32),
         step_num_tokens=int(loss_mask_B_T.sum()),
         step_num_sequences=int(loss_mask_B_T.any(dim=1).sum()),
+        index_B=torch.arange(B),
     )
 
 
@@ -86,6 +105,10 @@ def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
     """The given rows, trimmed to their longest real length (padding columns dropped)."""
     index = torch.as_tensor(list(rows), dtype=torch.long)
     length = int(batch.attention_mask_B_T[index].sum(dim=1).max())
+
+    def take(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[index, :length]
+
     return replace(
         batch,
         input_ids_B_T=batch.input_ids_B_T[index, :length],
@@ -93,7 +116,28 @@ def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
         loss_mask_B_T=batch.loss_mask_B_T[index, :length],
         sampler_logp_B_T=batch.sampler_logp_B_T[index, :length],
         advantage_B=batch.advantage_B[index],
+        index_B=None if batch.index_B is None else batch.index_B[index],
+        old_logp_B_T=take(batch.old_logp_B_T),
+        ref_logp_B_T=take(batch.ref_logp_B_T),
     )
+
+
+def split_steps(batch: Batch, num_steps: int, generator: torch.Generator | None = None) -> list[Batch]:
+    """The rows of a rollout batch, shuffled by `generator` (in order without one), dealt into
+    `num_steps` mini-batches of near-equal size, one per optimizer step. Each mini-batch's
+    normalisers are its own: an optimizer step averages over the tokens (or sequences) it trains on.
+    """
+    n = batch.input_ids_B_T.shape[0]
+    if not 1 <= num_steps <= n:
+        raise ValueError(f"cannot split {n} rows into {num_steps} mini-batches")
+    order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
+    steps = []
+    for k in range(num_steps):
+        rows = order[k * n // num_steps:(k + 1) * n // num_steps]
+        part = select_rows(batch, rows)
+        steps.append(replace(part, step_num_tokens=int(part.loss_mask_B_T.sum()),
+                             step_num_sequences=int(part.loss_mask_B_T.any(dim=1).sum())))
+    return steps
 
 
 def micro_batches(

@@ -1,9 +1,9 @@
 """Per-token log-probs and entropies of a causal LM, computed in chunks.
 
 Owns: `token_logprobs` (log-probs and entropies of the next token at every position; the output
-layer and log-softmax run on a chunk of positions at a time) and `reference_logprobs` (the same
-model with its LoRA adapter off).
-Does not own: building the model (`learn.policy`), the loss, gradient accumulation, the optimizer.
+layer and log-softmax run on a chunk of positions at a time).
+Does not own: building the model (`learn.policy`), the KL reference (`learn.reference`), the loss,
+gradient accumulation, the optimizer.
 
 Shift convention (as `learn.batching`): column t of `logp_B_T` is
 log p(input_ids[t + 1] | input_ids[<= t]); the last column is 0.0.
@@ -96,24 +96,3 @@ def token_logprobs(
         logp_B_T=torch.cat([*logp_chunks, last], dim=1),
         entropy_B_T=torch.cat([*entropy_chunks, last], dim=1),
     )
-
-
-@torch.no_grad()
-def reference_logprobs(
-    model: PeftModel,
-    input_ids_B_T: torch.Tensor,
-    attention_mask_B_T: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 512,
-) -> torch.Tensor:
-    """logp_B_T of the base model, i.e. `model` with its LoRA adapter disabled, without gradient.
-
-    Only needed for a KL penalty (beta > 0): with beta = 0 the caller skips this forward pass.
-    """
-    if not isinstance(model, PeftModel):
-        raise TypeError("reference_logprobs needs a LoRA (peft) model; for full fine-tuning "
-                        "run token_logprobs on a frozen copy of the initial model")
-    with model.disable_adapter():
-        return token_logprobs(
-            model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size
-        ).logp_B_T

@@ -1,14 +1,15 @@
 """The trained policy: a Hugging Face causal LM with a LoRA adapter or fully trainable, and its optimizer.
 
 Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
-`enable_full_finetune`), and `build_policy` (model, AdamW and the warm-up schedule from a config,
-starting from a fresh adapter, a saved one, or every weight).
+`enable_full_finetune`), `Policy` (the model with its optimizer, schedule and KL reference) and
+`build_policy` (all of it from a config, starting from a fresh adapter, a saved one, or every weight).
 Does not own: log-probs (`learn.logprobs`), the loss and the optimizer step (`learn.update`), saving
 or syncing weights (`rollout.weight_sync`, `runs.checkpoint`), resolving model specs (`learn.models`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from agent_rl.learn.reference import make_reference
 
 
 def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -35,9 +38,8 @@ def apply_lora(
     """Wrap `model` with a fresh LoRA adapter; only the adapter's parameters are trainable.
 
     "all-linear" targets every linear projection of the transformer blocks (attention and MLP)
-    and leaves the output layer alone, as peft defines it. The base weights are the reference
-    policy: `reference_logprobs` runs them with the adapter disabled. Dropout > 0 makes two
-    forward passes disagree; keep it 0 or compute no-grad log-probs in eval mode.
+    and leaves the output layer alone, as peft defines it. Dropout > 0 makes two forward passes
+    disagree; keep it 0 or compute no-grad log-probs in eval mode.
     """
     config = LoraConfig(
         r=rank,
@@ -50,8 +52,7 @@ def apply_lora(
 
 
 def enable_full_finetune(model: PreTrainedModel) -> PreTrainedModel:
-    """Make every parameter trainable. A KL penalty then needs a separate frozen copy as the
-    reference (`token_logprobs` on it under no_grad); `reference_logprobs` is for LoRA only."""
+    """Make every parameter trainable (a KL penalty then keeps a frozen copy: `learn.reference`)."""
     model.requires_grad_(True)
     return model
 
@@ -62,10 +63,21 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 
-def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None):
-    """(model, AdamW optimizer, warm-up scheduler) as `model.*` and `optim.*` of a config say:
-    every weight trainable, a saved adapter (`init_adapter`) to continue, or a fresh LoRA.
-    `lr` overrides `optim.lr` (the SFT uses its own)."""
+@dataclass
+class Policy:
+    """The trained model and what updates it: optimizer, learning-rate schedule, KL reference."""
+
+    model: Any  # a PeftModel, or a PreTrainedModel with every weight trainable
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    reference: Any = None  # learn.reference.Reference, when the loss has a KL term
+
+
+def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
+                 with_reference: bool = False) -> Policy:
+    """The policy as `model.*` and `optim.*` of a config say: every weight trainable, a saved adapter
+    (`init_adapter`) to continue, or a fresh LoRA; AdamW with a linear warm-up. `lr` overrides
+    `optim.lr` (the SFT uses its own); `with_reference` keeps the starting policy for a KL term."""
     model = load_causal_lm(str(model_dir))
     if model_cfg.full_finetune:
         model = enable_full_finetune(model)
@@ -74,10 +86,11 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     else:
         model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
                            dropout=model_cfg.lora_dropout, target_modules=model_cfg.target_modules)
+    reference = make_reference(model, model_cfg) if with_reference else None
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
                                   betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)
     warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-    return model, optimizer, scheduler
+    return Policy(model, optimizer, scheduler, reference)

@@ -1,17 +1,25 @@
-"""One optimizer step of GRPO on a collated batch: micro-batches, loss, backward, clip, step
-(`optimizer_step`, which SFT uses too).
+"""The policy update on one rollout batch: old log-probs once, then epochs x mini-batches of optimizer
+steps (`policy_update`); one optimizer step of accumulated micro-batches (`optimizer_step`, which SFT
+uses too).
 
-Owns: choosing the loss variant and aggregation from the algorithm config (a lookup, not a branch
-inside the loss), the optional reference pass (skipped when kl_beta == 0), truncated importance
-sampling, gradient accumulation with the step's global denominators, and the step statistics.
-Does not own: the maths of each loss (`learn.loss`), log-probs (`learn.logprobs`), what is in the batch.
+Owns: choosing the loss variant and aggregation from the algorithm config (lookups, not branches
+inside the loss), the no-grad pass that fixes the old policy's (and the KL reference's) log-probs,
+truncated importance sampling against the sampler, gradient accumulation with each optimizer step's
+own denominators, and the update's statistics.
+Does not own: the maths of each loss (`learn.loss`), log-probs (`learn.logprobs`), the reference
+policy (`learn.reference`), what is in the batch (`learn.batching`).
 
-Old log-probs. We take one optimizer step per batch of rollouts, so before that step the trainer's
-policy *is* the policy that sampled: pi_old = pi.detach() and the PPO ratio is exactly 1 (the clip
-then only matters when rollouts are stale). The sampler/trainer numerical mismatch is corrected by
-truncated importance weights min(exp(logp_trainer - logp_sampler), cap). When rollouts are one
-step stale (overlapped sampling), pi_old is the sampler's log-probs: the ratio carries the staleness
-and is clipped, which is the importance-sampling correction PPO was built for.
+The ratio. GRPO as DeepSeekMath, DAPO and GSPO define it takes several optimizer steps on one batch
+of rollouts, with the PPO ratio pi / pi_old against the policy that sampled. `algorithm.epochs`
+passes over the batch, each split into `algorithm.mini_batches` optimizer steps, give
+epochs x mini_batches steps. pi_old is computed once, before the first step, by a no-grad pass of
+the trainer (so trainer and ratio share numerics), and reused by every step: at the first step the
+ratio is exactly 1, later ones move and get clipped. With one step per batch (the default) that
+pass would equal the gradient pass, so it is skipped and pi_old = pi.detach(). The sampler/trainer
+mismatch between vLLM and that pass is corrected by truncated importance weights
+min(exp(logp_old - logp_sampler), cap). Rollouts one step stale (overlapped sampling) were sampled by
+weights the trainer no longer has: pi_old is then the sampler's own log-probs, so the ratio carries the
+staleness and is clipped, which is the importance-sampling correction PPO was built for.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ from typing import Any
 import torch
 
 from agent_rl.learn.allocator import release_freed_memory
-from agent_rl.learn.batching import Batch, micro_batches
-from agent_rl.learn.logprobs import reference_logprobs, token_logprobs
+from agent_rl.learn.batching import Batch, micro_batches, split_steps
+from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.loss import (
     constant_normalised_sum,
     gspo_loss,
@@ -53,53 +61,99 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
     return grad_norm
 
 
-def policy_update(model: Any, optimizer: torch.optim.Optimizer, batch: Batch, algo: Any, optim: Any,
-                  temperature: float, stale: bool = False) -> dict[str, float]:
-    """Accumulate gradients over micro-batches, clip, step. Returns step statistics."""
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss_fn = LOSSES[algo.loss]
-    sums: dict[str, float] = {}
-    n_tok = 0
-
-    def add(key: str, value: torch.Tensor, weight: int) -> None:
-        sums[key] = sums.get(key, 0.0) + float(value) * weight
-
-    total_loss = 0.0
+@torch.no_grad()
+def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature: float, stale: bool) -> Batch:
+    """The batch with `old_logp_B_T` (pi_old, unless the gradient pass can stand in for it) and
+    `ref_logp_B_T` (when the loss has a KL term), computed once, micro-batch by micro-batch."""
+    need_old = not stale and algo.epochs * algo.mini_batches > 1
+    if not need_old and algo.kl_beta == 0:
+        return batch
+    policy.model.eval()
     for mb in micro_batches(batch, max_tokens=optim.micro_batch_tokens):
-        mask = mb.loss_mask_B_T
-        k = int(mask.sum())
-        out = token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature, optim.logprob_chunk)
-        logp = out.logp_B_T  # [B, T], column t scores token t+1
-        old = mb.sampler_logp_B_T if stale else logp.detach()
-        pl = loss_fn(logp, old, mb.advantage_B, mask, eps_low=algo.eps_low, eps_high=algo.eps_high)
-        per_token = pl.loss_B_T
-        # sampler/trainer mismatch: always measured, corrected when tis_cap is set (not when stale:
-        # the ratio against the sampler's log-probs already is the correction)
-        iw = truncated_importance_weights(logp.detach(), mb.sampler_logp_B_T, mask, algo.tis_cap or 1e9)
-        if algo.tis_cap and not stale:
-            per_token = per_token * iw.weight_B_T
-        if algo.mismatch_bounds:
-            keep_B = mismatch_sequence_mask(logp.detach(), mb.sampler_logp_B_T, mask, *algo.mismatch_bounds)
-            mask = mask & keep_B[:, None]
+        columns = {}
+        if need_old:
+            columns["old_logp_B_T"] = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T,
+                                                     temperature, optim.logprob_chunk).logp_B_T
         if algo.kl_beta > 0:
-            ref = reference_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature,
-                                     optim.logprob_chunk)
-            kl_B_T = k3_kl(logp, ref, mask)
-            per_token = per_token + algo.kl_beta * kl_B_T
-            add("kl", torch.where(mask, kl_B_T.detach(), 0.0).sum() / max(k, 1), k)
-        loss = AGGREGATIONS[algo.aggregation](per_token, mask, batch, algo.constant_norm_tokens)
-        loss.backward()
-        total_loss += float(loss.detach())
-        gap = torch.where(mb.loss_mask_B_T, (logp.detach() - mb.sampler_logp_B_T).abs(), 0.0)
-        add("entropy", torch.where(mb.loss_mask_B_T, out.entropy_B_T.detach(), 0.0).sum() / max(k, 1), k)
-        add("clip_frac", pl.clip_frac, k)
-        add("ratio_mean", pl.ratio_mean, k)
-        add("approx_kl_old", pl.approx_kl, k)
-        add("logprob_gap_mean", gap.sum() / max(k, 1), k)
-        add("tis_capped_frac", iw.capped_frac, k)
-        n_tok += k
-    grad_norm = optimizer_step(optimizer, optim.grad_clip)
-    stats = {k: v / max(n_tok, 1) for k, v in sums.items()}
-    stats.update(loss=total_loss, grad_norm=grad_norm, train_tokens=float(n_tok))
-    return stats
+            columns["ref_logp_B_T"] = policy.reference.logprobs(mb.input_ids_B_T, mb.attention_mask_B_T,
+                                                                temperature, optim.logprob_chunk)
+        batch = batch.with_rows(mb.index_B, **columns)
+    return batch
+
+
+class _Stats:
+    """Sums of per-token statistics, weighted by sampled tokens, over every micro-batch of the update."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.tokens = 0
+
+    def add(self, key: str, value: torch.Tensor | float, weight: int) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+
+    def means(self) -> dict[str, float]:
+        return {k: v / max(self.tokens, 1) for k, v in self.sums.items()}
+
+
+def _micro_loss(policy: Any, mb: Batch, step: Batch, algo: Any, optim: Any, temperature: float,
+                stale: bool, stats: _Stats) -> torch.Tensor:
+    """One micro-batch's share of its optimizer step's loss (to backward), and its statistics."""
+    mask = mb.loss_mask_B_T
+    k = int(mask.sum())
+    out = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature, optim.logprob_chunk)
+    logp = out.logp_B_T  # [B, T], column t scores token t+1
+    old = mb.sampler_logp_B_T if stale else mb.old_logp_B_T if mb.old_logp_B_T is not None else logp.detach()
+    pl = LOSSES[algo.loss](logp, old, mb.advantage_B, mask, eps_low=algo.eps_low, eps_high=algo.eps_high)
+    per_token = pl.loss_B_T
+    # sampler/trainer mismatch of the sampling policy: always measured; corrected when tis_cap is set
+    # (not when stale: the ratio against the sampler's log-probs already is the correction)
+    iw = truncated_importance_weights(old, mb.sampler_logp_B_T, mask, algo.tis_cap or 1e9)
+    if algo.tis_cap and not stale:
+        per_token = per_token * iw.weight_B_T
+    if algo.mismatch_bounds:
+        keep_B = mismatch_sequence_mask(old, mb.sampler_logp_B_T, mask, *algo.mismatch_bounds)
+        mask = mask & keep_B[:, None]
+    if algo.kl_beta > 0:
+        kl_B_T = k3_kl(logp, mb.ref_logp_B_T, mask)
+        per_token = per_token + algo.kl_beta * kl_B_T
+        stats.add("kl", torch.where(mask, kl_B_T.detach(), 0.0).sum() / max(k, 1), k)
+    sampled = mb.loss_mask_B_T
+    # sampler/trainer disagreement: on the sampling policy, or (stale) on the trainer's current one
+    trainer = logp.detach() if stale else old
+    gap = torch.where(sampled, (trainer - mb.sampler_logp_B_T).abs(), 0.0)
+    stats.add("entropy", torch.where(sampled, out.entropy_B_T.detach(), 0.0).sum() / max(k, 1), k)
+    stats.add("clip_frac", pl.clip_frac, k)
+    stats.add("ratio_mean", pl.ratio_mean, k)
+    stats.add("approx_kl_old", pl.approx_kl, k)
+    stats.add("logprob_gap_mean", gap.sum() / max(k, 1), k)
+    stats.add("tis_capped_frac", iw.capped_frac, k)
+    stats.tokens += k
+    return AGGREGATIONS[algo.aggregation](per_token, mask, step, algo.constant_norm_tokens)
+
+
+def policy_update(policy: Any, batch: Batch, algo: Any, optim: Any, temperature: float, stale: bool = False,
+                  seed: int = 0) -> dict[str, float]:
+    """epochs x mini_batches optimizer steps on one rollout batch (`policy` as `learn.policy.Policy`
+    holds it). `seed` shuffles rows into mini-batches (a resumed run reshuffles the same way).
+    Returns the update's statistics: per-token means over every step, loss and gradient norm per step."""
+    batch = fixed_logprobs(policy, batch, algo, optim, temperature, stale)
+    policy.model.train()
+    generator = torch.Generator().manual_seed(seed)
+    stats, losses, grad_norms = _Stats(), [], []
+    for _ in range(algo.epochs):
+        # a batch that lost groups without signal may hold fewer rows than mini-batches: one row each then
+        num_steps = min(algo.mini_batches, batch.input_ids_B_T.shape[0])
+        steps = split_steps(batch, num_steps, generator if num_steps > 1 else None)
+        for step in steps:
+            policy.optimizer.zero_grad(set_to_none=True)
+            loss = 0.0
+            for mb in micro_batches(step, max_tokens=optim.micro_batch_tokens):
+                micro = _micro_loss(policy, mb, step, algo, optim, temperature, stale, stats)
+                micro.backward()
+                loss += float(micro.detach())
+            losses.append(loss)
+            grad_norms.append(optimizer_step(policy.optimizer, optim.grad_clip))
+    out = stats.means()
+    out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
+               train_tokens=float(stats.tokens / algo.epochs), optimizer_steps=float(len(losses)))
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -59,6 +60,38 @@ def attach(url: str, timeout_s: float = 10.0) -> str:
     raise ServerError(f"no vLLM server answers at {url} (waited {timeout_s:g} s for /health)")
 
 
+def _post_json(url: str, body: dict, timeout_s: float) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ServerError(f"vLLM server {url} did not answer a log-prob probe: {type(e).__name__}: {e}") from None
+
+
+def check_logprobs_mode(url: str, temperature: float, timeout_s: float = 60.0) -> None:
+    """At a sampling temperature other than 1, the log-probs the server reports must be those of the
+    distribution it samples from (`--logprobs-mode processed_logprobs`), which the trainer recomputes;
+    vLLM's default reports the raw, pre-temperature ones. A server started here has the flag; an attached
+    one is probed: the top-5 log-probs of one next token at temperature 1 and at `temperature` are the
+    same numbers only when they are raw. Raises ServerError (one line) when they are."""
+    if abs(temperature - 1.0) < 1e-6:
+        return  # raw and processed agree
+    with urllib.request.urlopen(url + "/v1/models", timeout=timeout_s) as resp:
+        cards = json.load(resp)["data"]
+    model = next((c["id"] for c in cards if not c.get("parent")), cards[0]["id"])
+    tops = []
+    for t in (1.0, temperature):
+        body = {"model": model, "prompt": "Once upon a time, in a", "max_tokens": 1, "temperature": t,
+                "logprobs": 5, "seed": 0}
+        top = _post_json(url + "/v1/completions", body, timeout_s)["choices"][0]["logprobs"]["top_logprobs"][0]
+        tops.append(sorted(top.values(), reverse=True))
+    if max(abs(a - b) for a, b in zip(*tops)) < 1e-4:
+        raise ServerError(f"vLLM server {url} reports raw (pre-temperature) log-probs, but the run samples at "
+                          f"temperature {temperature:g}: start it with --logprobs-mode processed_logprobs, "
+                          f"or sample at temperature 1")
+
+
 def on_gpu() -> bool:
     try:
         import torch
@@ -83,6 +116,7 @@ class VLLMServer:
     gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
     seed: int = 0
     dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full fine-tuning weight sync
+    tokenizer: str | Path | None = None  # where the tokenizer is, when not in model_dir (saved weights)
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     log_path: Path | None = None
@@ -103,6 +137,8 @@ class VLLMServer:
                # log-probs of the distribution actually sampled from (after temperature), which is
                # what the trainer recomputes; vLLM's default is the raw, pre-temperature ones
                "--logprobs-mode", "processed_logprobs"]
+        if self.tokenizer is not None:
+            cmd += ["--tokenizer", str(self.tokenizer)]
         if gpu:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         else:
@@ -184,15 +220,40 @@ class VLLMServer:
         self.stop()
 
 
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM 0.32 accepts as --max-lora-rank (and 1)
+
+
+def max_lora_rank(model_cfg: Any) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds the run's adapter: `model.lora_rank`, or the
+    rank of `model.init_adapter` (a starting adapter of a higher rank would be refused at the first push)."""
+    rank = model_cfg.lora_rank
+    if model_cfg.init_adapter:
+        path = Path(model_cfg.init_adapter) / "adapter_config.json"
+        try:
+            rank = int(json.loads(path.read_text())["r"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ServerError(f"model.init_adapter: cannot read the adapter's rank from {path} "
+                              f"({type(e).__name__}: {e})") from None
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ServerError(f"LoRA rank {rank} is above the {VLLM_LORA_RANKS[-1]} vLLM can serve")
+    return fitting[0]
+
+
 @contextlib.contextmanager
-def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = None) -> Iterator[list[str]]:
-    """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health, or one server
-    started here on `model_dir` (stopped on exit) sized by the config's model and sampler sections."""
+def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = None,
+                    tokenizer: str | Path | None = None) -> Iterator[list[str]]:
+    """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health (and for the
+    log-probs they report), or one server started here on `model_dir` (stopped on exit) sized by the
+    config's model and sampler sections; `tokenizer` when `model_dir` has none (saved weights)."""
     if cfg.sampler.server_urls:
-        yield [attach(u) for u in cfg.sampler.server_urls]
+        urls = [attach(u) for u in cfg.sampler.server_urls]
+        for url in urls:
+            check_logprobs_mode(url, cfg.sampler.temperature)
+        yield urls
         return
-    server = VLLMServer(model_dir, max_lora_rank=max(cfg.model.lora_rank, 8), kv_cache_gib=cfg.sampler.kv_cache_gib,
+    server = VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
                         max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed,
-                        dev_mode=cfg.model.full_finetune, log_path=log_path)
+                        dev_mode=cfg.model.full_finetune, log_path=log_path, tokenizer=tokenizer)
     with server:
         yield [server.url]

@@ -1,0 +1,133 @@
+"""The policy update through the real `policy_update`: one step keeps the PPO ratio at 1; several steps
+per rollout batch move it, clip it, and make clip-higher and GSPO matter; every variant runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from agent_rl.core.config import load_config
+from agent_rl.learn.batching import collate
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import build_policy, trainable_parameters
+from agent_rl.learn.update import policy_update
+
+
+@dataclass
+class Row:
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+def config(tiny_dir, **sets):
+    base = {"model.name": str(tiny_dir), "model.lora_rank": 8, "model.lora_alpha": 16, "optim.lr": 0.05,
+            "rollout.tasks_per_step": 2, "rollout.group_size": 4}
+    return load_config(None, [f"{k}={v}" for k, v in {**base, **sets}.items()])
+
+
+def make_batch(policy, sampler_shift: float = 0.0, rows: int = 8, length: int = 24):
+    """`rows` sequences: a 6-token prompt, then sampled tokens; advantages +2 / -2 alternating (strong:
+    a large learning rate then pushes ratios past any clip range). Sampler log-probs are the model's
+    own (plus `sampler_shift`), so importance weights are 1 unless shifted."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (rows, length), generator=gen)
+    with torch.no_grad():
+        logp = token_logprobs(policy.model, ids, torch.ones_like(ids)).logp_B_T
+    out = []
+    for b in range(rows):
+        n = length - b % 3  # different lengths: padding in every micro-batch
+        mask = [0] * 6 + [1] * (n - 6)
+        lp = [0.0] + [float(logp[b, t - 1]) + sampler_shift if mask[t] else 0.0 for t in range(1, n)]
+        out.append(Row(tuple(ids[b, :n].tolist()), tuple(mask), tuple(lp)))
+    return collate(out, [2.0 if b % 2 == 0 else -2.0 for b in range(rows)])
+
+
+def run(tiny_dir, stale: bool = False, shift: float = 0.0, **sets):
+    cfg = config(tiny_dir, **sets)
+    torch.manual_seed(0)
+    policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=cfg.algorithm.kl_beta > 0)
+    batch = make_batch(policy, shift)
+    stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, stale=stale, seed=3)
+    weights = torch.cat([p.detach().flatten() for p in trainable_parameters(policy.model)])
+    return stats, weights
+
+
+def test_one_step_keeps_the_ratio_at_one_so_clipping_never_acts(tiny_dir):
+    stats, weights = run(tiny_dir)
+    assert stats["optimizer_steps"] == 1.0
+    assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0 and stats["approx_kl_old"] == 0.0
+    # ... which is why, with one step, the clip range changes nothing at all
+    _, no_clip_higher = run(tiny_dir, **{"algorithm.eps_high": 0.2})
+    assert torch.equal(weights, no_clip_higher)
+
+
+def test_four_mini_batches_move_the_ratio_and_clip(tiny_dir):
+    stats, _ = run(tiny_dir, **{"algorithm.mini_batches": 4})
+    # rows of 24, 23, 22, 24, 23, 22, 24, 23 tokens, 6 of prompt each: 137 sampled tokens, each counted once
+    assert stats["optimizer_steps"] == 4.0 and stats["train_tokens"] == 137
+    assert stats["clip_frac"] > 0.0 and stats["ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+    stats, _ = run(tiny_dir, **{"algorithm.epochs": 2, "algorithm.mini_batches": 2})
+    assert stats["optimizer_steps"] == 4.0 and stats["clip_frac"] > 0.0
+
+
+def test_the_first_step_of_several_starts_at_ratio_one(tiny_dir):
+    """pi_old comes from a separate no-grad pass (other micro-batches, eval mode): with one mini-batch
+    and two epochs, the first epoch's ratio is 1 up to float noise, the second's is not."""
+    cfg = config(tiny_dir, **{"algorithm.epochs": 1, "algorithm.mini_batches": 1})
+    policy = build_policy(cfg.model, cfg.optim, tiny_dir)
+    batch = make_batch(policy)
+    from agent_rl.learn.update import fixed_logprobs
+
+    forced = cfg.algorithm.model_copy(update={"epochs": 2})
+    fixed = fixed_logprobs(policy, batch, forced, cfg.optim, 1.0, stale=False)
+    with torch.no_grad():
+        now = token_logprobs(policy.model, batch.input_ids_B_T, batch.attention_mask_B_T).logp_B_T
+    gap = torch.where(batch.loss_mask_B_T, fixed.old_logp_B_T - now, 0.0).abs().max()
+    assert float(gap) < 1e-5
+
+
+def test_clip_higher_and_gspo_change_the_update_once_steps_move_the_ratio(tiny_dir):
+    several = {"algorithm.mini_batches": 4}
+    _, dapo = run(tiny_dir, **several)
+    _, symmetric = run(tiny_dir, **several, **{"algorithm.eps_high": 0.2})
+    _, gspo = run(tiny_dir, **several, **{"algorithm.loss": "gspo"})
+    assert not torch.equal(dapo, symmetric)
+    assert (gspo - dapo).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("sets", [
+    {"algorithm.loss": "gspo"},
+    {"algorithm.kl_beta": 0.1},
+    {"algorithm.kl_beta": 0.1, "algorithm.mini_batches": 2},
+    {"algorithm.mismatch_bounds": "[0.5, 2.0]"},
+    {"algorithm.aggregation": "sequence_mean"},
+    {"algorithm.aggregation": "constant"},
+    {"algorithm.tis_cap": "null"},
+], ids=lambda s: ",".join(f"{k.split('.')[-1]}={v}" for k, v in s.items()))
+def test_every_variant_runs_through_policy_update(tiny_dir, sets):
+    stats, weights = run(tiny_dir, **sets)
+    _, plain = run(tiny_dir)
+    assert all(v == v for v in stats.values()), stats  # no nan
+    assert stats["grad_norm"] > 0 and not torch.equal(weights, torch.zeros_like(weights))
+    if sets.get("algorithm.kl_beta") and "algorithm.mini_batches" in sets:
+        # the first step moves the policy off its start, so the second one feels the KL term
+        assert stats["kl"] > 0.0 and not torch.equal(weights, run(tiny_dir, **{"algorithm.mini_batches": 2})[1])
+    elif sets.get("algorithm.kl_beta"):
+        # a fresh LoRA is its own reference before the first step: no KL, and a zero KL gradient
+        assert stats["kl"] == 0.0 and torch.equal(weights, plain)
+
+
+def test_stale_rollouts_take_the_ratio_against_the_sampler(tiny_dir):
+    stats, _ = run(tiny_dir, stale=True, shift=-0.3)  # the sampler gave every token 0.3 nats less
+    assert stats["ratio_mean"] > 1.2 and stats["clip_frac"] > 0.0
+    assert stats["logprob_gap_mean"] == pytest.approx(0.3, abs=1e-4)
+
+
+def test_mismatch_bounds_drop_sequences_the_sampler_disagrees_on(tiny_dir):
+    stats, weights = run(tiny_dir, shift=-1.0, **{"algorithm.mismatch_bounds": "[0.5, 2.0]"})
+    assert stats["grad_norm"] == 0.0  # exp(1.0) = 2.7 > 2: every sequence dropped, nothing learned
+    stats, _ = run(tiny_dir, shift=-0.3, **{"algorithm.mismatch_bounds": "[0.5, 2.0]"})
+    assert stats["grad_norm"] > 0.0
