@@ -17,7 +17,7 @@ from typing import Any, Callable
 from envs.base import Env
 
 BUILTIN = {"calculator": "envs.calculator", "coding": "envs.coding", "gui": "envs.gui", "gui_browser": "envs.gui_browser",
-           "kg_qa": "envs.kg_qa", "math": "envs.math", "search_qa": "envs.search_qa",
+           "kg_qa": "envs.kg_qa", "math": "envs.math", "mcp_units": "envs.mcp_units", "search_qa": "envs.search_qa",
            "toy": "envs.toy"}
 
 
