@@ -36,20 +36,21 @@ class MCPEnv(ToolEnv):
                  shared: bool = True, max_parallel_calls: int = 8):
         self.servers = [mcp_server(s) for s in servers]
         self.shared = shared
-        self._local = list(tools)
         self._owned: list[MCPConnection] = []
-        super().__init__(self._local, max_parallel_calls=max_parallel_calls)
+        self._max_parallel_calls = max_parallel_calls
+        super().__init__(tools, max_parallel_calls=max_parallel_calls)
+        self._local = list(self.tools)  # wrapped once; the servers' tools join them on entering
 
     async def __aenter__(self) -> "MCPEnv":
-        opened = await asyncio.gather(*(self._open(s) for s in self.servers), return_exceptions=True)
-        failed = [e for e in opened if isinstance(e, BaseException)]
-        if failed:
-            await self.close()
-            raise failed[0]
-        remote = [tool for conn in opened for tool in conn.tools]
-        try:
-            super().__init__([*self._local, *remote], max_parallel_calls=self.max_parallel_calls)
-        except ValueError:  # two servers (or a server and a local tool) with one tool name
+        try:  # every start runs to its end (return_exceptions) so that close() sees all it opened
+            opened = await asyncio.gather(*(self._open(s) for s in self.servers), return_exceptions=True)
+            failed = [e for e in opened if isinstance(e, BaseException)]
+            if failed:
+                raise failed[0]
+            remote = [tool for conn in opened for tool in conn.tools]
+            # tool names must be unique across servers and local tools (ValueError otherwise)
+            super().__init__([*self._local, *remote], max_parallel_calls=self._max_parallel_calls)
+        except BaseException:  # a failed start, a name clash, or a cancelled episode
             await self.close()
             raise
         return self

@@ -96,8 +96,7 @@ async def served(tools) -> tuple[int, int]:
 async def test_listed_tools_arrive_as_agent_rl_tool_schemas(toy):
     assert list(toy) == ["add", "divide", "buggy", "sleep", "whoami", "crash"]
     assert toy["add"].schema == {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.\n\n    Args:\n        a: The first addend.\n"
-                                      "        b: The second addend.",
+        "name": "add", "description": "Add two integers.\n\nArgs:\n    a: The first addend.\n    b: The second addend.",
         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                        "required": ["a", "b"]}}}
     assert all(isinstance(t, ToolLike) for t in toy.values())

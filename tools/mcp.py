@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import os
 import shlex
 import threading
@@ -106,7 +107,7 @@ class MCPTool:
     def __init__(self, connection: "MCPConnection", listed: Any):
         self.connection = connection
         self.name: str = listed.name
-        self.description: str = (listed.description or "").strip()
+        self.description: str = inspect.cleandoc(listed.description or "")  # docstrings keep their indent
         self.timeout_s = connection.spec.tool_timeout_s
         self.parameters = clean_schema(listed.input_schema)
         self._check = ArgumentCheck(self.name, self.parameters)
@@ -214,16 +215,17 @@ class MCPConnection:
             return error(f"MCP server {self.spec.name!r} is not running ({self.dead}); {name} was not called")
         import pydantic
         from mcp import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         try:
             result = await asyncio.wait_for(
                 self._client.call_tool(name, arguments, read_timeout_seconds=timeout_s), timeout_s + 1.0)
         except TimeoutError:
             return error(f"{name} did not finish within {timeout_s:g} s")
-        except MCPError as e:
-            if "timed out" in str(e):
+        except MCPError as e:  # the SDK's own codes; any other code is the server's JSON-RPC error
+            if e.code == REQUEST_TIMEOUT:
                 return error(f"{name} did not finish within {timeout_s:g} s")
-            if "closed" in str(e).lower():
+            if e.code == CONNECTION_CLOSED and e.error.message == "Connection closed":
                 return self._died(name, e)
             return error(f"{name} failed on MCP server {self.spec.name!r}: {one_line(e)}")
         except pydantic.ValidationError as e:
