@@ -62,3 +62,28 @@ async def test_readme_dataset_env_scores_with_trl_style_functions(tmp_path, scri
     groups = await rollout_groups(module.load_tasks(1), module.make_env, scripted(lambda p: "It is 390."), renderer,
                                   EpisodeLimits(), 1)
     assert groups[0].trajectories[0].reward == 0.0  # the weight-0 brevity metric adds nothing
+
+
+async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, scripted, renderer):
+    """The MCP example starts the real example server (a path from the repository root, as documented)."""
+    from tools.mcp import close_shared
+
+    monkeypatch.chdir(README.parent)
+    module = load_example(tmp_path, "mcp")
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" not in prompt:
+            args = '{"value": 5, "from_unit": "mi", "to_unit": "km"}' if "5 mi?" in prompt else \
+                '{"value": 10, "from_unit": "lb", "to_unit": "kg"}'
+            return f'<tool_call>\n{{"name": "convert", "arguments": {args}}}\n</tool_call>'
+        return "It is " + prompt.rsplit("<tool_response>\n", 1)[1].split("\n", 1)[0].split(" = ")[1] + "."
+
+    try:
+        groups = await rollout_groups(module.load_tasks(2), module.make_env, scripted(script), renderer,
+                                      EpisodeLimits(), 2)
+    finally:
+        close_shared()
+    trajs = [t for g in groups for t in g.trajectories]
+    assert [t.reward for t in trajs] == [1.0] * 4, [t.error for t in trajs]
+    assert trajs[0].messages[3].content == "5 mi = 8.04672 km" and trajs[2].messages[3].content == "10 lb = 4.53592 kg"
+    assert all(t.stop_reason is StopReason.NO_TOOL_CALL and [c.ok for c in t.tool_calls] == [True] for t in trajs)

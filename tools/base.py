@@ -1,7 +1,8 @@
 """Tools are typed Python functions; this module turns one into a schema and a safe call.
 
 Owns: `Tool` (name, description, JSON schema from the signature and docstring through pydantic,
-argument validation, calling sync or async functions with a deadline) and `ToolError`.
+argument validation, calling sync or async functions with a deadline), `ToolError`, and `ToolLike`,
+the interface every tool has (`Tool`, and MCP servers' tools in `tools.mcp`).
 Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`) or rendering schemas
 into a prompt (`agent_rl.core.chatml`).
 
@@ -17,7 +18,7 @@ import inspect
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import pydantic
 
@@ -137,9 +138,23 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
     return typing.get_type_hints(target)
 
 
-def as_tools(fns: list[Callable[..., Any] | Tool]) -> list[Tool]:
-    """Wrap plain functions as tools; names must be unique."""
-    tools = [f if isinstance(f, Tool) else Tool(f) for f in fns]
+@runtime_checkable
+class ToolLike(Protocol):
+    """What an environment needs of a tool; `Tool` and `tools.mcp.MCPTool` both are one."""
+
+    name: str
+    timeout_s: float
+
+    @property
+    def schema(self) -> dict[str, Any]: ...
+
+    async def call(self, arguments: Any) -> ToolResult: ...
+
+
+def as_tools(fns: list[Callable[..., Any] | ToolLike]) -> list[ToolLike]:
+    """Wrap plain functions as tools (objects that are already tools pass as they are); names must be unique."""
+    # `Tool` first: on Python 3.11 the protocol check evaluates the `schema` property
+    tools = [f if isinstance(f, Tool) or isinstance(f, ToolLike) else Tool(f) for f in fns]
     names = [t.name for t in tools]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

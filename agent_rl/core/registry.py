@@ -19,7 +19,7 @@ from agent_rl.core.env import Env
 from agent_rl.core.types import Message
 
 BUILTIN = {"calculator": "envs.calculator", "coding": "envs.coding", "gui": "envs.gui", "gui_browser": "envs.gui_browser",
-           "kg_qa": "envs.kg_qa", "math": "envs.math", "search_qa": "envs.search_qa",
+           "kg_qa": "envs.kg_qa", "math": "envs.math", "mcp_units": "envs.mcp_units", "search_qa": "envs.search_qa",
            "toy": "envs.toy"}
 
 
