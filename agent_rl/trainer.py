@@ -38,8 +38,8 @@ from agent_rl.learn.advantages import (
 from agent_rl.learn.batching import collate
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
+from agent_rl.rollout.merged import start_weight_sync
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.weight_sync import weight_sync_for
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
@@ -95,7 +95,8 @@ class Stages:
     advantages: Callable[..., GroupAdvantages] = group_advantages  # (groups, advantage_fn, truncated_reward)
     # (policy, batch, algo, optim, temperature, stale, seed) -> update statistics
     update: Callable[..., dict[str, float]] = policy_update
-    sync: Callable[..., Any] = weight_sync_for  # (full_finetune, run_dir, sampler) -> .push(model, version)
+    # async (cfg, run_dir, sampler, model, version) -> a sync with `version` pushed; .push(model, version)
+    sync: Callable[..., Any] = start_weight_sync
 
 
 @dataclass
@@ -136,13 +137,17 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     """Train a policy with GRPO as `cfg` says; returns the last step's metrics."""
     run = prepare(cfg, resume)
     async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler:
-        sync = stages.sync(cfg.model.full_finetune, run.run_dir, sampler)
-        await sync.push(run.policy.model, run.start)  # the server samples with exactly the trainer's weights
+        # the servers sample with exactly the trainer's weights from the first step on
+        sync = await stages.sync(cfg, run.run_dir, sampler, run.policy.model, run.start)
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=cfg.run.tensorboard,
                        wandb_project=cfg.run.wandb_project, start_step=run.start,
                        collapse_drop=cfg.run.collapse_drop, entropy_floor=cfg.run.entropy_floor) as log:
             log.truncate_after(run.start)
-            final = await loop(run, sampler, sync, log, stages)
+            try:
+                final = await loop(run, sampler, sync, log, stages)
+            finally:
+                if hasattr(sync, "close"):
+                    sync.close()  # a RAM-backed folder of merged weights
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
         run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
     return final

@@ -57,8 +57,8 @@ from agent_rl.core.config import load_config  # noqa: E402
 from agent_rl.learn.advantages import group_advantages, grpo_advantages  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
 from agent_rl.learn.update import policy_update  # noqa: E402
+from agent_rl.rollout.merged import start_weight_sync  # noqa: E402
 from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
-from agent_rl.rollout.weight_sync import weight_sync_for  # noqa: E402
 from agent_rl.runs.runlog import read_metrics  # noqa: E402
 from agent_rl.trainer import Stages, sample_step, train  # noqa: E402
 
@@ -116,6 +116,10 @@ class TimedSync:
         self.probe.step = version + 1
         return seconds
 
+    def close(self):
+        if hasattr(self.sync, "close"):
+            self.sync.close()
+
 
 def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):
     """Groups without signal still enter the batch, with advantages +1, -1, +1, ...
@@ -146,8 +150,12 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
         finally:
             probe.update_s[probe.step] = probe.update_s.get(probe.step, 0.0) + time.perf_counter() - t0
 
-    def sync(full_finetune, run_dir, sampler):
-        return TimedSync(weight_sync_for(full_finetune, run_dir, sampler), probe)
+    async def sync(cfg, run_dir, sampler, model, version):
+        t0 = time.perf_counter()
+        inner = await start_weight_sync(cfg, run_dir, sampler, model, version)
+        probe.pushes.append({"version": version, "total_s": time.perf_counter() - t0, **inner.last_timings})
+        probe.sync, probe.model, probe.step = inner, model, version + 1
+        return TimedSync(inner, probe)
 
     return Stages(sample=sample, advantages=forced_advantages if force else group_advantages,
                   update=update, sync=sync)

@@ -66,6 +66,20 @@ def vllm_server(tiny_dir):
         yield server
 
 
+@pytest.fixture(scope="session")
+def dev_server(tiny_dir):
+    """A second real vLLM server whose weights can be reloaded in place (dev mode, LoRA on): merged and
+    full-weight sync. Tests that use it push the weights they need; they never assume the base ones."""
+    from agent_rl.rollout.server import VLLMServer
+
+    url = os.environ.get("AGENT_RL_TEST_VLLM_DEV_URL")
+    if url:
+        yield type("Attached", (), {"url": url, "model_dir": tiny_dir})()
+        return
+    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, dev_mode=True) as server:
+        yield server
+
+
 @pytest.fixture()
 def play_on_server(vllm_server, renderer):
     """Play `tasks` x `group_size` on the real server and check token truth against what it returned.

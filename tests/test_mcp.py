@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from agent_rl.core.types import Message, StopReason
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from envs.mcp_env import MCPEnv
 from tools.base import ToolLike, ToolResult, as_tools
 from tools.mcp import MCPStartError, close_shared, connect, mcp_server

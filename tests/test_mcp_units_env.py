@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from agent_rl.core.types import StopReason
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from envs.mcp_units import SERVER_FILE, UnitsEnv, _units, load_tasks, make_env, solve
 from tools.mcp import close_shared
 

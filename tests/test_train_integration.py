@@ -68,6 +68,26 @@ def test_two_steps_then_server_matches_trainer(tmp_path, vllm_server, renderer):
     assert (before - server_logprobs(vllm_server.url, "base", ids)).abs().max().item() < LOGPROB_TOL
 
 
+def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path, dev_server, renderer):
+    """model.sync merged: the server samples from plain weights = base + the trained LoRA, reloaded in
+    place each step; the adapter the run leaves (adapter/) scores exactly what the server serves."""
+    run_dir = tmp_path / "run"
+    final = asyncio.run(trainer.train(config(dev_server, run_dir, steps=2, **{"model.sync": "merged"})))
+    assert final["train_tokens"] > 0 and final["time/sync_s"] < 10.0
+    assert not (run_dir / "adapters").exists()  # no adapter versions were pushed
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(load_causal_lm(str(dev_server.model_dir)), str(run_dir / "adapter")).eval()
+    ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same on both sides.")
+    with torch.no_grad():
+        ours = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+        with model.disable_adapter():
+            before = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+    theirs = server_logprobs(dev_server.url, "base", ids)
+    assert (ours - theirs).abs().max().item() < LOGPROB_TOL
+    assert (before - theirs).abs().mean().item() > 1e-3
+
+
 def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, monkeypatch):
     """Stopped after step 2 of 4 and resumed == uninterrupted, given the same seed.
 

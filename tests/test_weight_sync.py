@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,8 +19,9 @@ import torch
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
+from agent_rl.rollout.merged import MergedSync, start_weight_sync
 from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
-from agent_rl.rollout.server import VLLMServer, free_port
+from agent_rl.rollout.server import free_port
 from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, WeightSyncError
 
 pytestmark = pytest.mark.integration
@@ -166,29 +168,70 @@ async def test_refused_adapter_quotes_the_server(vllm_server, tiny_dir, prefix, 
         assert sampler.policy_version == 0
 
 
-async def test_full_weight_sync_reloads_the_served_model(tiny_dir, fixed_ids, tmp_path, monkeypatch):
-    """Full fine-tuning: a server in dev mode reloads new weights in place (starts its own server, ~60 s)."""
-    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+async def test_full_weight_sync_reloads_the_served_model(dev_server, tiny_dir, fixed_ids, tmp_path):
+    """Full fine-tuning: a server in dev mode reloads new weights in place. The shared dev server may
+    hold another test's weights: the first push sets the base ones."""
     model = load_causal_lm(str(tiny_dir))
-    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=512) as server:
-        before = await served_logprobs(server.url, "base", fixed_ids)
+    async with VLLMSampler([dev_server.url]) as sampler:
+        sync = FullWeightSync(tmp_path, sampler)
+        await sync.push(model, 1)
+        before = await served_logprobs(dev_server.url, "base", fixed_ids)
         assert (before - trainer_logprobs(model, fixed_ids)).abs().max() < LOGPROB_TOL
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-        async with VLLMSampler([server.url]) as sampler:
-            sync = FullWeightSync(tmp_path, sampler)
-            seconds = await sync.push(model, 1)
-            print(f"\nfull-weight push: {seconds:.2f} s {sync.last_timings}")
-            after = await served_logprobs(server.url, "base", fixed_ids)
-            assert (after - trainer_logprobs(model, fixed_ids)).abs().max() < LOGPROB_TOL
-            assert (after - before).abs().mean() > MIN_EFFECT
-            assert sampler.policy_version == 1
-            out = await sampler.sample(fixed_ids, SamplingParams(max_tokens=4, seed=0))  # resumed
-            assert out.policy_version == 1 and len(out.token_ids) >= 1
-            await sync.push(model, 2)
-            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]  # keep = 1
+        seconds = await sync.push(model, 2)
+        print(f"\nfull-weight push: {seconds:.2f} s {sync.last_timings}")
+        after = await served_logprobs(dev_server.url, "base", fixed_ids)
+        assert (after - trainer_logprobs(model, fixed_ids)).abs().max() < LOGPROB_TOL
+        assert (after - before).abs().mean() > MIN_EFFECT
+        assert sampler.policy_version == 2
+        out = await sampler.sample(fixed_ids, SamplingParams(max_tokens=4, seed=0))  # resumed
+        assert out.policy_version == 2 and len(out.token_ids) >= 1
+        await sync.push(model, 3)
+        assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v3"]  # keep = 1
+
+
+async def test_merged_sync_serves_the_lora_policy_as_plain_weights(dev_server, tiny_dir, fixed_ids, tmp_path):
+    """A LoRA policy pushed as merged weights: the server's base model (no adapter name) samples with the
+    trainer's adapted log-probs, from a RAM-backed folder that the sync removes when closed."""
+    model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16)
+    randomize_lora_b(model, seed=3)
+    async with VLLMSampler([dev_server.url]) as sampler:
+        sync = MergedSync(tmp_path, sampler, model)
+        seconds = await sync.push(model, 4)
+        assert sampler.model == "base" and sampler.policy_version == 4
+        served = await served_logprobs(dev_server.url, "base", fixed_ids)
+        ours = trainer_logprobs(model, fixed_ids)
+        with model.disable_adapter():
+            base = trainer_logprobs(model, fixed_ids)
+        assert (served - ours).abs().max() < LOGPROB_TOL
+        assert (served - base).abs().mean() > MIN_EFFECT  # the adapter is in the served weights
+        print(f"\nmerged push: {seconds:.2f} s {sync.last_timings} into {sync.weights_dir}")
+        if Path("/dev/shm").is_dir():
+            assert str(sync.weights_dir).startswith("/dev/shm/")
+        sync.close()
+        assert not sync.weights_dir.exists()
+
+
+async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_server, tiny_dir, fixed_ids, tmp_path,
+                                                                        caplog):
+    from agent_rl.core.config import load_config
+
+    cfg = load_config(None, [f"model.name={tiny_dir}", "model.sync=auto"])
+    model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16)
+    randomize_lora_b(model, seed=4)
+    async with VLLMSampler([dev_server.url]) as sampler:
+        with caplog.at_level("WARNING", logger="agent_rl.rollout.merged"):
+            sync = await start_weight_sync(cfg, tmp_path, sampler, model, 7)
+        chosen = "merged" if isinstance(sync, MergedSync) else "adapter"
+        assert f"weight sync: {chosen} (burst: adapter" in caplog.text
+        served = await served_logprobs(dev_server.url, sampler.model, fixed_ids)
+        assert (served - trainer_logprobs(model, fixed_ids)).abs().max() < LOGPROB_TOL
+        if chosen == "merged":
+            assert sampler.model == "base" and not any(n.startswith("policy-") for n in await served_names(dev_server.url))
+            sync.close()
 
 
 async def test_full_weight_sync_without_dev_mode_says_what_to_set(vllm_server, tiny_dir, tmp_path):

@@ -53,6 +53,9 @@ class ModelConfig(_Section):
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
     init_adapter: str | None = Field(
         None, description="peft adapter folder to start from (e.g. a cold-start SFT result); None: fresh")
+    sync: Literal["adapter", "merged", "auto"] = Field(
+        "auto", description="what servers sample a LoRA policy with: the adapter, merged weights reloaded "
+                            "in place, or auto (a burst of each at start decides)")
 
     @field_validator("target_modules")
     @classmethod
@@ -214,6 +217,9 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _settings_work_together(self) -> TrainConfig:
         model, algo, rollouts = self.model, self.algorithm, self.rollout.rollouts_per_step
+        if model.full_finetune and model.sync == "adapter":
+            raise ValueError("model.sync: a full fine-tune has no adapter to push; its weights are reloaded in "
+                             "place (use merged or auto) (got adapter)")
         if model.full_finetune and model.init_adapter:
             raise ValueError(f"model.init_adapter: a LoRA adapter cannot start a full fine-tune "
                              f"(model.full_finetune is true) (got {model.init_adapter})")

@@ -115,7 +115,8 @@ class VLLMServer:
     kv_cache_gib: int = 2  # CPU build only: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
     seed: int = 0
-    dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full fine-tuning weight sync
+    dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full and merged weight sync
+    enable_lora: bool = True  # runtime LoRA adapters (adapter weight sync, evaluation of adapters)
     tokenizer: str | Path | None = None  # where the tokenizer is, when not in model_dir (saved weights)
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
@@ -132,7 +133,8 @@ class VLLMServer:
                "--model", str(self.model_dir), "--served-model-name", self.served_name,
                "--host", self.host, "--port", str(self.port), "--seed", str(self.seed),
                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16" if gpu else "float32",
-               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
+               *(["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+                 if self.enable_lora else []),
                "--disable-uvicorn-access-log",
                # log-probs of the distribution actually sampled from (after temperature), which is
                # what the trainer recomputes; vLLM's default is the raw, pre-temperature ones
@@ -254,6 +256,7 @@ def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = Non
         return
     server = VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
                         max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed,
-                        dev_mode=cfg.model.full_finetune, log_path=log_path, tokenizer=tokenizer)
+                        dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter", log_path=log_path,
+                        tokenizer=tokenizer)
     with server:
         yield [server.url]

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import secrets
 import shutil
 import time
 from pathlib import Path
@@ -166,6 +164,13 @@ class AdapterSync:
         self.last_timings = {"save_s": t1 - t0, "load_s": t2 - t1, "retire_s": t3 - t2}
         return t3 - t0
 
+    async def retire_all(self) -> None:
+        """Unload every version from the servers (the run switched to merged weights)."""
+        async with aiohttp.ClientSession(timeout=self._http.timeout) as http:
+            for version in self.loaded:
+                await self._unload(http, self.urls, self.name(version))
+        self.loaded = []
+
     async def _unload(self, http: aiohttp.ClientSession, urls: list[str], name: str) -> None:
         # 404: the server no longer has it (restarted, or unloaded by hand); that is the goal anyway
         await asyncio.gather(*(self._http.post(http, url, "/v1/unload_lora_adapter", f"unloading adapter {name!r}",
@@ -202,10 +207,13 @@ class FullWeightSync:
     """
 
     def __init__(self, run_dir: str | Path, sampler: VLLMSampler, *, served_name: str = "base", keep: int = 1,
-                 timeout_s: float = 600.0, connect_timeout_s: float = 5.0):
+                 timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
+                 write: Callable[[Any, Path], None] | None = None, weights_dir: str | Path | None = None):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (got {keep})")
-        self.weights_dir = Path(run_dir) / "weights"
+        # where versions are written and how (merged LoRA weights use their own: `rollout.merged`)
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(run_dir) / "weights"
+        self.write = write or (lambda model, folder: model.save_pretrained(folder, safe_serialization=True))
         self.sampler, self.served_name, self.keep = sampler, served_name, keep
         self.urls = [r.url for r in sampler.replicas]
         self._http = _Http(timeout_s, connect_timeout_s)
@@ -217,8 +225,7 @@ class FullWeightSync:
         if self.versions and version <= self.versions[-1]:
             raise ValueError(f"version {version} is not newer than the last pushed ({self.versions[-1]})")
         t0 = time.perf_counter()
-        path = await asyncio.to_thread(_write_version_dir, self.weights_dir, version,
-                                       lambda d: model.save_pretrained(d, safe_serialization=True))
+        path = await asyncio.to_thread(_write_version_dir, self.weights_dir, version, lambda d: self.write(model, d))
         t1 = time.perf_counter()
         async with aiohttp.ClientSession(timeout=self._http.timeout) as http:
             try:
@@ -243,12 +250,3 @@ class FullWeightSync:
     async def _on_all(self, http: aiohttp.ClientSession, path: str, what: str,
                       body: dict[str, Any] | None = None) -> None:
         await asyncio.gather(*(self._http.post(http, url, path, what, body) for url in self.urls))
-
-
-
-def weight_sync_for(full_finetune: bool, run_dir: str | Path, sampler: VLLMSampler) -> AdapterSync | FullWeightSync:
-    """The sync a run needs: whole weights reloaded in place, or adapter versions under names unique to
-    this process (a long-lived server may hold an earlier run's)."""
-    if full_finetune:
-        return FullWeightSync(run_dir, sampler)
-    return AdapterSync(run_dir, sampler, prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")
