@@ -8,6 +8,7 @@ this guards against went 18 s without a tick).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -16,6 +17,7 @@ import pytest
 import slow_tools
 from agent_rl.core.types import Message, ToolCall
 from envs.calculator import CalculatorEnv, calculator
+from tools import runners
 from tools.base import Tool, tool_options
 
 MAX_GAP_S = 0.25
@@ -67,14 +69,29 @@ async def test_a_gil_holding_tool_in_a_worker_is_killed_at_its_deadline():
         result, seconds = await timed(tool.call({"exponent": 10**8}))  # minutes of one C call
         assert seconds < 2.0
         assert result.content == "Error: big_power did not finish within 1 s" and not result.ok
-        for _ in range(100):  # killed, then reaped by a background thread
-            if not os.path.exists(f"/proc/{pid}"):
-                break
-            await asyncio.sleep(0.02)
-        assert not os.path.exists(f"/proc/{pid}")
         again = await tool.call({"exponent": 10})
+    assert gone(pid)  # killed at the deadline
     assert warm.content.endswith("29 bits") and again.ok and again.content != warm.content  # a fresh worker
     assert ticker.max_gap < MAX_GAP_S
+
+
+def gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process `pid` has ended (killed, then reaped by a background thread) within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+async def test_a_cancelled_call_kills_its_worker():
+    tool = Tool(slow_tools.big_power, isolate=True)
+    pid = int((await tool.call({"exponent": 10})).content.split()[1].rstrip(":"))
+    task = asyncio.create_task(tool.call({"exponent": 10**8}))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gone(pid)
 
 
 async def test_a_slow_pure_python_tool_in_a_thread_is_stopped_at_its_deadline():
@@ -120,3 +137,15 @@ def test_only_importable_sync_functions_can_be_isolated():
     assert (Tool(calculator).isolate, Tool(calculator).timeout_s) == (True, 5.0)  # its tool_options
     assert (Tool(calculator, isolate=False, timeout_s=1.0).isolate, Tool(slow_tools.spin).isolate) == (False, False)
     assert tool_options(isolate=True)(local) is local and local.__tool_options__ == {"isolate": True}
+
+
+def test_a_finished_event_loop_takes_its_worker_processes_with_it():
+    tool = Tool(slow_tools.big_power, isolate=True)
+
+    async def contended():  # more calls than slots, so that some wait for one
+        return await asyncio.gather(*(tool.call({"exponent": 10}) for _ in range(2 * runners.POOL_SIZE)))
+
+    pids = {int(r.content.split()[1].rstrip(":")) for r in asyncio.run(contended())}
+    assert len(pids) == runners.POOL_SIZE
+    gc.collect()
+    assert all(gone(pid) for pid in pids)

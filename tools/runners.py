@@ -2,7 +2,8 @@
 
 Owns: `run_in_thread` (one thread per call, stopped at the deadline by `ToolOverrun` raised inside
 it), `run_in_worker` (warm worker processes, a pool per event loop; a call that overruns kills its
-worker and a fresh one takes its place later) and the messages on their pipes; the worker's side is
+worker and a fresh one takes its place later; an idle pool holds no reference to its loop, so a
+finished loop takes its workers with it) and the messages on their pipes; the worker's side is
 `tools.worker`.
 Does not own: which runner a tool uses, argument validation, or the tool message (`tools.base`).
 
@@ -27,6 +28,7 @@ The wait for a free worker does not count against a call's deadline; the call it
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import importlib
 import json
@@ -184,7 +186,7 @@ def resolve(module: str, qualname: str) -> Any:
 
 class _Worker:
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path)],
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.loaded: set[tuple[str, str]] = set()
 
@@ -199,7 +201,10 @@ class _Worker:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        threading.Thread(target=self.proc.wait, daemon=True).start()  # reap it without blocking the loop
+        try:  # reap it without blocking the loop
+            threading.Thread(target=self.proc.wait, daemon=True).start()
+        except RuntimeError:  # no new threads at interpreter shutdown: nothing left to reap it for
+            pass
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()
@@ -212,11 +217,43 @@ def _kill_all(workers: set[_Worker]) -> None:
         w.kill()
 
 
+class _Slots:
+    """asyncio.Semaphore without its binding to a loop: an idle pool holds no reference to its loop,
+    so a finished loop (and with it the pool, which then kills its workers) can be collected."""
+
+    def __init__(self, size: int):
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiters.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # handed a slot just as it was cancelled: pass it on
+            elif granted in self._waiters:
+                self._waiters.remove(granted)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            granted = self._waiters.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                return
+        self._free += 1
+
+
 class WorkerPool:
     """Up to `size` warm worker processes serving the isolated tool calls of one event loop."""
 
     def __init__(self, size: int = POOL_SIZE):
-        self._slots = asyncio.Semaphore(size)
+        self._slots = _Slots(size)
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         weakref.finalize(self, _kill_all, self._all)  # also at interpreter exit
@@ -224,25 +261,41 @@ class WorkerPool:
     async def call(self, address: tuple[str, str], kwargs: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
         """The worker's reply ("ok", content) / ("refused", ToolError text) / ("failed", "Type: text");
         TimeoutError past `timeout_s`, RuntimeError if the worker does not start or dies."""
-        async with self._slots:
-            worker = self._idle.pop() if self._idle else self._start()
-            healthy = False
-            try:
-                if address not in worker.loaded:  # start-up and import, outside the call's deadline
-                    reply = await self._ask(worker, ("load", *address), START_TIMEOUT_S, "start")
-                    if reply[0] != "ok":
-                        healthy = True
-                        return reply
-                    worker.loaded.add(address)
-                reply = await self._ask(worker, ("call", *address, kwargs), timeout_s, "call")
-                healthy = True
-                return reply
-            finally:
-                if healthy:
-                    self._idle.append(worker)
-                else:  # overran, died or was cancelled mid-call: its state is unknown
-                    worker.kill()
-                    self._all.discard(worker)
+        await self._slots.acquire()
+        try:
+            return await self._serve(self._take(), address, kwargs, timeout_s)
+        finally:
+            self._slots.release()
+
+    async def _serve(self, worker: _Worker, address: tuple[str, str], kwargs: dict[str, Any],
+                     timeout_s: float) -> tuple[str, Any]:
+        healthy = False
+        try:
+            if address not in worker.loaded:  # start-up and import, outside the call's deadline
+                reply = await self._ask(worker, ("load", *address), START_TIMEOUT_S, "start")
+                if reply[0] != "ok":
+                    healthy = True
+                    return reply
+                worker.loaded.add(address)
+            reply = await self._ask(worker, ("call", *address, kwargs), timeout_s, "call")
+            healthy = True
+            return reply
+        finally:
+            if healthy:
+                self._idle.append(worker)
+            else:  # overran, died or was cancelled mid-call: its state is unknown
+                worker.kill()
+                self._all.discard(worker)
+
+    def _take(self) -> _Worker:
+        """An idle worker that is still alive, or a new one."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.proc.poll() is None:
+                return worker
+            worker.kill()
+            self._all.discard(worker)
+        return self._start()
 
     def _start(self) -> _Worker:
         worker = _Worker()
@@ -253,8 +306,11 @@ class WorkerPool:
     async def _ask(worker: _Worker, message: tuple, timeout_s: float, what: str) -> tuple[str, Any]:
         try:
             return await worker.ask(message, timeout_s)
-        except EOFError:
-            code = worker.proc.wait()
+        except (EOFError, BrokenPipeError):
+            try:  # it closed its pipe: it is exiting, or already gone
+                code = await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 2.0)
+            except (asyncio.TimeoutError, TimeoutError):
+                code = "unknown"
             raise RuntimeError(f"the worker process exited (status {code}) during the {what}") from None
         except (asyncio.TimeoutError, TimeoutError):
             if what == "call":
