@@ -30,7 +30,7 @@ def _run_arguments(p: argparse.ArgumentParser, checkpoints: str) -> None:
 def _play_parsers(sub) -> None:
     """Commands that play episodes: rollout (a model) and play (a person)."""
     r = sub.add_parser("rollout", help="play an environment with a model and print the trajectories")
-    r.add_argument("--env", default="calculator", help="built-in name or module path")
+    r.add_argument("--env", default="calculator", help="built-in name, module name (the current folder included) or .py file")
     r.add_argument("--model", default="smollm2-135m", help="folder, hub id, .gguf file, or smollm2-135m")
     r.add_argument("--server-url", action="append", help="attach to running vLLM server(s) instead of starting one")
     r.add_argument("--tasks", type=int, default=2)
@@ -45,7 +45,7 @@ def _play_parsers(sub) -> None:
     r.set_defaults(func=commands.rollout)
 
     pa = sub.add_parser("play", help="play the policy's part of an environment yourself (stdin: scriptable)")
-    pa.add_argument("env", help="built-in name or module path")
+    pa.add_argument("env", help="built-in name, module name (the current folder included) or .py file")
     pa.add_argument("--task", type=int, default=0, help="index of the task in the split")
     pa.add_argument("--split", default="train")
     pa.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,8 @@
 """Environments whose actions are tool calls on typed Python functions.
 
 Owns: `ToolEnv`, the base class of tool-using environments: dispatching the tool calls the renderer
-parsed out of an assistant turn, one tool message back per attempted call, in order.
+parsed out of an assistant turn, one tool message back per attempted call, in order (a call past
+`max_parallel_calls` is not run, and its message says so).
 Does not own: the environment protocol (`agent_rl.core.env`: `Env`, `StepResult`, re-exported here
 for environment authors), parsing calls out of text (the renderer), tokens, sampling, or rewards.
 
@@ -39,12 +40,18 @@ class ToolEnv(Env):
         calls = reply.tool_calls
         if not calls:
             return StepResult(done=True, stop_reason=StopReason.NO_TOOL_CALL)
-        calls = calls[: self.max_parallel_calls]
-        results = await asyncio.gather(*(self._run(call) for call in calls))
+        limit = self.max_parallel_calls
+        results = await asyncio.gather(*(self._run(call) for call in calls[:limit]))
+        results += [self._over_limit(call, k) for k, call in enumerate(calls[limit:], start=limit + 1)]
         messages = tuple(Message("tool", res.content, name=name) for name, res, _ in results)
         records = tuple(ToolCallRecord(name=name, ok=res.ok, error=res.error, latency_s=dt, turn=turn)
                         for name, res, dt in results)
         return StepResult(messages=messages, tool_calls=records)
+
+    def _over_limit(self, call: ToolCall, k: int) -> tuple[str, ToolResult, float]:
+        msg = f"call {k} not run: at most {self.max_parallel_calls} tool calls per turn; make it in the next turn"
+        name = "<invalid>" if call.error is not None else call.name
+        return name, ToolResult(ok=False, content=f"Error: {msg}", error=msg), 0.0
 
     async def _run(self, call: ToolCall) -> tuple[str, ToolResult, float]:
         if call.error is not None:

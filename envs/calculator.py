@@ -1,60 +1,23 @@
 """Calculator environment: arithmetic word problems, a calculator tool, reward for the right number.
 
-Owns: the calculator tool (a safe arithmetic evaluator over Python's `ast`, no eval) and the
-`CalculatorEnv` episode. Does not own: where tasks come from (any iterable of rows with
-`question` and `answer`), answer extraction and comparison (`rewards.answers`).
+Owns: the `CalculatorEnv` episode, its arithmetic tasks and scripted solver. Does not own: the
+calculator tool (`tools.calculator`, re-exported here), where tasks come from (any iterable of rows
+with `question` and `answer`), answer extraction and comparison (`rewards.answers`).
 """
 
 from __future__ import annotations
 
-import ast
-import operator
 from typing import Any, Sequence
 
 from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
 from rewards.answers import correct_answer
-from tools.base import ToolError
+from tools.calculator import calculator
+
+__all__ = ["CalculatorEnv", "arithmetic_tasks", "calculator", "load_tasks", "make_env", "solve"]
 
 SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, then give the final "
           "answer as a number.")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-def _eval(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ToolError("exponent too large (limit 64)")
-        return _OPS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))
-    raise ToolError(f"unsupported expression element {type(node).__name__}: use numbers and + - * / // % ** ( )")
-
-
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression.
-
-    Args:
-        expression: Arithmetic using numbers, + - * / // % ** and parentheses, e.g. "(3 + 4) * 12".
-    """
-    if len(expression) > 200:
-        raise ToolError("expression too long (limit 200 characters)")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ToolError(f"cannot parse {expression!r} as arithmetic") from None
-    try:
-        value = _eval(tree.body)
-    except ZeroDivisionError:
-        raise ToolError("division by zero") from None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
 
 
 class CalculatorEnv(ToolEnv):

@@ -13,9 +13,36 @@ def test_calculator_evaluates_arithmetic_only():
     assert calculator("7 / 2") == "3.5"
     assert calculator("-2 ** 3") == "-8"
     for bad, msg in [("__import__('os')", "unsupported expression element Call"), ("1 / 0", "division by zero"),
-                     ("2 ** 1000", "exponent too large"), ("3 +", "cannot parse"), ("True + 1", "unsupported")]:
+                     ("2 ** 4000", "result too large"), ("3 +", "cannot parse"), ("True + 1", "unsupported")]:
         with pytest.raises(ToolError, match=msg):
             calculator(bad)
+
+
+NINES = "*".join(["9**64"] * 18)  # 18 products of 204 bits: 3,654 bits, over the 3,322-bit limit
+
+
+@pytest.mark.parametrize("expression, message", [
+    ("(((9**64)**64)**64)**64", "result too large .limit 1000 digits."),  # used to take ~20 s, holding the GIL
+    ("((((9**64)**64)**64)**64)**64", "result too large"),  # hours
+    ("10**(10**100)", "result too large"), ("2**(2**64)", "result too large"), ("(-7)**3333", "result too large"),
+    (NINES, "result too large"), ("(10**500) * (10**500)", "result too large"),
+    ("(2**3000) * (2**3000) * (2**3000)", "result too large"),
+    ("1e308 * 10", "not a finite number"), ("1e999", "not a finite number"), ("1.5 ** 10**100", "overflow"),
+    ("(10**999) ** -1", "overflow"), ("10**400 / 3.0", "overflow"), ("(-8) ** 0.5", "not a real number"),
+])
+def test_results_are_bounded_before_they_are_computed(expression, message):
+    assert len(expression) <= 200
+    with pytest.raises(ToolError, match=message):
+        calculator(expression)
+
+
+def test_results_up_to_the_bound_are_exact():
+    assert calculator("9**64") == str(9**64)
+    assert calculator("2**3321") == str(2**3321)  # 1,000 digits: the largest power of two allowed
+    assert calculator("(10**999) * 9") == str(10**999 * 9) and calculator("-(10**999) - 1") == str(-10**999 - 1)
+    assert calculator(NINES.rsplit("*", 6)[0]) == str(9 ** (64 * 16))
+    assert calculator("2 ** -2") == "0.25" and calculator("(10**400) // 10**399") == "10"
+    assert calculator("1 ** (10**100)") == "1" and calculator("0.5 ** 10**100") == "0"
 
 
 def test_final_number_and_numeric_answer():

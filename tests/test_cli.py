@@ -71,7 +71,52 @@ def test_unreachable_server(capsys):
 
 def test_unknown_environment(capsys):
     assert main(["rollout", "--env", "no_such_env_module"]) == 2
-    assert one_error_line(capsys).startswith("error: unknown environment 'no_such_env_module'")
+    assert one_error_line(capsys).startswith("error: unknown environment 'no_such_env_module' (built-in: calculator")
+
+
+ENV_MODULE = "def make_env(task):\n    return task\n\n\ndef load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n"
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """An empty current folder; sys.path and the modules imported from it restored afterwards."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+def test_environment_from_the_current_folder_or_a_file(user_folder):
+    from agent_rl.core.registry import load_env
+
+    (user_folder / "cwd_env_a.py").write_text(ENV_MODULE)
+    (user_folder / "sub").mkdir()
+    (user_folder / "sub" / "file_env_b.py").write_text(ENV_MODULE)
+    assert load_env("cwd_env_a").load_tasks(2) == [{}, {}]  # a console script has no "" on sys.path
+    assert load_env("./sub/file_env_b.py").make_env({"x": 1}) == {"x": 1}
+    assert load_env(str(user_folder / "sub" / "file_env_b.py")).name.endswith("file_env_b.py")
+    assert load_env("calculator").solve is not None
+
+
+@pytest.mark.parametrize("name, files, message", [
+    ("./missing.py", {}, "environment file './missing.py' does not exist"),
+    ("./notes.txt", {"notes.txt": ENV_MODULE}, "environment file './notes.txt' must be a .py file named like a Python module"),
+    ("./json.py", {"json.py": ENV_MODULE}, "environment file './json.py' cannot be imported as 'json': that name is taken by "),
+    ("broken_env_c", {"broken_env_c.py": "import no_such_package_x\n"},
+     "environment 'broken_env_c' failed to import: No module named 'no_such_package_x'"),
+    ("./syntax_env_d.py", {"syntax_env_d.py": "def f(:\n"},
+     "environment './syntax_env_d.py' failed to import: SyntaxError: "),
+    ("half_env_e", {"half_env_e.py": "def make_env(task):\n    return task\n"}, "environment module 'half_env_e' lacks load_tasks"),
+])
+def test_environment_that_cannot_load_is_one_error_line(user_folder, capsys, name, files, message):
+    for file, text in files.items():
+        (user_folder / file).write_text(text)
+    assert main(["play", name]) == 2
+    assert one_error_line(capsys).startswith(f"error: {message}")
 
 
 def test_invalid_config_exits_2_naming_the_field(capsys, tmp_path):

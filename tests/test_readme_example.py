@@ -1,15 +1,34 @@
-"""The environment example in README.md is real code: extract it, import it, play it."""
+"""The environment examples in README.md are real code, and the commands after them work as written.
+
+The examples are extracted, imported and played with the scripted sampler; then each is saved under
+the README's file name in an empty folder and the README's own command lines are run there in a
+shell, through the venv's `agent-rl` console script, as a reader would run them. The `play` lines
+run exactly as written (stdin is part of the line). The lines that sample from a model (`rollout`,
+`train`) run as written with arguments appended, to reach the session's test server on the tiny
+model and keep the run small: what they check is the README's part, the `--env` / `rollout.env`
+handling. PYTHONPATH holds only the repository root (so this checkout's code runs even from an
+installed venv of another one), never the folder: the environment is found from the current folder.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from agent_rl.core.types import StopReason
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+AGENT_RL = Path(sys.executable).parent / "agent-rl"
+FILES = {"env": "my_env.py", "dataset": "my_dataset_env.py"}
 
 
 def load_example(tmp_path, name: str = "env"):
@@ -87,3 +106,62 @@ async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, s
     assert [t.reward for t in trajs] == [1.0] * 4, [t.error for t in trajs]
     assert trajs[0].messages[3].content == "5 mi = 8.04672 km" and trajs[2].messages[3].content == "10 lb = 4.53592 kg"
     assert all(t.stop_reason is StopReason.NO_TOOL_CALL and [c.ok for c in t.tool_calls] == [True] for t in trajs)
+
+
+def readme_commands(name: str) -> list[str]:
+    """The command lines of the README's `commands:<name>` block, comments dropped."""
+    block = re.search(rf"<!-- commands:{name} -->\n```bash\n(.*?)```\n<!-- /commands:{name} -->", README.read_text(),
+                      re.DOTALL)
+    assert block, f"README lost its {name} commands"
+    return [re.sub(r"\s+# .*$", "", line) for line in block.group(1).splitlines() if line.strip()]
+
+
+def in_fresh_folder(tmp_path: Path, name: str, line: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """Save the README's `name` example under its file name in an empty folder and run `line` there."""
+    folder = tmp_path / name
+    folder.mkdir(exist_ok=True)
+    text = README.read_text()
+    code = re.search(rf"<!-- example:{name} -->\n```python\n(.*?)```", text, re.DOTALL).group(1)
+    (folder / FILES[name]).write_text(code)
+    env = {**os.environ, "PATH": f"{AGENT_RL.parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_readme_names_its_files_and_commands_as_the_tests_run_them():
+    text = README.read_text()
+    for name, file in FILES.items():
+        assert f"Save this as `{file}`" in text
+        assert readme_commands(name)[0].endswith(f"| agent-rl play {file.removesuffix('.py')}")
+    assert AGENT_RL.exists(), "the venv has no agent-rl console script"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_readme_play_lines_run_as_written_in_a_fresh_folder(tmp_path, smol_dir, name):
+    [line] = [c for c in readme_commands(name) if "agent-rl play" in c]
+    proc = in_fresh_folder(tmp_path, name, line, timeout_s=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["reward"] == 1.0 and summary["stop_reason"] == "no_tool_call"
+    assert [c["ok"] for c in summary["tool_calls"]] == [True]
+
+
+SMALL_ROLLOUT = "--tasks 1 --group-size 2 --max-tokens 24 --max-turns 2"
+SMALL_TRAIN = ("--set run.steps=1 --set rollout.tasks_per_step=1 --set rollout.group_size=2 --set rollout.max_turns=2 "
+               "--set rollout.max_tokens_per_turn=24 --set rollout.max_total_tokens=1024 --set run.tensorboard=false "
+               "--set model.lora_rank=4 --set model.lora_alpha=8 --set sampler.max_model_len=2048")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", FILES)
+def test_readme_model_lines_run_in_a_fresh_folder_against_the_test_server(tmp_path, vllm_server, name):
+    lines = [c for c in readme_commands(name) if "agent-rl play" not in c]
+    assert any("rollout --env" in c for c in lines)
+    for line in lines:
+        if " rollout " in line:
+            extra = f"--server-url {vllm_server.url} --model {vllm_server.model_dir} {SMALL_ROLLOUT}"
+        else:
+            extra = f"--set model.name={vllm_server.model_dir} --set sampler.server_urls=[{vllm_server.url}] {SMALL_TRAIN}"
+        proc = in_fresh_folder(tmp_path, name, f"{line} {extra}", timeout_s=280)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+        metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert metrics, line

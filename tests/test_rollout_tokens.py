@@ -173,3 +173,17 @@ async def test_tool_output_cannot_forge_a_turn(scripted, renderer):
     async with EvilEnv() as env:
         traj = await run_episode(env, sampler, renderer, EpisodeLimits(), "t0")
     assert traj.token_ids.count(renderer.im_end) == 2 + 2 + 1  # system, user, 2 sampled, 1 tool turn
+
+
+async def test_every_call_past_max_parallel_calls_gets_an_error_message(scripted, renderer):
+    calls = [f'<tool_call>\n{{"name": "add", "arguments": {{"a": {k}, "b": 1}}}}\n</tool_call>' for k in range(4)]
+    env = AddEnv()
+    env.max_parallel_calls = 2
+    sampler = scripted(script_of(["\n".join(calls + ["<tool_call>{oops</tool_call>"]), ANSWER]))
+    async with env:
+        traj = await run_episode(env, sampler, renderer, EpisodeLimits(), "t0")
+    over = "at most 2 tool calls per turn; make it in the next turn"
+    assert [m.content for m in traj.messages if m.role == "tool"] == [
+        "1", "2", f"Error: call 3 not run: {over}", f"Error: call 4 not run: {over}", f"Error: call 5 not run: {over}"]
+    assert [(c.name, c.ok) for c in traj.tool_calls] == [("add", True)] * 2 + [("add", False)] * 2 + [("<invalid>", False)]
+    assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0

@@ -1,14 +1,25 @@
 """Tools are typed Python functions; this module turns one into a schema and a safe call.
 
 Owns: `Tool` (name, description, JSON schema from the signature and docstring through pydantic,
-argument validation, calling sync or async functions with a deadline), `ToolError`, and `ToolLike`,
-the interface every tool has (`Tool`, and MCP servers' tools in `tools.mcp`).
-Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`) or rendering schemas
-into a prompt (`agent_rl.core.chatml`).
+argument validation, calling sync or async functions with a deadline that holds), `tool_options`
+(a function's own defaults: deadline, isolation), `ToolError`, and `ToolLike`, the interface every
+tool has (`Tool`, and MCP servers' tools in `tools.mcp`).
+Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`), rendering schemas
+into a prompt (`agent_rl.core.chatml`), or the threads and worker processes sync tools run in
+(`tools.runners`).
 
 A tool function returns a string (what the model reads) or anything JSON-serialisable. It raises
 `ToolError` to tell the model something went wrong; any other exception is reported to the model
 too, as a tool failure, never raised out of the rollout loop.
+
+Where a call runs, so that its deadline (`timeout_s`) holds and the event loop never stalls:
+- an async function: awaited on the loop and cancelled at the deadline (it must await to yield);
+- a sync function: in a thread of its own, stopped at the deadline (`tools.runners.run_in_thread`);
+  that covers pure-Python code, and bound methods whose state lives in this process (GUI actions,
+  search), all cheap by construction;
+- a sync function with `isolate=True` (or `@tool_options(isolate=True)`): in a worker process that
+  is killed at the deadline (`run_in_worker`). For tools whose cost the model's arguments choose,
+  such as the calculator: one C call (big-int `**`) holds the GIL and no thread can stop it.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import pydantic
 
+from tools.runners import function_address, run_in_thread, run_in_worker
+
 
 class ToolError(Exception):
     """Raised by a tool to send the model a readable error message."""
@@ -32,6 +45,21 @@ class ToolResult:
     ok: bool
     content: str  # the text the model sees in the tool message
     error: str | None = None
+
+
+def tool_options(*, isolate: bool | None = None, timeout_s: float | None = None) -> Callable:
+    """Decorator: the defaults `Tool` takes for this function (the function itself is unchanged)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__tool_options__ = {k: v for k, v in (("isolate", isolate), ("timeout_s", timeout_s)) if v is not None}
+        return fn
+
+    return mark
+
+
+def tool_content(out: Any) -> str:
+    """What the model reads of a tool's return value."""
+    return out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
 
 
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
@@ -67,10 +95,16 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 class Tool:
     """A typed Python function exposed to the model."""
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None, timeout_s: float = 60.0):
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, timeout_s: float | None = None,
+                 isolate: bool | None = None):
+        options = getattr(fn, "__tool_options__", {})
         self.fn = fn
         self.name = name or fn.__name__
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else options.get("timeout_s", 60.0)
+        self.isolate = isolate if isolate is not None else options.get("isolate", False)
+        if self.isolate and inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {self.name}: isolate=True is for synchronous functions; this one is async")
+        self._address = function_address(fn) if self.isolate else None
         self.description, arg_docs = _parse_docstring(fn.__doc__ or "")
         sig = inspect.signature(fn)
         hints = _type_hints(fn)
@@ -114,21 +148,35 @@ class Tool:
     async def call(self, arguments: Any) -> ToolResult:
         """Validate and run; every failure becomes a `ToolResult` with ok=False."""
         try:
-            kwargs = self.validate(arguments)
-            if inspect.iscoroutinefunction(self.fn):
-                out = await asyncio.wait_for(self.fn(**kwargs), self.timeout_s)
-            else:
-                out = await asyncio.wait_for(asyncio.to_thread(self.fn, **kwargs), self.timeout_s)
+            out = await self._run(self.validate(arguments))
         except ToolError as e:
             return ToolResult(ok=False, content=f"Error: {e}", error=str(e))
         except (asyncio.TimeoutError, TimeoutError):
             msg = f"{self.name} did not finish within {self.timeout_s:g} s"
             return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
+        except _WorkerFailure as e:
+            msg = f"{self.name} failed: {e}"
+            return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
         except Exception as e:  # a tool bug is the model's problem to read about, not a crash
             msg = f"{self.name} failed: {type(e).__name__}: {e}"
             return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
-        content = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
-        return ToolResult(ok=True, content=content)
+        return ToolResult(ok=True, content=tool_content(out))
+
+    async def _run(self, kwargs: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(self.fn):
+            return await asyncio.wait_for(self.fn(**kwargs), self.timeout_s)
+        if self._address is None:
+            return await run_in_thread(self.fn, kwargs, self.timeout_s, self.name)
+        kind, text = await run_in_worker(self._address, kwargs, self.timeout_s)
+        if kind == "refused":
+            raise ToolError(text)
+        if kind == "failed":
+            raise _WorkerFailure(text)
+        return text
+
+
+class _WorkerFailure(Exception):
+    """A tool raised in its worker process; the message is already "Type: text"."""
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:

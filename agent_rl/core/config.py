@@ -76,7 +76,7 @@ class SamplerConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    env: str = Field("calculator", min_length=1, description="environment name from agent_rl.core.registry")
+    env: str = Field("calculator", min_length=1, description="built-in name, module name or .py file (core.registry)")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")

@@ -1,18 +1,27 @@
-"""Environment lookup by name: a short built-in name, or `package.module` of the user's own.
+"""Environment lookup by name: a short built-in name, the user's own module, or a `.py` file.
 
-Owns: `load_env(name) -> EnvSpec`. An environment module exposes `make_env(task) -> Env` and
-`load_tasks(n: int, seed: int, split: str) -> list[dict]`, and may expose a scripted solver for
-demonstrations, `solve(task, messages, direct: bool) -> Message`: the next assistant reply given
-the conversation so far as messages (tool results in the tool messages); the reply's `content` is
-its prose and its `tool_calls` the calls to make, which the renderer writes in the model's format;
-with `direct` it answers without calling a tool.
+Owns: `load_env(name) -> EnvSpec`: a built-in name (`BUILTIN`); a module name, found on the import
+path or else in the current folder (so `agent-rl rollout --env my_env` finds `./my_env.py`, as
+`python -m` would, although a console script does not put the current folder on the path); or a
+path to a `.py` file (`./my_env.py`, `/abs/env.py`), imported under its file name with its folder
+added to the import path, so that worker processes (`tools.runners`) import it the same way.
+An environment module exposes `make_env(task) -> Env` and `load_tasks(n: int, seed: int, split:
+str) -> list[dict]`, and may expose a scripted solver for demonstrations, `solve(task, messages,
+direct: bool) -> Message`: the next assistant reply given the conversation so far as messages (tool
+results in the tool messages); the reply's `content` is its prose and its `tool_calls` the calls to
+make, which the renderer writes in the model's format; with `direct` it answers without calling a
+tool.
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from agent_rl.core.env import Env
@@ -32,13 +41,49 @@ class EnvSpec:
 
 
 def load_env(name: str) -> EnvSpec:
-    module_name = BUILTIN.get(name, name)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"unknown environment {name!r} (built-in: {', '.join(BUILTIN)}; or a module path): {e}") from None
+    module = _import_env(name)
     missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
     if missing:
-        raise ValueError(f"environment module {module_name!r} lacks {' and '.join(missing)}")
+        raise ValueError(f"environment module {module.__name__!r} lacks {' and '.join(missing)}")
     solve = getattr(module, "solve", None)
     return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None)
+
+
+def _import_env(name: str) -> ModuleType:
+    if name in BUILTIN:
+        return _import(BUILTIN[name], name)
+    if name.endswith(".py") or "/" in name or os.sep in name:
+        return _import_file(name)
+    _on_path(os.getcwd())  # last: a file in the current folder never shadows an installed module
+    return _import(name, name)
+
+
+def _import_file(name: str) -> ModuleType:
+    path = Path(name).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"environment file {name!r} does not exist")
+    if path.suffix != ".py" or not path.stem.isidentifier():
+        raise ValueError(f"environment file {name!r} must be a .py file named like a Python module")
+    _on_path(str(path.parent))
+    module = _import(path.stem, name)
+    if Path(getattr(module, "__file__", None) or "").resolve() != path:
+        raise ValueError(f"environment file {name!r} cannot be imported as {path.stem!r}: that name is taken "
+                         f"by {getattr(module, '__file__', None) or 'a built-in module'}; rename the file")
+    return module
+
+
+def _on_path(folder: str) -> None:
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+def _import(module_name: str, name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise ValueError(f"unknown environment {name!r} (built-in: {', '.join(BUILTIN)}; or a module name, "
+                             f"or a .py file): {e}") from None
+        raise ValueError(f"environment {name!r} failed to import: {e}") from None
+    except Exception as e:  # a bug in the user's module: one line, not a traceback
+        raise ValueError(f"environment {name!r} failed to import: {type(e).__name__}: {e}") from None

@@ -1,0 +1,84 @@
+"""Per-call cost of where a synchronous tool runs: the calculator in a thread, in a worker process,
+and through `asyncio.to_thread` (how every sync tool ran before deadlines were made real).
+
+Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
+{"calls": N, "thread_ms": {"p50", "p90"}, "worker_ms": {...}, "to_thread_ms": {...}, "direct_ms": {...},
+ "worker_over_thread_p50": r, "worker_start_s": s, "worker_rss_mib": m, "concurrent_worker_ms_per_call": c, ...}.
+The three runners alternate call by call, so machine noise falls on all of them alike.
+Usage: python bench/tool_call.py [--calls 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from tools import runners
+from tools.base import Tool
+from tools.calculator import calculator
+
+EXPRESSION = {"expression": "(123 + 456) * 789 / 3"}
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": round(pick(0.5) * 1000, 4), "p90": round(pick(0.9) * 1000, 4)}
+
+
+async def timed(coro) -> float:
+    start = time.perf_counter()
+    result = await coro
+    assert result.ok, result
+    return time.perf_counter() - start
+
+
+async def to_thread_call(tool: Tool):
+    """The old path: validate, then `asyncio.to_thread` under `wait_for` (no stop at the deadline)."""
+    from tools.base import ToolResult
+
+    out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **tool.validate(EXPRESSION)), tool.timeout_s)
+    return ToolResult(ok=True, content=out)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+async def main(calls: int) -> dict:
+    thread, worker = Tool(calculator, isolate=False), Tool(calculator)
+    start = time.perf_counter()
+    await worker.call(EXPRESSION)  # starts the first worker process and imports tools.calculator there
+    worker_start = time.perf_counter() - start
+    pool = runners._POOLS[asyncio.get_running_loop()]
+    times: dict[str, list[float]] = {"direct": [], "to_thread": [], "thread": [], "worker": []}
+    for i in range(calls):
+        t0 = time.perf_counter()
+        calculator(**EXPRESSION)
+        times["direct"].append(time.perf_counter() - t0)
+        times["to_thread"].append(await timed(to_thread_call(thread)))
+        times["thread"].append(await timed(thread.call(EXPRESSION)))
+        times["worker"].append(await timed(worker.call(EXPRESSION)))
+        if i % 100 == 0:
+            print(f"{i}/{calls}", file=sys.stderr)
+    await asyncio.gather(*(worker.call(EXPRESSION) for _ in range(32)))  # starts the pool's other workers
+    start = time.perf_counter()  # 32 rollouts calling at once share the pool's slots
+    await asyncio.gather(*(worker.call(EXPRESSION) for _ in range(32)))
+    concurrent = (time.perf_counter() - start) / 32
+    stats = {k: percentiles(v) for k, v in times.items()}
+    return {"calls": calls, **{f"{k}_ms": v for k, v in stats.items()},
+            "worker_over_thread_p50": round(stats["worker"]["p50"] / stats["thread"]["p50"], 2),
+            "thread_over_to_thread_p50": round(stats["thread"]["p50"] / stats["to_thread"]["p50"], 2),
+            "worker_start_s": round(worker_start, 3), "pool_size": runners.POOL_SIZE,
+            "worker_rss_mib": round(max(rss_mib(w.proc.pid) for w in pool._all), 1),
+            "concurrent_worker_ms_per_call": round(concurrent * 1000, 4), "workers": len(pool._all)}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=500)
+    print(json.dumps(asyncio.run(main(p.parse_args().calls))))

@@ -1,0 +1,48 @@
+"""Deliberately slow and failing tools for tests/test_tool_deadline.py.
+
+A module of its own, importing only the standard library and `tools.base`, because a worker process
+imports it by name to run them: a test module would drag pytest and the environments in with it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tools.base import ToolError
+
+progress = [0]  # how far `spin` got: it must stop growing once spin's deadline has passed
+
+
+def big_power(exponent: int) -> str:
+    """7 ** exponent in one C call that holds the GIL (minutes for exponent 10**8); reports the worker's pid.
+
+    Args:
+        exponent: The power.
+    """
+    return f"pid {os.getpid()}: {(7 ** exponent).bit_length()} bits"
+
+
+def spin(seconds: float) -> str:
+    """Pure-Python busy work for `seconds`.
+
+    Args:
+        seconds: How long.
+    """
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        progress[0] += 1
+    return "done"
+
+
+def refuse(text: str) -> str:
+    """Refuse with a ToolError, or fail with a ValueError, or end the process.
+
+    Args:
+        text: "refuse", "fail" or "exit".
+    """
+    if text == "refuse":
+        raise ToolError(f"refused {text!r}")
+    if text == "fail":
+        raise ValueError("a bug in the tool")
+    os._exit(3)

@@ -1,0 +1,329 @@
+"""Where a synchronous tool runs, with a deadline that holds: a stoppable thread or a killable process.
+
+Owns: `run_in_thread` (one thread per call, stopped at the deadline by `ToolOverrun` raised inside
+it), `run_in_worker` (warm worker processes, a pool per event loop; a call that overruns kills its
+worker and a fresh one takes its place later; an idle pool holds no reference to its loop, so a
+finished loop takes its workers with it) and the messages on their pipes; the worker's side is
+`tools.worker`.
+Does not own: which runner a tool uses, argument validation, or the tool message (`tools.base`).
+
+Why two runners. A thread shares the interpreter with the event loop. Pure-Python code in it lets
+the loop run (the GIL changes hands every 5 ms) and is stopped at its deadline: `ToolOverrun` is
+raised inside the thread (CPython's `PyThreadState_SetAsyncExc`) and ends it at its next bytecode,
+so it cannot keep a core busy after its deadline. What no thread can escape is one long C call that
+holds the GIL, such as Python's big-int `**`: it stops every thread, the event loop included, and no
+exception reaches it before it returns (nor can a blocking call such as `time.sleep` be cut short).
+A worker process is a separate interpreter: the event loop keeps running whatever the tool does,
+and at the deadline the worker is killed (SIGKILL). It costs a process per pool slot (~26 MiB, started
+on first use in 0.1-0.3 s) and a pipe round trip per call (`bench/tool_call.py`, the calculator: p50
+0.18 ms in a worker against 0.09 ms in a thread), and the function must be importable by name (a
+module-level function), because the worker imports it: bound methods of environments, whose state
+lives here, cannot go there. So a tool opts in (`tools.base.tool_options(isolate=True)`) when its
+cost is the model's to choose: the calculator, whose arithmetic is bounded as well, so that a hole
+in that bound would cost one call its deadline, not the run. Other synchronous tools run in a thread.
+
+The wait for a free worker does not count against a call's deadline; the call itself does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import importlib
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # concurrent isolated calls per event loop
+START_TIMEOUT_S = 120.0  # a worker's start-up and the import of a tool's module (not the call's deadline)
+_BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from tools.worker import serve; serve()"
+
+
+class ToolOverrun(BaseException):
+    """Raised inside a synchronous tool's thread once its deadline has passed, to stop it.
+
+    A BaseException, so that a tool's own `except Exception` does not swallow it."""
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any, name: str = "tool") -> tuple[asyncio.Future, threading.Thread]:
+    """Run `fn(*args)` in a new daemon thread; its outcome lands in the returned future (unless cancelled)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(value: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_result(value) if error is None else future.set_exception(error)
+
+    def body() -> None:
+        try:
+            outcome = fn(*args), None
+        except BaseException as e:  # delivered to the caller, which decides what it means
+            outcome = None, e
+        try:
+            loop.call_soon_threadsafe(deliver, *outcome)
+        except RuntimeError:  # the loop has closed: nobody waits for this any more
+            pass
+
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    return future, thread
+
+
+def _set_async_exc(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in thread `ident` at its next bytecode; None withdraws one not raised yet."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+
+
+class _StoppableCall:
+    """One call of a sync function in its own thread that `stop()` ends by raising `ToolOverrun` in it.
+
+    A stop is raised at most once and only while the function still runs (both under `_lock`); the
+    thread withdraws a stop that arrived too late to be raised inside the function."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any], name: str):
+        self._fn, self._kwargs = fn, kwargs
+        self._lock = threading.Lock()
+        self._done = self._stopped = False
+        self.future, self.thread = _in_thread(self._body, name=f"tool {name}")
+
+    def _body(self) -> Any:
+        try:
+            value, error = self._fn(**self._kwargs), None
+        except BaseException as e:  # ToolOverrun included: raised at the call's next bytecode
+            value, error = None, e
+        while True:
+            try:
+                self._finish()
+                break
+            except ToolOverrun:  # the stop surfaced only after the function had returned
+                continue
+        if error is not None:
+            raise error
+        return value
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._done = True
+            if self._stopped:
+                _set_async_exc(self.thread.ident, None)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._done or self._stopped:
+                return
+            self._stopped = True
+            _set_async_exc(self.thread.ident, ToolOverrun)
+
+
+async def run_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float, name: str) -> Any:
+    """`fn(**kwargs)` in a thread of its own; at `timeout_s` (or on cancellation) the thread is
+    stopped and TimeoutError raised. A thread still running a second later is logged: it is inside
+    a C call, and its tool should run in a worker process."""
+    call = _StoppableCall(fn, kwargs, name)
+    try:
+        return await asyncio.wait_for(call.future, timeout_s)
+    finally:
+        if not call.future.done() or call.future.cancelled():
+            call.stop()
+            asyncio.get_running_loop().call_later(1.0, _warn_if_alive, call.thread, name, timeout_s)
+
+
+def _warn_if_alive(thread: threading.Thread, name: str, timeout_s: float) -> None:
+    if thread.is_alive():
+        log.warning("tool %s still runs 1 s after its %g s deadline, inside one C call that cannot be "
+                    "stopped: run it in a worker process (tool_options(isolate=True))", name, timeout_s)
+
+
+# ---- worker processes ------------------------------------------------------------------------
+
+def write_message(stream: Any, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(4, "big") + data)
+    stream.flush()
+
+
+def read_message(stream: Any) -> Any:
+    def exactly(n: int) -> bytes:
+        chunks = b""
+        while len(chunks) < n:
+            chunk = stream.read(n - len(chunks))
+            if not chunk:
+                raise EOFError("the worker process closed its pipe")
+            chunks += chunk
+        return chunks
+
+    return pickle.loads(exactly(int.from_bytes(exactly(4), "big")))
+
+
+def function_address(fn: Callable[..., Any]) -> tuple[str, str]:
+    """(module, qualname) under which a worker imports `fn`; TypeError if it cannot."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    try:
+        found = module != "__main__" and "<" not in qualname and resolve(module, qualname) is fn
+    except (ImportError, AttributeError, TypeError):
+        found = False
+    if not found:
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} cannot run in a worker process: it must be a "
+                        f"module-level function of an importable module (not __main__, a lambda, a closure "
+                        f"or a bound method), because the worker imports it by name")
+    return module, qualname
+
+
+def resolve(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.loaded: set[tuple[str, str]] = set()
+
+    def request(self, message: tuple) -> tuple[str, Any]:
+        write_message(self.proc.stdin, message)
+        return read_message(self.proc.stdout)
+
+    async def ask(self, message: tuple, timeout_s: float) -> tuple[str, Any]:
+        future, _ = _in_thread(self.request, message, name="tool worker pipe")
+        return await asyncio.wait_for(future, timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:  # reap it without blocking the loop
+            threading.Thread(target=self.proc.wait, daemon=True).start()
+        except RuntimeError:  # no new threads at interpreter shutdown: nothing left to reap it for
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+def _kill_all(workers: set[_Worker]) -> None:
+    for w in list(workers):
+        w.kill()
+
+
+class _Slots:
+    """asyncio.Semaphore without its binding to a loop: an idle pool holds no reference to its loop,
+    so a finished loop (and with it the pool, which then kills its workers) can be collected."""
+
+    def __init__(self, size: int):
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiters.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # handed a slot just as it was cancelled: pass it on
+            elif granted in self._waiters:
+                self._waiters.remove(granted)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            granted = self._waiters.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                return
+        self._free += 1
+
+
+class WorkerPool:
+    """Up to `size` warm worker processes serving the isolated tool calls of one event loop."""
+
+    def __init__(self, size: int = POOL_SIZE):
+        self._slots = _Slots(size)
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        weakref.finalize(self, _kill_all, self._all)  # also at interpreter exit
+
+    async def call(self, address: tuple[str, str], kwargs: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
+        """The worker's reply ("ok", content) / ("refused", ToolError text) / ("failed", "Type: text");
+        TimeoutError past `timeout_s`, RuntimeError if the worker does not start or dies."""
+        await self._slots.acquire()
+        try:
+            return await self._serve(self._take(), address, kwargs, timeout_s)
+        finally:
+            self._slots.release()
+
+    async def _serve(self, worker: _Worker, address: tuple[str, str], kwargs: dict[str, Any],
+                     timeout_s: float) -> tuple[str, Any]:
+        healthy = False
+        try:
+            if address not in worker.loaded:  # start-up and import, outside the call's deadline
+                reply = await self._ask(worker, ("load", *address), START_TIMEOUT_S, "start")
+                if reply[0] != "ok":
+                    healthy = True
+                    return reply
+                worker.loaded.add(address)
+            reply = await self._ask(worker, ("call", *address, kwargs), timeout_s, "call")
+            healthy = True
+            return reply
+        finally:
+            if healthy:
+                self._idle.append(worker)
+            else:  # overran, died or was cancelled mid-call: its state is unknown
+                worker.kill()
+                self._all.discard(worker)
+
+    def _take(self) -> _Worker:
+        """An idle worker that is still alive, or a new one."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.proc.poll() is None:
+                return worker
+            worker.kill()
+            self._all.discard(worker)
+        return self._start()
+
+    def _start(self) -> _Worker:
+        worker = _Worker()
+        self._all.add(worker)
+        return worker
+
+    @staticmethod
+    async def _ask(worker: _Worker, message: tuple, timeout_s: float, what: str) -> tuple[str, Any]:
+        try:
+            return await worker.ask(message, timeout_s)
+        except (EOFError, BrokenPipeError):
+            try:  # it closed its pipe: it is exiting, or already gone
+                code = await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 2.0)
+            except (asyncio.TimeoutError, TimeoutError):
+                code = "unknown"
+            raise RuntimeError(f"the worker process exited (status {code}) during the {what}") from None
+        except (asyncio.TimeoutError, TimeoutError):
+            if what == "call":
+                raise
+            raise RuntimeError(f"the worker process did not start within {START_TIMEOUT_S:g} s") from None
+
+
+_POOLS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WorkerPool]" = weakref.WeakKeyDictionary()
+
+
+async def run_in_worker(address: tuple[str, str], kwargs: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
+    """Call the function at `address` in a worker process of this event loop's pool (`WorkerPool.call`)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _POOLS:
+        _POOLS[loop] = WorkerPool()
+    return await _POOLS[loop].call(address, kwargs, timeout_s)
