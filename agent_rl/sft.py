@@ -27,6 +27,7 @@ from agent_rl.core.files import write_text
 from agent_rl.core.renderers import load_renderer
 from agent_rl.demos import Demo, read_demos
 from agent_rl.learn.batching import collate, micro_batches
+from agent_rl.learn.device import model_device
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.policy import build_policy
@@ -46,6 +47,7 @@ def nll_step(model, demos: Sequence[Demo], pad_id: int, micro_batch_tokens: int,
     total = 0.0
     with torch.set_grad_enabled(train):
         for mb in micro_batches(batch, max_tokens=micro_batch_tokens):
+            mb = mb.to(model_device(model))
             logp_B_T = token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, 1.0, chunk).logp_B_T
             loss = -torch.where(mb.loss_mask_B_T, logp_B_T, 0.0).sum() / batch.step_num_tokens
             if train:

@@ -1,13 +1,24 @@
-"""Rollout efficiency: sampled tokens/s of multi-turn rollouts with 100 ms tools vs raw vLLM generation.
+"""Rollouts as training samples them: the trained policy as merged weights and as a LoRA adapter,
+against raw vLLM generation, and how much of each turn's prompt the prefix cache saves.
 
-One vLLM server, one run, alternating the two sides `--reps` times (machines are noisy: we report
-the ratio of medians). The runner side plays `--episodes` concurrent episodes of `--turns` turns;
-after each turn a tool sleeps `--tool-ms`. The raw side sends one request per episode asking for
-exactly the number of tokens that episode sampled (ignore_eos + min_tokens), all at once.
+One vLLM server (LoRA and dev mode: what a training run starts), one rank-16 adapter (random B, or
+`--adapter` a trained one), one run, `--reps` alternations of five sides:
+- rollout_merged / raw_merged: `--episodes` concurrent multi-turn rollouts (a 100 ms tool after each
+  turn) with the policy pushed as merged weights (`model.sync: merged`), then raw generation of exactly
+  the tokens each episode sampled (one request per episode, ignore_eos + min_tokens, all at once);
+- rollout_adapter / raw_adapter: the same with the policy as a runtime adapter (`model.sync: adapter`);
+- raw_base: raw generation on the base weights, reloaded in place: the speed to match.
+Machines are noisy: medians of the reps, and ratios of sides measured in the same rep.
 
-    python bench/rollout.py [--model smollm2-135m | --server-url URL]
+Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
+but the new tokens. The server's own counters (`vllm:prefix_cache_queries` / `_hits`, in tokens) are
+read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
+tokens served from the cache, `prefill_tokens_per_turn` what was computed per request.
 
-Prints one JSON line: rollout_tok_s, raw_tok_s, rollout_efficiency (target >= 0.90), ...
+    python bench/rollout.py [--model smollm2-135m | --server-url URL (dev mode, LoRA)] [--adapter DIR]
+
+Prints one JSON line: trained_vs_base (raw_merged / raw_base, target >= 0.9), adapter_vs_base,
+rollout_efficiency (rollout_merged / raw_merged, target >= 0.90), rollout_efficiency_adapter, ...
 """
 
 from __future__ import annotations
@@ -15,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,9 +40,12 @@ import aiohttp  # noqa: E402
 from agent_rl.core.renderers import load_renderer  # noqa: E402
 from agent_rl.core.types import Message  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
+from agent_rl.learn.policy import apply_lora, load_causal_lm  # noqa: E402
+from agent_rl.rollout.merged import MergedSync  # noqa: E402
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
 from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
 from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
+from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync  # noqa: E402
 from envs.base import Env, StepResult  # noqa: E402
 
 
@@ -52,15 +68,15 @@ class SlowToolEnv(Env):
         return 0.0
 
 
-async def runner_side(url, renderer, args):
+async def runner_side(sampler, renderer, args):
+    """Rollouts on the sampler's current policy: per-episode sampled tokens, prompts, seconds."""
     tasks = [{"id": str(i), "n": i} for i in range(args.episodes)]
     limits = EpisodeLimits(max_turns=args.turns, max_tokens_per_turn=args.tokens_per_turn,
                            max_total_tokens=4096, temperature=1.0)
-    async with VLLMSampler([url]) as sampler:
-        t0 = time.perf_counter()
-        groups = await rollout_groups(tasks, lambda t: SlowToolEnv(t, args.turns, args.tool_ms / 1000),
-                                      sampler, renderer, limits, group_size=1, max_concurrent=args.episodes)
-        dt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    groups = await rollout_groups(tasks, lambda t: SlowToolEnv(t, args.turns, args.tool_ms / 1000),
+                                  sampler, renderer, limits, group_size=1, max_concurrent=args.episodes)
+    dt = time.perf_counter() - t0
     trajs = [g.trajectories[0] for g in groups]
     errors = [t.error for t in trajs if t.error]
     if errors:
@@ -68,11 +84,12 @@ async def runner_side(url, renderer, args):
     return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt
 
 
-async def raw_side(url, prompts, budgets):
+async def raw_side(url, model, prompts, budgets):
+    """Tokens per second of one request per episode, all at once, each asking for its exact budget."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         async def one(prompt, n):
-            body = {"model": "base", "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+            body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                     "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
             async with http.post(url + "/v1/completions", json=body) as r:
                 r.raise_for_status()
@@ -80,13 +97,57 @@ async def raw_side(url, prompts, budgets):
 
         t0 = time.perf_counter()
         got = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, budgets)))
-        return sum(got), time.perf_counter() - t0
+        return sum(got) / (time.perf_counter() - t0)
+
+
+async def cache_counters(url: str) -> dict[str, float]:
+    """The server's prefix-cache counters (tokens): queries and hits, summed over engines."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.get(url + "/metrics") as r:
+            text = await r.text()
+    out = {}
+    for name in ("queries", "hits"):
+        values = re.findall(rf"^vllm:prefix_cache_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        out[name] = sum(float(v) for v in values)
+    return out
+
+
+async def rollouts(sampler, renderer, args, url, figures, side: str):
+    """One rollout side and its raw generation, with the prefix cache's share of the prompt tokens."""
+    before = await cache_counters(url)
+    budgets, prompts, dt = await runner_side(sampler, renderer, args)
+    after = await cache_counters(url)
+    figures[f"rollout_{side}"].append(sum(budgets) / dt)
+    figures[f"raw_{side}"].append(await raw_side(url, sampler.model, prompts, budgets))
+    queries, hits = after["queries"] - before["queries"], after["hits"] - before["hits"]
+    figures[f"cache_hit_{side}"].append(hits / queries if queries else float("nan"))
+    figures[f"prefill_{side}"].append((queries - hits) / (args.episodes * args.turns))
+    return prompts, budgets
+
+
+async def one_rep(url, renderer, args, policy, base, figures, tmp: Path, rep: int):
+    async with VLLMSampler([url]) as sampler:
+        merged = MergedSync(tmp / f"m{rep}", sampler, policy)
+        await merged.push(policy, 1)
+        prompts, budgets = await rollouts(sampler, renderer, args, url, figures, "merged")
+        adapter = AdapterSync(tmp / f"a{rep}", sampler, prefix=f"bench-{rep}")
+        await adapter.push(policy, 1)
+        await rollouts(sampler, renderer, args, url, figures, "adapter")
+        await adapter.retire_all()
+        await FullWeightSync(tmp / f"b{rep}", sampler, keep=1).push(base, 1)  # the base weights back
+        figures["raw_base"].append(await raw_side(url, "base", prompts, budgets))
+        merged.close()
+
+
+def median(xs):
+    return round(statistics.median(xs), 3)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--server-url")
+    ap.add_argument("--adapter", help="a trained peft adapter (default: rank 16 with random B)")
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tokens-per-turn", type=int, default=48)
@@ -95,31 +156,51 @@ def main() -> None:
     args = ap.parse_args()
     model_dir = resolve_model(args.model)
     renderer = load_renderer(model_dir)
-    server = None
-    if args.server_url:
-        url = attach(args.server_url)
+    base = load_causal_lm(str(model_dir))
+    if args.adapter:
+        from peft import PeftModel
+
+        policy = PeftModel.from_pretrained(load_causal_lm(str(model_dir)), args.adapter)
     else:
-        server = VLLMServer(model_dir, kv_cache_gib=2.0, max_model_len=4096).start()
+        policy = apply_lora(load_causal_lm(str(model_dir)), rank=16, alpha=32)
+        with __import__("torch").no_grad():
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
+    server = None
+    url = attach(args.server_url) if args.server_url else None
+    if url is None:
+        server = VLLMServer(model_dir, kv_cache_gib=2, max_model_len=4096, dev_mode=True).start()
         url = server.url
+    figures: dict[str, list[float]] = {k: [] for k in (
+        "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base",
+        "cache_hit_merged", "cache_hit_adapter", "prefill_merged", "prefill_adapter")}
     try:
-        # warm-up (compilation, prefix cache of the system prompt)
-        asyncio.run(runner_side(url, renderer, argparse.Namespace(**{**vars(args), "episodes": 4, "turns": 1})))
-        rollout_rates, raw_rates, tokens = [], [], []
-        for _ in range(args.reps):
-            budgets, prompts, dt = asyncio.run(runner_side(url, renderer, args))
-            rollout_rates.append(sum(budgets) / dt)
-            tokens.append(sum(budgets))
-            n_raw, dt_raw = asyncio.run(raw_side(url, prompts, budgets))
-            raw_rates.append(n_raw / dt_raw)
+        with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+            for rep in range(args.reps + 1):  # rep 0 warms up (compilation, first loads): not counted
+                asyncio.run(one_rep(url, renderer, args, policy, base, figures, Path(tmp), rep))
+                if rep == 0:
+                    figures = {k: [] for k in figures}
     finally:
         if server:
             server.stop()
-    rollout, raw = statistics.median(rollout_rates), statistics.median(raw_rates)
+    report(args, figures)
+
+
+def report(args, figures) -> None:
+    m = {k: median(v) for k, v in figures.items()}
     print(json.dumps({
-        "bench": "rollout", "model": args.model, "episodes": args.episodes, "turns": args.turns,
-        "tool_ms": args.tool_ms, "sampled_tokens_per_rep": tokens, "rollout_tok_s": round(rollout, 1),
-        "raw_tok_s": round(raw, 1), "rollout_efficiency": round(rollout / raw, 3),
-        "rollout_tok_s_reps": [round(x, 1) for x in rollout_rates], "raw_tok_s_reps": [round(x, 1) for x in raw_rates],
+        "bench": "rollout", "model": args.model, "adapter": args.adapter or "random rank 16",
+        "episodes": args.episodes, "turns": args.turns, "tool_ms": args.tool_ms, "reps": args.reps,
+        "trained_vs_base": round(m["raw_merged"] / m["raw_base"], 3),
+        "adapter_vs_base": round(m["raw_adapter"] / m["raw_base"], 3),
+        "rollout_efficiency": round(m["rollout_merged"] / m["raw_merged"], 3),
+        "rollout_efficiency_adapter": round(m["rollout_adapter"] / m["raw_adapter"], 3),
+        "merged_vs_adapter_rollouts": round(m["rollout_merged"] / m["rollout_adapter"], 3),
+        "prefix_cache_hit_rate": m["cache_hit_merged"], "prefix_cache_hit_rate_adapter": m["cache_hit_adapter"],
+        "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
+        **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
+        "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items() if not k.startswith(("cache", "prefill"))},
     }))
 
 

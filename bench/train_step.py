@@ -1,39 +1,38 @@
-"""Where a GRPO step's time goes: vLLM generation, forward/backward/optimizer, weight sync, the rest.
+"""Where a GRPO step's time and memory go, and what merged-weight sync and gradient checkpointing change.
 
-Runs `--steps` real steps of `agent_rl.trainer.train` (calculator env, 2 tasks x 4 rollouts,
-64 tokens per turn, rank-16 LoRA of `--model`) in a temp run dir against one vLLM server (started
-here, or `--server-url`), then pushes the trained adapter `--sync-reps` more times. The figures
-come from the run's metrics.jsonl plus probes around the trainer's own stages, passed to it as
-`trainer.Stages` (the loop runs unchanged); step 1 is warm-up and is skipped when there are >= 3
+Runs `--steps` real steps of `agent_rl.trainer.train` on the recipe's configuration
+(examples/calculator_recipe.yaml: calculator env, 8 tasks x 4 rollouts, 3 turns of 64 tokens, a rank-16
+LoRA of SmolLM2-135M, from the recipe's SFT adapter when `--init-adapter` names it) with
+`optim.micro_batch_tokens` 4096, once per variant, each in a fresh child process (so that each peak RSS
+is its own), all against one vLLM server started here in dev mode with LoRA (what a run starts):
+
+    adapter-full     model.sync adapter, no gradient checkpointing  (the trainer before these changes)
+    adapter-ckpt     model.sync adapter, gradient checkpointing
+    merged-ckpt      model.sync merged, gradient checkpointing       (what model.sync auto picks here)
+
+The figures come from each run's metrics.jsonl plus probes around the trainer's own stages, passed to
+it as `trainer.Stages` (the loop runs unchanged); step 1 is warm-up and is skipped when there are >= 3
 steps. Every rollout is trained on, with advantages +1/-1 where its group has no reward variance
-(`forced_advantages`: the bare model
-rarely earns a reward, and a step that drops every group would time no update at all);
-`--real-advantages` turns that off.
+(`forced_advantages`: a step that drops every group would time no update at all); `--real-advantages`
+turns that off.
 
-How each term is measured, per step (then summed over the measured steps):
-- step wall time: the trainer's `time/step_s` (sample to the end of the weight push; it leaves
-  out metrics logging and checkpoint writes, so `run.save_every` = steps keeps those off the path).
-- generation: wall time during which at least one `/v1/completions` request of the trainer is in
-  flight (union of the intervals of `VLLMSampler.sample` calls), so concurrent episodes count once
-  and env/tool/rendering time between turns does not count.
-- forward/backward/optimizer: wall time of the trainer's `policy_update` call (micro-batch
-  forwards, loss, backwards, grad clip, AdamW step); collating and the thread hop are not in it.
-- sync: the trainer's `time/sync_s`, i.e. `AdapterSync.push` (save the adapter, load it on the
-  server, unload the version before last).
-- other = step - generation - forward/backward/optimizer - sync (env and tools, rendering, metrics,
-  collating, the event loop). `overhead_ratio` = step / (generation + forward/backward/optimizer +
-  sync); target <= 1.10.
+Per step (medians over the measured steps):
+- step wall time: the trainer's `time/step_s` (sample to the end of the weight push; metrics logging and
+  checkpoint writes are off the path: `run.save_every` = steps);
+- generation: wall time during which at least one request of the trainer is in flight;
+- forward/backward/optimizer: wall time of the trainer's `policy_update` call;
+- sync: the trainer's `time/sync_s`; other = the rest (env and tools, rendering, collating, the loop);
+- `sampled_tok_per_step_s`: tokens the policy sampled in the step / step wall time.
+Memory: `trainer_rss_peak_mib`, the child's peak RSS (`getrusage`); `vllm_rss_peak_mib`, the highest summed
+RSS of the server's process tree seen every 0.2 s.
 
-`sync_seconds` (target <= 1.0) is the median over every push after the first (the first loads the
-base-model adapter on a cold server) of the real rank-16 adapter to the real server: the in-run
-pushes, then `--sync-reps` pushes of the trained adapter. Memory: `trainer_rss_peak_mib` is this
-process's peak RSS (`getrusage`, the trainer runs in-process); `vllm_rss_peak_mib` is the highest
-summed RSS of the server's process tree (api server, engine core, worker) seen by sampling /proc
-every 0.2 s (pages shared between them count twice); null when attached by URL.
+Ratios in the JSON line: `ckpt_step_time_ratio` (adapter-ckpt / adapter-full fwd/bwd/optimizer time:
+target <= 1.35), `ckpt_rss` (adapter-ckpt peak: target <= 3 GB), `merged_tok_per_step_s_ratio`
+(merged-ckpt / adapter-ckpt) and `step_time_vs_before` (merged-ckpt / adapter-full step wall time:
+target <= 0.6).
 
-    python bench/train_step.py [--model smollm2-135m] [--steps 3] [--server-url URL]
-
-Prints progress to stderr and one JSON line on stdout.
+    python bench/train_step.py [--steps 3] [--init-adapter runs/calculator_recipe/sft/adapter]
+                               [--variants adapter-full adapter-ckpt merged-ckpt]
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -211,57 +211,93 @@ def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
+VARIANTS = {
+    "adapter-full": ["model.sync=adapter", "model.gradient_checkpointing=false"],
+    "adapter-ckpt": ["model.sync=adapter", "model.gradient_checkpointing=true"],
+    "merged-ckpt": ["model.sync=merged", "model.gradient_checkpointing=true"],
+}
+
+
+def child(args) -> None:
+    """One variant's run in this process: its JSON line on stdout."""
+    run_dir = tempfile.mkdtemp(prefix=f"bench-train-step-{args.child}-")
+    recipe = str(Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.yaml")
+    cfg = load_config(recipe, [
+        f"run.steps={args.steps}", f"run.run_dir={run_dir}", f"run.save_every={args.steps}", "run.tensorboard=false",
+        f"sampler.server_urls=[{args.server_url}]", "optim.micro_batch_tokens=4096",
+        *([f"model.init_adapter={args.init_adapter}"] if args.init_adapter else []), *VARIANTS[args.child],
+        *args.set])
+    probe = Probe()
+    t0 = time.perf_counter()
+    asyncio.run(train(cfg, stages=timed_stages(probe, force=not args.real_advantages)))
+    print(json.dumps({"variant": args.child, **summary(args, cfg, run_dir, probe, None, time.perf_counter() - t0)}))
+
+
+def run_variants(args, url: str) -> list[dict]:
+    out = []
+    for variant in args.variants:
+        print(f"variant {variant}...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, __file__, "--child", variant, "--server-url", url, "--steps", str(args.steps),
+               *(["--init-adapter", args.init_adapter] if args.init_adapter else []),
+               *(["--real-advantages"] if args.real_advantages else []), *[f"--set={x}" for x in args.set]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: variant {variant} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--server-url", help="attach to a running vLLM server (started with --enable-lora)")
-    ap.add_argument("--sync-reps", type=int, default=5, help="extra pushes of the trained adapter after the run")
+    ap.add_argument("--init-adapter", help="the recipe's SFT adapter (runs/calculator_recipe/sft/adapter), "
+                                           "so that rollouts call the tool as the recipe's GRPO steps do")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--server-url", help="attach to a running vLLM server (dev mode, LoRA)")
     ap.add_argument("--real-advantages", action="store_true",
                     help="train only on groups with reward variance (default: every rollout, see forced_advantages)")
     ap.add_argument("--set", action="append", default=[], help="extra config override key=value")
+    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    model_dir = resolve_model(args.model)
-    run_dir = tempfile.mkdtemp(prefix="bench-train-step-")
-    cfg = load_config(None, [
-        f"model.name={args.model}", "model.lora_rank=16", f"run.steps={args.steps}", f"run.run_dir={run_dir}",
-        f"run.save_every={args.steps}", "rollout.env=calculator", "rollout.tasks_per_step=2",
-        "rollout.group_size=4", "rollout.max_tokens_per_turn=64", *args.set])
-    if cfg.algorithm.overlap_rollouts:
-        raise SystemExit("error: overlapped rollouts mix two steps' generation and training; "
-                         "this split times them apart (drop algorithm.overlap_rollouts)")
+    if args.child:
+        return child(args)
     server = rss = None
     if args.server_url:
         url = attach(args.server_url)
     else:
-        print(f"starting vLLM server on {model_dir}...", file=sys.stderr)
-        s = cfg.sampler  # the server the trainer would start itself
-        server = VLLMServer(model_dir, max_lora_rank=max(cfg.model.lora_rank, 8), kv_cache_gib=s.kv_cache_gib,
-                            max_model_len=s.max_model_len, seed=cfg.run.seed,
-                            log_path=Path(run_dir) / "vllm.log").start()
+        print("starting a vLLM server (dev mode, LoRA)...", file=sys.stderr)
+        recipe = load_config(str(Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.yaml"))
+        server = VLLMServer(resolve_model(recipe.model.name), max_lora_rank=16, kv_cache_gib=recipe.sampler.kv_cache_gib,
+                            max_model_len=recipe.sampler.max_model_len, dev_mode=True).start()
         url = server.url
         rss = TreeRSS(server.proc.pid)
         rss.start()
-    probe = Probe()
     try:
-        cfg = cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"server_urls": [url]})})
-        t0 = time.perf_counter()
-        asyncio.run(train(cfg, stages=timed_stages(probe, force=not args.real_advantages)))
-        run_wall = time.perf_counter() - t0
-
-        async def more_pushes():
-            for i in range(args.sync_reps):
-                await probe.sync.push(probe.model, args.steps + 1 + i)
-
-        asyncio.run(more_pushes())
+        results = {r["variant"]: r for r in run_variants(args, url)}
     finally:
-        try:
-            if rss:
-                rss.stop()
-        finally:
-            if server:
-                server.stop()
-    print(json.dumps(summary(args, cfg, run_dir, probe, rss, run_wall)))
+        if rss:
+            rss.stop()
+        if server:
+            server.stop()
+    print(json.dumps(comparison(results, rss)))
+
+
+def comparison(results: dict[str, dict], rss) -> dict:
+    def ratio(a: str, b: str, key: str):
+        if a in results and b in results and results[b][key]:
+            return round(results[a][key] / results[b][key], 3)
+        return None
+
+    return {
+        "bench": "train_step", "variants": list(results),
+        "ckpt_step_time_ratio": ratio("adapter-ckpt", "adapter-full", "fwd_bwd_optim_s"),
+        "ckpt_rss_ratio": ratio("adapter-ckpt", "adapter-full", "trainer_rss_peak_mib"),
+        "ckpt_rss_mib": results.get("adapter-ckpt", {}).get("trainer_rss_peak_mib"),
+        "merged_tok_per_step_s_ratio": ratio("merged-ckpt", "adapter-ckpt", "sampled_tok_per_step_s"),
+        "step_time_vs_before": ratio("merged-ckpt", "adapter-full", "step_s"),
+        "vllm_rss_peak_mib": round(rss.peak_kib / 1024, 1) if rss else None,
+        **{name: {k: v for k, v in r.items() if k not in ("bench", "variant", "run_dir")} for name, r in results.items()},
+    }
 
 
 def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall: float) -> dict:
@@ -276,8 +312,10 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
     busy = sum(gen) + sum(fbo) + sum(sync)
     later = probe.pushes[1:]
     per_step = lambda xs: [round(x, 3) for x in xs]  # noqa: E731
+    sampled = [r["tokens_per_s"] for r in measured]  # the trainer's own: sampled tokens / step wall time
     return {
-        "bench": "train_step", "model": args.model, "steps": args.steps,
+        "bench": "train_step", "model": cfg.model.name, "steps": args.steps, "sync": cfg.model.sync,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing, "sampled_tok_per_step_s": _median(sampled),
         "measured_steps": [r["step"] for r in measured],
         "rollouts_per_step": cfg.rollout.rollouts_per_step, "max_tokens_per_turn": cfg.rollout.max_tokens_per_turn,
         "forced_advantages": not args.real_advantages,
@@ -287,8 +325,8 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
         "train_s": _median([r["time/train_s"] for r in measured]),
         "overhead_ratio": round(sum(step) / busy, 3) if busy else None,
         "sync_seconds": _median([p["total_s"] for p in later]),
-        "sync_save_s": _median([p["save_s"] for p in later]), "sync_load_s": _median([p["load_s"] for p in later]),
-        "sync_retire_s": _median([p["retire_s"] for p in later]),
+        **{f"sync_{k}": _median([p[k] for p in later if k in p])
+           for k in ("save_s", "load_s", "retire_s", "drain_s", "reload_s", "resume_s") if any(k in p for p in later)},
         "sync_first_s": round(probe.pushes[0]["total_s"], 3) if probe.pushes else None,
         "sync_pushes": len(later),
         "trainer_rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -80,6 +80,15 @@ def dev_server(tiny_dir):
         yield server
 
 
+@pytest.fixture(scope="session")
+def bf16_server(tiny_dir):
+    """A real vLLM server computing in bfloat16 on the CPU, for the bf16 trainer's tests."""
+    from agent_rl.rollout.server import VLLMServer
+
+    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, dtype="bfloat16") as server:
+        yield server
+
+
 @pytest.fixture()
 def play_on_server(vllm_server, renderer):
     """Play `tasks` x `group_size` on the real server and check token truth against what it returned.

@@ -20,8 +20,9 @@ from agent_rl.learn.advantages import group_advantages
 pytestmark = pytest.mark.integration
 
 
-def run(tmp_path, vllm_server, name: str, steps: int = 8, stages: trainer.Stages = trainer.Stages()) -> list[float]:
-    cfg = load_config(None, [
+def run(tmp_path, vllm_server, name: str, steps: int = 8, stages: trainer.Stages = trainer.Stages(),
+        dtype: str = "auto") -> list[float]:
+    cfg = load_config(None, [f"model.dtype={dtype}",
         f"model.name={vllm_server.model_dir}", "model.lora_rank=8", "model.lora_alpha=16",
         f"sampler.server_urls=[{vllm_server.url}]", "sampler.max_model_len=2048",
         "rollout.env=toy", "rollout.tasks_per_step=4", "rollout.group_size=8", "rollout.max_turns=1",
@@ -39,11 +40,19 @@ def negated(groups, advantage_fn, truncated_reward):
     return group_advantages(groups, lambda rewards: -advantage_fn(rewards), truncated_reward)
 
 
-def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, vllm_server):
-    up = run(tmp_path, vllm_server, "up")
+@pytest.fixture(params=["float32", "bfloat16"])
+def server_and_dtype(request):
+    """The fp32 session server, or the bf16 one (trainer and server both in bfloat16, on the CPU)."""
+    name = "vllm_server" if request.param == "float32" else "bf16_server"
+    return request.getfixturevalue(name), request.param
+
+
+def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, server_and_dtype):
+    vllm_server, dtype = server_and_dtype
+    up = run(tmp_path, vllm_server, "up", dtype=dtype)
     first, last = sum(up[:2]) / 2, sum(up[-2:]) / 2
     assert last > first + 0.1, up
 
-    down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated))
+    down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated), dtype=dtype)
     first_d, last_d = sum(down[:2]) / 2, sum(down[-2:]) / 2
     assert last_d < first_d - 0.1, down

@@ -13,8 +13,8 @@ import os
 import time
 
 import pytest
-
 import slow_tools
+
 from agent_rl.core.types import Message, ToolCall
 from envs.calculator import CalculatorEnv, calculator
 from tools import runners

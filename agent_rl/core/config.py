@@ -51,6 +51,13 @@ class ModelConfig(_Section):
     target_modules: str | list[str] = Field(
         "all-linear", description="modules that get adapters: 'all-linear' or a list of module names")
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
+    device: str = Field("auto", min_length=1, description="trainer device: auto (CUDA when present, else cpu), cpu, "
+                                                          "cuda or cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="trainer (and started servers') precision: auto = bfloat16 on CUDA, float32 on the CPU")
+    gradient_checkpointing: bool | None = Field(
+        None, description="recompute each layer's activations in the backward pass; None: on for LoRA, "
+                          "off for full fine-tuning")
     init_adapter: str | None = Field(
         None, description="peft adapter folder to start from (e.g. a cold-start SFT result); None: fresh")
     sync: Literal["adapter", "merged", "auto"] = Field(
@@ -72,6 +79,9 @@ class SamplerConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps the log-probs on-policy")
     request_timeout_s: float = Field(300.0, gt=0.0, description="seconds before one completion request is an infra error")
     kv_cache_gib: int = Field(2, ge=1, description="KV-cache size in whole GiB of a server started here (CPU build)")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, lt=1.0, description="share of the GPU a server started here may take (GPU build): leave the "
+                                         "trainer's weights, gradients and optimizer room on the same GPU")
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
 
 
@@ -160,7 +170,9 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps from 0 to lr")
     micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per forward/backward micro-batch")
-    logprob_chunk: int = Field(512, ge=1, description="positions per chunk when computing log-probs (bounds logit memory)")
+    logprob_chunk: int = Field(
+        512, ge=1, description="tokens (rows x positions) per chunk of the output layer and log-softmax: bounds "
+                               "the vocabulary-wide logits held at once")
 
 
 class RunConfig(_Section):

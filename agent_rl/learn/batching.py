@@ -25,7 +25,7 @@ have no sampler log-probs: theirs are 0.0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 import torch
@@ -51,16 +51,21 @@ class Batch:
     old_logp_B_T: torch.Tensor | None = None  # the trainer's log-probs under the policy that sampled
     ref_logp_B_T: torch.Tensor | None = None  # the KL reference's log-probs (only when kl_beta > 0)
 
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on `device` (the trainer's)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
+
     def with_rows(self, rows_B: torch.Tensor, **columns: torch.Tensor) -> Batch:
         """Per-row tensors computed on some rows (e.g. a micro-batch: `rows_B` = its `index_B`,
         columns as wide as its own), written into full-size copies of this batch's."""
         out = {}
+        home = self.input_ids_B_T.device  # the rows may have been computed on the trainer's device
         for name, part in columns.items():
             full = getattr(self, name)
-            if full is None:
-                full = torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=part.device)
-            full = full.clone()
-            full[rows_B, : part.shape[1]] = part
+            full = torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=home) if full is None else full.clone()
+            full[rows_B.to(home), : part.shape[1]] = part.to(home)
             out[name] = full
         return replace(self, **out)
 

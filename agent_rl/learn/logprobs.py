@@ -62,8 +62,8 @@ def token_logprobs(
     """Log-probs of each next token and the entropy of each next-token distribution.
 
     The transformer body runs once over the whole batch; the output layer and the log-softmax run
-    on `chunk_size` positions at a time, so at most B * chunk_size * vocab float32 logits exist at
-    once. When gradients are on, each chunk is checkpointed: its logits are recomputed in the
+    on about `chunk_size` tokens at a time (max(1, chunk_size // B) positions of all B rows), so at
+    most ~chunk_size * vocab float32 logits exist at once, whatever the batch's shape. When gradients are on, each chunk is checkpointed: its logits are recomputed in the
     backward pass instead of being kept, otherwise autograd would hold all of them anyway.
     Composable with gradient accumulation: nothing here touches `.grad` or the optimizer.
     """
@@ -79,9 +79,10 @@ def token_logprobs(
     ).last_hidden_state
 
     B, T = input_ids_B_T.shape
+    positions = max(1, chunk_size // B)
     logp_chunks, entropy_chunks = [], []
-    for start in range(0, T - 1, chunk_size):
-        end = min(start + chunk_size, T - 1)  # the last position predicts nothing
+    for start in range(0, T - 1, positions):
+        end = min(start + positions, T - 1)  # the last position predicts nothing
         targets_B_C = input_ids_B_T[:, start + 1 : end + 1]
         args = (head, hidden_B_T_H[:, start:end], targets_B_C, temperature)
         if torch.is_grad_enabled():

@@ -1,8 +1,9 @@
 """The trained policy: a Hugging Face causal LM with a LoRA adapter or fully trainable, and its optimizer.
 
 Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
-`enable_full_finetune`), `Policy` (the model with its optimizer, schedule and KL reference) and
-`build_policy` (all of it from a config, starting from a fresh adapter, a saved one, or every weight).
+`enable_full_finetune`), `Policy` (the model with its optimizer, schedule, KL reference and device) and
+`build_policy` (all of it from a config, starting from a fresh adapter, a saved one, or every weight,
+on the configured device and in the configured precision, with gradient checkpointing where asked).
 Does not own: log-probs (`learn.logprobs`), the loss and the optimizer step (`learn.update`), saving
 or syncing weights (`rollout.weight_sync`, `runs.checkpoint`), resolving model specs (`learn.models`).
 """
@@ -18,6 +19,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.reference import make_reference
 
 
@@ -71,6 +73,7 @@ class Policy:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     reference: Any = None  # learn.reference.Reference, when the loss has a KL term
+    device: torch.device = torch.device("cpu")
 
 
 def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
@@ -78,7 +81,8 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     """The policy as `model.*` and `optim.*` of a config say: every weight trainable, a saved adapter
     (`init_adapter`) to continue, or a fresh LoRA; AdamW with a linear warm-up. `lr` overrides
     `optim.lr` (the SFT uses its own); `with_reference` keeps the starting policy for a KL term."""
-    model = load_causal_lm(str(model_dir))
+    device = resolve_device(model_cfg.device)
+    model = load_causal_lm(str(model_dir), resolve_dtype(model_cfg.dtype, device)).to(device)
     if model_cfg.full_finetune:
         model = enable_full_finetune(model)
     elif model_cfg.init_adapter:
@@ -86,6 +90,11 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     else:
         model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
                            dropout=model_cfg.lora_dropout, target_modules=model_cfg.target_modules)
+    checkpointing = model_cfg.gradient_checkpointing
+    if checkpointing or (checkpointing is None and not model_cfg.full_finetune):
+        # each decoder layer keeps only its input and recomputes the rest in the backward pass;
+        # non-reentrant, so frozen embeddings need no requires_grad trick for a LoRA's gradients
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = make_reference(model, model_cfg) if with_reference else None
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
@@ -93,4 +102,4 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-    return Policy(model, optimizer, scheduler, reference)
+    return Policy(model, optimizer, scheduler, reference, device)

@@ -70,6 +70,7 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
         return batch
     policy.model.eval()
     for mb in micro_batches(batch, max_tokens=optim.micro_batch_tokens):
+        mb = mb.to(policy.device)
         columns = {}
         if need_old:
             columns["old_logp_B_T"] = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T,
@@ -148,7 +149,7 @@ def policy_update(policy: Any, batch: Batch, algo: Any, optim: Any, temperature:
             policy.optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for mb in micro_batches(step, max_tokens=optim.micro_batch_tokens):
-                micro = _micro_loss(policy, mb, step, algo, optim, temperature, stale, stats)
+                micro = _micro_loss(policy, mb.to(policy.device), step, algo, optim, temperature, stale, stats)
                 micro.backward()
                 loss += float(micro.detach())
             losses.append(loss)

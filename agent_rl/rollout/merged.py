@@ -55,7 +55,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
         if tensor.data_ptr() in seen:  # tied embeddings: the checkpoint holds them once
             continue
         seen.add(tensor.data_ptr())
-        out[name] = tensor.detach().contiguous()
+        out[name] = tensor.detach().to("cpu").contiguous()  # written from host memory
     return out
 
 

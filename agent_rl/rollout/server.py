@@ -92,6 +92,12 @@ def check_logprobs_mode(url: str, temperature: float, timeout_s: float = 60.0) -
                           f"or sample at temperature 1")
 
 
+def server_dtype(spec: str, gpu: bool) -> str:
+    """The `--dtype` of a server for a run whose `model.dtype` is `spec`: the trainer's precision (auto:
+    bfloat16 on a GPU, float32 on the CPU), so that the two sides' log-probs agree."""
+    return ("bfloat16" if gpu else "float32") if spec == "auto" else spec
+
+
 def on_gpu() -> bool:
     try:
         import torch
@@ -114,6 +120,7 @@ class VLLMServer:
     max_model_len: int = 4096
     kv_cache_gib: int = 2  # CPU build only: VLLM_CPU_KVCACHE_SPACE (whole GiB)
     gpu_memory_utilization: float = 0.5  # GPU build only: leave room for the trainer
+    dtype: str = "auto"  # the trainer's `model.dtype`: the server computes in the same precision
     seed: int = 0
     dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full and merged weight sync
     enable_lora: bool = True  # runtime LoRA adapters (adapter weight sync, evaluation of adapters)
@@ -132,10 +139,13 @@ class VLLMServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(self.model_dir), "--served-model-name", self.served_name,
                "--host", self.host, "--port", str(self.port), "--seed", str(self.seed),
-               "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16" if gpu else "float32",
+               "--max-model-len", str(self.max_model_len), "--dtype", server_dtype(self.dtype, gpu),
                *(["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
                  if self.enable_lora else []),
                "--disable-uvicorn-access-log",
+               # every turn re-sends the conversation: only its new tokens should be prefilled (vLLM's
+               # default on both builds today; explicit so that a changed default cannot slow rollouts)
+               "--enable-prefix-caching",
                # log-probs of the distribution actually sampled from (after temperature), which is
                # what the trainer recomputes; vLLM's default is the raw, pre-temperature ones
                "--logprobs-mode", "processed_logprobs"]
@@ -255,6 +265,7 @@ def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = Non
         yield urls
         return
     server = VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
+                        gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
                         max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed,
                         dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter", log_path=log_path,
                         tokenizer=tokenizer)
