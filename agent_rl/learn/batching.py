@@ -62,10 +62,11 @@ class Batch:
         columns as wide as its own), written into full-size copies of this batch's."""
         out = {}
         home = self.input_ids_B_T.device  # the rows may have been computed on the trainer's device
+        keep = rows_B.to(home) >= 0  # -1: a filler row (`learn.distributed.masked`), not a row of this batch
         for name, part in columns.items():
             full = getattr(self, name)
             full = torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=home) if full is None else full.clone()
-            full[rows_B.to(home), : part.shape[1]] = part.to(home)
+            full[rows_B.to(home)[keep], : part.shape[1]] = part.to(home)[keep]
             out[name] = full
         return replace(self, **out)
 

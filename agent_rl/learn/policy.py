@@ -10,7 +10,7 @@ or syncing weights (`rollout.weight_sync`, `runs.checkpoint`), resolving model s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agent_rl.learn.device import resolve_device, resolve_dtype
+from agent_rl.learn.distributed import Dist, rank_device, shard_model
 from agent_rl.learn.reference import make_reference
 
 
@@ -74,14 +75,16 @@ class Policy:
     scheduler: Any
     reference: Any = None  # learn.reference.Reference, when the loss has a KL term
     device: torch.device = torch.device("cpu")
+    dist: Dist = Dist()  # one process, or this rank of several (`learn.distributed`)
+    replicated: list = field(default_factory=list)  # weights whose gradients ranks sum themselves (LoRA)
 
 
 def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
-                 with_reference: bool = False) -> Policy:
+                 with_reference: bool = False, dist: Dist = Dist()) -> Policy:
     """The policy as `model.*` and `optim.*` of a config say: every weight trainable, a saved adapter
     (`init_adapter`) to continue, or a fresh LoRA; AdamW with a linear warm-up. `lr` overrides
     `optim.lr` (the SFT uses its own); `with_reference` keeps the starting policy for a KL term."""
-    device = resolve_device(model_cfg.device)
+    device = resolve_device(rank_device(dist, model_cfg.device))
     model = load_causal_lm(str(model_dir), resolve_dtype(model_cfg.dtype, device)).to(device)
     if model_cfg.full_finetune:
         model = enable_full_finetune(model)
@@ -95,11 +98,14 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
         # each decoder layer keeps only its input and recomputes the rest in the backward pass;
         # non-reentrant, so frozen embeddings need no requires_grad trick for a LoRA's gradients
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    reference = make_reference(model, model_cfg) if with_reference else None
+    reference = make_reference(model, model_cfg) if with_reference else None  # before sharding
+    # several ranks: FSDP2 shards the frozen base; a LoRA adapter stays whole on every rank
+    replicated = [] if model_cfg.full_finetune or not dist.active else trainable_parameters(model)
+    model = shard_model(model, dist, replicated)
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
                                   betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)
     warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-    return Policy(model, optimizer, scheduler, reference, device)
+    return Policy(model, optimizer, scheduler, reference, device, dist, replicated)

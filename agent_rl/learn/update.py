@@ -29,7 +29,13 @@ from typing import Any
 import torch
 
 from agent_rl.learn.allocator import release_freed_memory
-from agent_rl.learn.batching import Batch, micro_batches, split_steps
+from agent_rl.learn.batching import Batch, split_steps
+from agent_rl.learn.distributed import (
+    all_reduce_adapter_grads,
+    rank_micro_batches,
+    reduce_stats,
+    share_rows,
+)
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.loss import (
     constant_normalised_sum,
@@ -69,7 +75,7 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
     if not need_old and algo.kl_beta == 0:
         return batch
     policy.model.eval()
-    for mb in micro_batches(batch, max_tokens=optim.micro_batch_tokens):
+    for mb in rank_micro_batches(batch, policy.dist, optim.micro_batch_tokens):  # this rank's rows
         mb = mb.to(policy.device)
         columns = {}
         if need_old:
@@ -79,7 +85,8 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
             columns["ref_logp_B_T"] = policy.reference.logprobs(mb.input_ids_B_T, mb.attention_mask_B_T,
                                                                 temperature, optim.logprob_chunk)
         batch = batch.with_rows(mb.index_B, **columns)
-    return batch
+    names = (("old_logp_B_T",) if need_old else ()) + (("ref_logp_B_T",) if algo.kl_beta > 0 else ())
+    return share_rows(batch, policy.dist, names)  # every rank's rows, on every rank
 
 
 class _Stats:
@@ -148,13 +155,17 @@ def policy_update(policy: Any, batch: Batch, algo: Any, optim: Any, temperature:
         for step in steps:
             policy.optimizer.zero_grad(set_to_none=True)
             loss = 0.0
-            for mb in micro_batches(step, max_tokens=optim.micro_batch_tokens):
+            for mb in rank_micro_batches(step, policy.dist, optim.micro_batch_tokens):
                 micro = _micro_loss(policy, mb.to(policy.device), step, algo, optim, temperature, stale, stats)
                 micro.backward()
                 loss += float(micro.detach())
+            all_reduce_adapter_grads(policy.replicated, policy.dist)  # the global gradient: a sum over ranks
+            stats.add("loss_sum", loss, 1)
             losses.append(loss)
             grad_norms.append(optimizer_step(policy.optimizer, optim.grad_clip))
+    stats.sums, stats.tokens = reduce_stats(stats.sums, stats.tokens, policy.dist)
+    loss_sum = stats.sums.pop("loss_sum")  # every rank's share of every step's loss
     out = stats.means()
-    out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
+    out.update(loss=loss_sum / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
                train_tokens=float(stats.tokens / algo.epochs), optimizer_steps=float(len(losses)))
     return out

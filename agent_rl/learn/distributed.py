@@ -1,0 +1,178 @@
+"""Data-parallel training under torchrun: who does what, and the few collectives that make N ranks one trainer.
+
+Owns: `Dist` (rank, world, the process group: gloo on the CPU, NCCL on CUDA, from torchrun's
+environment; a single process is world 1 and every helper here is then a no-op), `shard_model`
+(FSDP2 `fully_shard` over each decoder layer, then the whole model), `broadcast` (rank 0's object to
+every rank), `rows_of` (this rank's rows of an optimizer step), `all_reduce_adapter_grads`,
+`reduce_stats` and `full_state_dict` (a sharded model's weights gathered whole on rank 0).
+Does not own: the loss (`learn.loss`), the update loop (`learn.update`), sampling (`rollout`).
+
+The design, in one place:
+- Rank 0 samples. It owns the event loop, the vLLM servers and the sampler, scores the rollouts,
+  computes advantages and collates the batch, then broadcasts the batch; every rank (rank 0 too)
+  trains on its share of each optimizer step's rows. Rank 0 alone logs, writes checkpoints and pushes
+  weights to the servers; the other ranks follow the same sequence of collectives (`trainer.follow`).
+- One global normaliser. Rows are dealt to ranks after the batch is split into optimizer steps, and
+  every row keeps its step's token and sequence counts, so each rank's loss is its share of the global
+  token-mean (or sequence-mean) and the gradients are summed, never averaged, across ranks.
+- LoRA: the frozen base weights are sharded by FSDP2, the adapter's weights are left out of it
+  (`ignored_params`) and replicated: their gradients are all-reduced (summed) after each step's
+  backward passes, so every rank holds the same adapter and the same AdamW state. Rank 0 pushes and
+  checkpoints the adapter without any collective; a resumed rank reads the same checkpoint.
+- Full fine-tuning: every weight is sharded; FSDP2 reduce-scatters gradients as sums (divide factor 1);
+  weight sync and checkpoints gather the whole state dict on rank 0 (a collective every rank joins).
+- Every rank runs the same number of forward passes per optimizer step (FSDP2 all-gathers layers in
+  each one): a rank with fewer rows runs masked copies, which add nothing to the loss.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device_spec: str = "auto") -> Dist:
+    """The process group torchrun asks for (RANK, WORLD_SIZE, LOCAL_RANK in the environment), or a
+    single process. gloo on the CPU, NCCL when this rank trains on CUDA (device cuda:LOCAL_RANK)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = device_spec != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local)
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if cuda else "gloo")
+    return Dist(rank, world, local)
+
+
+def rank_device(dist: Dist, device_spec: str) -> str:
+    """A rank's own device: with several ranks on a CUDA machine, cuda:LOCAL_RANK."""
+    if dist.active and device_spec in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{dist.local_rank}"
+    return device_spec
+
+
+def shard_model(model: Any, dist: Dist, replicate: list[torch.nn.Parameter]) -> Any:
+    """FSDP2 over every decoder layer, then the root; `replicate` (the adapter's weights) left out."""
+    if not dist.active:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    ignored = set(replicate) or None
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for layer in layers:
+        fully_shard(layer, ignored_params=ignored)
+    fully_shard(model, ignored_params=ignored)
+    for module in [*layers, model]:
+        module.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
+    return model
+
+
+def broadcast(obj: Any, dist: Dist) -> Any:
+    """Rank 0's `obj` on every rank (pickled; a batch is a few MB)."""
+    if not dist.active:
+        return obj
+    box = [obj if dist.main else None]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rows_of(num_rows: int, dist: Dist) -> list[int]:
+    """This rank's rows of an optimizer step: every world-th row, starting at the rank."""
+    return list(range(dist.rank, num_rows, dist.world))
+
+
+def max_over_ranks(value: int, dist: Dist) -> int:
+    if not dist.active:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_reduce_adapter_grads(params: list[torch.nn.Parameter], dist: Dist) -> None:
+    """Sum the replicated adapter's gradients over ranks, in one flat buffer."""
+    if not dist.active or not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch_dist.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset:offset + n].view_as(g).clone()
+        offset += n
+
+
+def reduce_stats(sums: dict[str, float], tokens: int, dist: Dist) -> tuple[dict[str, float], int]:
+    """Token-weighted statistics summed over ranks (keys in sorted order on every rank)."""
+    if not dist.active:
+        return sums, tokens
+    keys = sorted(sums)
+    t = torch.tensor([sums[k] for k in keys] + [float(tokens)], dtype=torch.float64)
+    torch_dist.all_reduce(t)
+    return dict(zip(keys, t[:-1].tolist())), int(t[-1].item())
+
+
+def masked(batch: Any) -> Any:
+    """A copy of a one-row batch that trains on nothing (a filler micro-batch; `index_B` -1: no row)."""
+    from dataclasses import replace
+
+    return replace(batch, loss_mask_B_T=torch.zeros_like(batch.loss_mask_B_T),
+                   index_B=torch.full_like(batch.index_B, -1) if batch.index_B is not None else None)
+
+
+def rank_micro_batches(step: Any, dist: Dist, max_tokens: int) -> list[Any]:
+    """This rank's micro-batches of an optimizer step (rows dealt by `rows_of`), as many on every rank:
+    masked fillers make up the difference. One process: the step's own micro-batches."""
+    from agent_rl.learn.batching import micro_batches, select_rows
+
+    rows = rows_of(step.input_ids_B_T.shape[0], dist)
+    mine = micro_batches(select_rows(step, rows), max_tokens=max_tokens) if rows else []
+    count = max_over_ranks(len(mine), dist)
+    return mine + [masked(select_rows(step, [0]))] * (count - len(mine))
+
+
+def share_rows(batch: Any, dist: Dist, names: tuple[str, ...]) -> Any:
+    """Per-row columns each rank computed for its own rows (`rows_of`), put together on every rank."""
+    if not dist.active:
+        return batch
+    mine = rows_of(batch.input_ids_B_T.shape[0], dist)
+    parts = [None] * dist.world
+    torch_dist.all_gather_object(parts, (mine, {n: getattr(batch, n)[mine] for n in names}))
+    for rows, columns in parts:
+        if rows:
+            batch = batch.with_rows(torch.tensor(rows), **columns)
+    return batch
+
+
+def full_state_dict(model: Any, dist: Dist, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The model's whole weights on rank 0 (on the CPU), gathered from their shards; {} on other ranks.
+    Every rank must call it at the same point."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+    return get_model_state_dict(model, options=options)
