@@ -46,6 +46,17 @@ class ModelConfig(_Section):
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
     init_adapter: str | None = Field(
         None, description="peft adapter folder to start from (e.g. a cold-start SFT result); None: fresh")
+    renderer: str = Field("auto", description="chat format: 'auto' (picked from the tokenizer) or a family name "
+                                              "from agent_rl.core.renderers (chatml, qwen3, llama3, gemma3, generic...)")
+
+    @field_validator("renderer")
+    @classmethod
+    def _known_renderer(cls, v: str) -> str:
+        from agent_rl.core.renderers import RENDERER_NAMES  # same floor; imported late: it loads every family
+
+        if v not in RENDERER_NAMES:
+            raise ValueError(f"unknown renderer {v!r} (known: {', '.join(RENDERER_NAMES)})")
+        return v
 
     @field_validator("target_modules")
     @classmethod
