@@ -160,3 +160,16 @@ def qwen3_standin():
     tok = AutoTokenizer.from_pretrained(resolve_tokenizer("qwen2.5-coder-0.5b"))
     tok.add_tokens(QWEN3_TOKENS)
     return tok
+
+
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>", "<|constrain|>"]
+
+
+@pytest.fixture(scope="session")
+def harmony_standin(smol_dir):
+    """SmolLM2's tokenizer with gpt-oss's harmony tokens added (no o200k_harmony tokenizer is offline)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_dir)
+    tok.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
+    return tok

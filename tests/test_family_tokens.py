@@ -6,7 +6,8 @@ comments, and its loss mask; incremental rendering == full rendering for canonic
 malformed-call fixtures, each answered by exactly one tool message. Tokenizers: Qwen2.5's and
 Gemma 3's real ones (from their GGUF files); Qwen3 runs on Qwen2.5's with Qwen3's four added
 tokens (ids above Qwen2.5's padded vocabulary, so not Qwen3's own numbers); Llama 3 on SmolLM2's
-with Llama 3's special tokens added (the ids of a stand-in, checked for structure, not numbers).
+with Llama 3's special tokens added, gpt-oss (harmony) on SmolLM2's with the harmony tokens (the
+ids of a stand-in, checked for structure, not numbers).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.core.gemma3 import Gemma3Renderer
+from agent_rl.core.harmony import HarmonyRenderer
 from agent_rl.core.llama3 import Llama3Renderer
 from agent_rl.core.qwen3 import Qwen3Renderer, format_thinking
 from agent_rl.core.chatml import Qwen25Renderer
@@ -27,6 +29,7 @@ FAMILIES = {
     "qwen3": (Qwen3Renderer, "qwen3_standin"),
     "llama3": (Llama3Renderer, "llama3_standin"),
     "gemma3": (Gemma3Renderer, "gemma3_tokenizer"),
+    "harmony": (HarmonyRenderer, "harmony_standin"),
 }
 
 
@@ -96,11 +99,23 @@ EXPECTED = {
         [107, 105, 2364, 107, 2717, 13205, 236779, 4606, 107, 236819, 107, 2717, 106, 107, 105, 4368, 107],
         [1509, 563, 236743, 236819, 236761, 106],  # 'It is 9.<end_of_turn>'
     ]),
+    "harmony": dict(prompt_len=167, parts=[
+        # ' to=functions.add<|channel|>commentary json<|message|>{"a": 2, "b": 3}<|call|>'
+        [288, 45, 22942, 30, 2104, 49155, 3591, 529, 7221, 49154, 39428, 81, 1799, 216, 34, 28, 476, 82, 1799,
+         216, 35, 109, 49156],
+        # '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant'
+        [49152, 22942, 30, 2104, 288, 45, 520, 9531, 49155, 3591, 529, 49154, 18, 37, 18, 49153, 49152, 520, 9531],
+        [288, 45, 22942, 30, 2104, 49155, 3591, 529, 7221, 49154, 39428, 81, 1799, 216, 37, 28, 476, 82, 1799,
+         216, 36, 109, 49156],
+        [49152, 22942, 30, 2104, 288, 45, 520, 9531, 49155, 3591, 529, 49154, 18, 41, 18, 49153, 49152, 520, 9531],
+        [49155, 17254, 49154, 1589, 314, 216, 41, 30, 49157],  # '<|channel|>final<|message|>It is 9.<|return|>'
+    ]),
 }
 PROMPT_ENDS = {"qwen2_5": "<|im_start|>user\n2+3+4?<|im_end|>\n<|im_start|>assistant\n",
                "qwen3": "<|im_start|>user\n2+3+4?<|im_end|>\n<|im_start|>assistant\n",
                "llama3": "}\n\n2+3+4?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-               "gemma3": "]\n\n2+3+4?<end_of_turn>\n<start_of_turn>model\n"}
+               "gemma3": "]\n\n2+3+4?<end_of_turn>\n<start_of_turn>model\n",
+               "harmony": "<|end|><|start|>user<|message|>2+3+4?<|end|><|start|>assistant"}
 
 
 async def test_three_turn_episode_ids_and_mask_by_hand(family):
@@ -149,6 +164,19 @@ MALFORMED = {
         ('[add(a="1", b=2)]', "3"),  # a string argument is validated (and coerced) by the tool's schema
         ("[add(a=1, b=2)", "Error: tool call 1: not a Python list of calls ('[' was never closed) in '[add(a=1, b=2)'"),
     ],
+    "harmony": [
+        (' to=functions.add<|channel|>commentary json<|message|>{"a": 1,}',
+         "Error: tool call 1 (add): malformed JSON (Expecting property name enclosed in double quotes at char 8) "
+         "in '{\"a\": 1,}'"),
+        (' to=functions.sub<|channel|>commentary json<|message|>{"a": 1, "b": 2}',
+         "Error: unknown tool 'sub'; available tools: add"),
+        (' to=functions.add<|channel|>commentary json<|message|>"{\\"a\\": 1, \\"b\\": 2}"', "3"),
+        (' to=functions.add<|channel|>commentary json<|message|>{"a": 1, "b": 2',
+         "Error: tool call 1 (add): malformed JSON (Expecting ',' delimiter at char 15) in '{\"a\": 1, \"b\": 2'"),
+        # a call written inside the analysis message is thinking; only the header's counts
+        ('<|channel|>analysis<|message|>maybe to=functions.add {"a": 9, "b": 9}<|end|><|start|>assistant'
+         ' to=functions.add<|channel|>commentary json<|message|>{"a": 1, "b": 2}', "3"),
+    ],
     "qwen3": [  # the Hermes fixtures are in tests/test_rollout_tokens.py; here what thinking changes
         ('<think>\nmaybe <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>?\n</think>\n\n'
          '<tool_call>\n{"name": "add", "arguments": {"a": 1,}}\n</tool_call>',
@@ -175,7 +203,7 @@ async def test_malformed_calls_get_one_tool_message_and_the_episode_goes_on(requ
     it = iter([reply, "It is 3."])
     traj, _, _ = await play(renderer, lambda messages: next(it))
     first = traj.turns[0]
-    assert list(traj.token_ids[first.start:first.end]) == renderer.encode(reply) + [renderer.stop_token_ids[0]]
+    assert list(traj.token_ids[first.start:first.end]) == renderer.encode_reply(reply) + [renderer.stop_token_ids[0]]
     assert traj.messages[2].content == reply
     tools = [m for m in traj.messages if m.role == "tool"]
     assert [m.content for m in tools] == [message]

@@ -21,6 +21,7 @@ import pytest
 
 from agent_rl.core.chatml import ChatMLRenderer, Qwen25Renderer
 from agent_rl.core.gemma3 import Gemma3Renderer, format_tool_calls, tools_text
+from agent_rl.core.harmony import HarmonyRenderer
 from agent_rl.core.llama3 import Llama3Renderer
 from agent_rl.core.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer, format_thinking
 from agent_rl.core.types import Message, ToolCall
@@ -236,3 +237,39 @@ def test_gemma3_tool_prompt_is_the_documented_one(gemma3_tokenizer):
     assert text.startswith("<bos><start_of_turn>user\nYou have access to functions. If you decide to invoke any of "
                            "the function(s), you MUST put it in the format of [func_name1(params_name1=params_value1")
     assert json.dumps([ADD["function"]], indent=2) + "\n\nWhat is (2 + 3) * 4" in text
+
+
+# -- gpt-oss (harmony) ---------------------------------------------------------------------------------
+HARMONY_CASES = ["prompt_no_tools", "prompt_tools", "prompt_tools_no_system", "answer_no_tools",
+                 "one_call_episode", "after_one_call"]
+
+
+def harmony_official(tokenizer, turns, tools, gen):
+    return official(tokenizer, template("gptoss"), hf_messages(turns), tools, gen,
+                    strftime_now=lambda fmt: HarmonyRenderer.date_string)
+
+
+@pytest.mark.parametrize("name", HARMONY_CASES)
+def test_harmony_equals_the_official_template(harmony_standin, name):
+    turns, tools, gen = CONVERSATIONS[name]
+    r = HarmonyRenderer(harmony_standin)
+    for ts in variants(turns):
+        # text only: a stand-in tokenizer (SmolLM2's with the harmony tokens added)
+        check(r, harmony_standin, harmony_official(harmony_standin, ts, tools, gen),
+              r.render(our_messages(r, ts), tools, gen), ids=False)
+
+
+def test_harmony_two_calls_in_a_turn_cannot_be_written(harmony_standin):
+    r = HarmonyRenderer(harmony_standin)
+    with pytest.raises(ValueError, match="one tool call per turn"):
+        r.format_reply("", (call("add", a=1, b=2), call("add", a=3, b=4)))
+
+
+def test_harmony_where_the_template_rewrites_history(harmony_standin):
+    """We keep the sampled analysis of a tool-call turn; the template drops it once a final answer follows."""
+    r = HarmonyRenderer(harmony_standin)
+    turns = [(role, "Let me add." if calls else c, calls, t) for role, c, calls, t in ONE_CALL]
+    ours = r.render_text(r.render(our_messages(r, turns), TOOLS, False))
+    theirs = harmony_official(harmony_standin, turns, TOOLS, False)
+    analysis = "<|start|>assistant<|channel|>analysis<|message|>Let me add.<|end|>"
+    assert analysis in ours and analysis not in theirs and ours.replace(analysis, "") == theirs

@@ -47,6 +47,10 @@ class Renderer(abc.ABC):
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
+    def encode_reply(self, text: str) -> list[int]:
+        """An assistant reply's text to ids (a format whose replies hold structural tokens keeps them)."""
+        return self.encode(text)
+
     def pieces(self, *parts: int | str) -> list[int]:
         """Ids of a run of structural token ids (int) and text (str); adjacent texts are encoded as
         one string, as a tokenizer reading the whole rendered text would."""
@@ -111,4 +115,5 @@ class Renderer(abc.ABC):
 
     def reply_ids(self, reply: Message) -> list[int]:
         """A hand-written reply as the ids a policy would sample for it, stop token included."""
-        return [*self.encode(self.format_reply(reply.content, reply.tool_calls)), self.stop_token_ids[0]]
+        ids = self.encode_reply(self.format_reply(reply.content, reply.tool_calls))
+        return [*ids, self.stop_token_ids[0]]

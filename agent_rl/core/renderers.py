@@ -6,7 +6,8 @@ A new family is one module beside `core.chatml` and one line in `RENDERERS` and 
 Does not own: any family's format, the `Renderer` interface (`core.renderer`).
 
 Automatic choice (`model.renderer: auto`), first match wins, from the tokenizer's special tokens and
-chat template: `<|start_header_id|>` -> llama3; `<start_of_turn>` -> gemma3; `<|im_start|>` with a
+chat template: `<|start_header_id|>` -> llama3; `<start_of_turn>` -> gemma3; `<|channel|>` ->
+harmony (gpt-oss); `<|im_start|>` with a
 `<think>` token -> qwen3; `<|im_start|>` with Qwen's default system prompt in the template ->
 qwen2_5; `<|im_start|>` -> chatml; any other tokenizer with a chat template -> generic; none -> error.
 """
@@ -20,13 +21,14 @@ from typing import Any
 from agent_rl.core.chatml import ChatMLRenderer, Qwen25Renderer
 from agent_rl.core.gemma3 import Gemma3Renderer
 from agent_rl.core.generic import GenericRenderer
+from agent_rl.core.harmony import HarmonyRenderer
 from agent_rl.core.llama3 import Llama3Renderer
 from agent_rl.core.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer
 from agent_rl.core.renderer import Renderer
 
 RENDERERS: dict[str, type[Renderer]] = {
     r.name: r for r in (ChatMLRenderer, Qwen25Renderer, Qwen3Renderer, Qwen3NoThinkRenderer, Llama3Renderer,
-                        Gemma3Renderer, GenericRenderer)
+                        Gemma3Renderer, HarmonyRenderer, GenericRenderer)
 }
 RENDERER_NAMES = ("auto", *RENDERERS)
 GENERIC_NOTICE = "no built-in renderer for this tokenizer; using its chat template with prefix checks"
@@ -47,6 +49,8 @@ def detect(tokenizer: Any) -> str:
         return "llama3"
     if _has_token(tokenizer, "<start_of_turn>") and _has_token(tokenizer, "<end_of_turn>"):
         return "gemma3"
+    if _has_token(tokenizer, "<|channel|>") and _has_token(tokenizer, "<|start|>"):
+        return "harmony"
     if _has_token(tokenizer, "<|im_start|>") and _has_token(tokenizer, "<|im_end|>"):
         if _has_token(tokenizer, "<think>"):
             return "qwen3"
