@@ -26,7 +26,9 @@ from agent_rl.rollout.sampler import VLLMSampler
 from test_integration_vllm import EchoToolEnv
 from test_train_integration import LOGPROB_TOL, config, served_name_of, server_logprobs
 
-pytestmark = pytest.mark.integration
+# a second vLLM server in the session: its start-up (~45 s alone, minutes on a busy machine) counts
+# towards the first test, hence a longer limit than the suite's 300 s
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def gemma_server():
 
     # Gemma scales embeddings by sqrt(width) and has a 262k vocabulary: 1.7 gives turns of ~10 tokens
     model_dir = build_tiny_model("gemma3-270m", cache_dir() / "models" / "tiny-gemma3", turn_end_weight=1.7)
-    with VLLMServer(model_dir, kv_cache_gib=1, max_model_len=2048) as server:
+    with VLLMServer(model_dir, kv_cache_gib=1, max_model_len=2048, startup_timeout_s=600) as server:
         yield server
 
 
