@@ -69,18 +69,18 @@ async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0
     direct_kept = sum(1 for t in demos if t.task_id in direct_ids)
     stats = {"demos": float(len(demos)), "dropped": float(dropped), "direct_share": direct_kept / max(len(demos), 1),
              "tool_use_rate": sum(1 for t in demos if t.used_tools) / max(len(demos), 1),
-             "tokens_mean": sum(len(t.token_ids) for t in demos) / max(len(demos), 1)}
+             "tokens_mean": sum(t.num_tokens for t in demos) / max(len(demos), 1)}
     return demos, stats
 
 
 def write_demos(path: str | Path, demos: Sequence[Trajectory]) -> Path:
     """One JSON object per line: ids, mask and the readable messages, written atomically (an
     interrupted run never leaves a half-written demo file behind)."""
-    return write_lines(path, (json.dumps({
-        "task_id": t.task_id, "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
+    return write_lines(path, (json.dumps({  # a trajectory of several segments: a line per segment
+        "task_id": t.task_id, "token_ids": list(seg.token_ids), "loss_mask": list(seg.loss_mask),
         "direct": not t.used_tools, "reward": t.reward,
         "messages": [{"role": m.role, "content": m.content} for m in t.messages],
-    }) for t in demos))
+    }) for t in demos for seg in t.all_segments))
 
 
 def read_demos(path: str | Path) -> list[Demo]:

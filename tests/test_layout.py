@@ -139,7 +139,7 @@ def test_readme_module_table_matches_the_tree():
     rows = re.findall(r"^\| `((?:agent_rl|envs)[^`]*)` \| (.*) \|$", (ROOT / "README.md").read_text(), re.M)
     assert len(rows) == 6
     for folder, text in rows:
-        named = {n for n in re.findall(r"`([a-z_]+)`", text)}
+        named = {n for n in re.findall(r"`([a-z0-9_]+)`", text)}
         on_disk = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
         assert named & on_disk == on_disk, f"{folder}: not in the README: {sorted(on_disk - named)}"
         assert {n for n in named if n not in on_disk and not (ROOT / folder / n).is_dir()} <= {"auto"}, folder

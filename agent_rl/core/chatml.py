@@ -1,7 +1,9 @@
 """ChatML with Qwen2.5-style tool blocks: the format of SmolLM2, Qwen2.5 and other ChatML models.
 
 Owns: `ChatMLRenderer` (rendering and parsing this family: tool schemas in the system turn,
-`<tool_call>{json}</tool_call>` blocks in assistant turns, results in `<tool_response>` blocks).
+`<tool_call>{json}</tool_call>` blocks in assistant turns, results in `<tool_response>` blocks) and
+`Qwen25Renderer`, the same with Qwen2.5's default system prompt: token for token the official
+Qwen2.5 chat template (tests/test_renderers.py).
 Does not own: the renderer interface (`core.renderer`), the `<tool_call>` JSON parser it shares
 with other Hermes-style families (`core.toolcalls`), or deciding what the messages are (`envs`).
 
@@ -53,6 +55,7 @@ class ChatMLRenderer(Renderer):
     """Renders ChatML conversations to token ids with one tokenizer, and parses sampled turns."""
 
     name = "chatml"
+    default_system = DEFAULT_SYSTEM  # the system turn when the conversation has none
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
@@ -84,8 +87,9 @@ class ChatMLRenderer(Renderer):
         return [self.im_start, *self.encode(f"{role}\n{text}"), self.im_end]
 
     # -- messages ----------------------------------------------------------------------------
-    def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str:
-        text = system if system is not None else DEFAULT_SYSTEM
+    def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str | None:
+        """The system turn's text (None: no system turn)."""
+        text = system if system is not None else self.default_system
         if tools:
             schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
             text += TOOLS_PREAMBLE + schemas + TOOLS_POSTAMBLE
@@ -120,7 +124,8 @@ class ChatMLRenderer(Renderer):
         system = None
         if messages and messages[0].role == "system":
             system, messages = messages[0].content, messages[1:]
-        ids = self._turn("system", self.system_text(system, tools)) + self.newline
+        text = self.system_text(system, tools)
+        ids = [] if text is None else self._turn("system", text) + self.newline
         ids += self._render_messages(messages)
         return ids + self.generation_prompt if add_generation_prompt else ids
 
@@ -134,3 +139,10 @@ class ChatMLRenderer(Renderer):
             raise ValueError("an environment may only add user or tool messages between turns")
         head = self.newline if after_stop else [self.im_end, *self.newline]
         return head + self._render_messages(messages) + self.generation_prompt
+
+
+class Qwen25Renderer(ChatMLRenderer):
+    """Qwen2.5 (and Qwen2.5-Coder): ChatML with Qwen's own default system prompt."""
+
+    name = "qwen2_5"
+    default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

@@ -63,6 +63,17 @@ class ModelConfig(_Section):
     sync: Literal["adapter", "merged", "auto"] = Field(
         "auto", description="what servers sample a LoRA policy with: the adapter, merged weights reloaded "
                             "in place, or auto (a burst of each at start decides)")
+    renderer: str = Field("auto", description="chat format: 'auto' (picked from the tokenizer) or a family name "
+                                              "from agent_rl.core.renderers (chatml, qwen3, llama3, gemma3, generic...)")
+
+    @field_validator("renderer")
+    @classmethod
+    def _known_renderer(cls, v: str) -> str:
+        from agent_rl.core.renderers import RENDERER_NAMES  # same floor; imported late: it loads every family
+
+        if v not in RENDERER_NAMES:
+            raise ValueError(f"unknown renderer {v!r} (known: {', '.join(RENDERER_NAMES)})")
+        return v
 
     @field_validator("target_modules")
     @classmethod

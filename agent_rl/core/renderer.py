@@ -9,10 +9,12 @@ Does not own: a family's format (`core.chatml`, ...), choosing the family (`core
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
 
-The contract the runner relies on: after a sampled assistant turn, `continuation(messages)` is
-appended to the token buffer; for canonically tokenised replies, initial prompt + samples +
-continuations == `render(all messages)` (each family's tests check it). The sampled ids themselves
-are never re-rendered.
+The contract the runner relies on: after a sampled assistant turn, `next_context` says what enters
+the token buffer; for a family written here it is `continuation(messages)`, appended, and for
+canonically tokenised replies, initial prompt + samples + continuations == `render(all messages)`
+(each family's tests check it). The sampled ids themselves are never re-rendered. A format that
+cannot promise this (the generic fallback on a template that rewrites history) answers instead with
+a fresh context that starts a new training segment (`core.types.Segment`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,23 @@ class Renderer(abc.ABC):
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
+    def encode_reply(self, text: str) -> list[int]:
+        """An assistant reply's text to ids (a format whose replies hold structural tokens keeps them)."""
+        return self.encode(text)
+
+    def pieces(self, *parts: int | str) -> list[int]:
+        """Ids of a run of structural token ids (int) and text (str); adjacent texts are encoded as
+        one string, as a tokenizer reading the whole rendered text would."""
+        ids: list[int] = []
+        text = ""
+        for part in parts:
+            if isinstance(part, str):
+                text += part
+                continue
+            ids += self.encode(text) + [part]
+            text = ""
+        return ids + self.encode(text)
+
     def render_text(self, ids: Sequence[int]) -> str:
         """Any ids, special tokens shown, for humans and debugging."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -69,6 +88,13 @@ class Renderer(abc.ABC):
         """Ids to append after a sampled assistant turn: close it, add `messages` (user or tool),
         prompt the assistant again. `after_stop` is False when the turn ended without a stop token."""
 
+    def next_context(self, conversation: Sequence[Message], new_messages: Sequence[Message],
+                     tools: Sequence[dict[str, Any]], buffer_ids: Sequence[int],
+                     after_stop: bool = True) -> tuple[list[int], bool]:
+        """What enters the buffer after a sampled turn, given the whole `conversation` (which ends with
+        `new_messages`): (ids to append, False), or (a fresh context, True) to start a new segment."""
+        return self.continuation(new_messages, after_stop), False
+
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text of the turn (a trailing stop token dropped)."""
@@ -89,4 +115,5 @@ class Renderer(abc.ABC):
 
     def reply_ids(self, reply: Message) -> list[int]:
         """A hand-written reply as the ids a policy would sample for it, stop token included."""
-        return [*self.encode(self.format_reply(reply.content, reply.tool_calls)), self.stop_token_ids[0]]
+        ids = self.encode_reply(self.format_reply(reply.content, reply.tool_calls))
+        return [*ids, self.stop_token_ids[0]]

@@ -18,7 +18,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
-def _short(text: str, n: int = 80) -> str:
+def short(text: str, n: int = 80) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -33,7 +33,7 @@ def call_from_json(body: str, index: int, args_key: str = "arguments") -> ToolCa
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        return bad_call(index, f"tool call {index}: malformed JSON ({e.msg} at char {e.pos}) in {_short(body)!r}")
+        return bad_call(index, f"tool call {index}: malformed JSON ({e.msg} at char {e.pos}) in {short(body)!r}")
     if not isinstance(obj, dict):
         return bad_call(index, f"tool call {index}: expected a JSON object with \"name\" and \"{args_key}\", "
                                f"got {type(obj).__name__}")
@@ -73,7 +73,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     if OPEN in rest:
         tail = rest[rest.find(OPEN) + len(OPEN):]
         out.append(bad_call(len(out) + 1, f"tool call {len(out) + 1}: unclosed {OPEN} tag (no {CLOSE} after "
-                                          f"{_short(tail, 40)!r})"))
+                                          f"{short(tail, 40)!r})"))
     elif CLOSE in rest:
         out.append(bad_call(len(out) + 1, f"tool call {len(out) + 1}: {CLOSE} without a matching {OPEN}"))
     return out

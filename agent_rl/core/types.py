@@ -8,6 +8,12 @@ Token-level truth: a `Trajectory` holds the exact token ids the sampler produced
 template/tool tokens inserted between turns, a loss mask aligned one to one with them
 (1 = sampled by the policy, 0 = prompt, template scaffolding, tool output) and the sampler's
 log-probs (0.0 where mask == 0).
+
+Segments: when a chat template rewrites earlier turns (the generic fallback renderer finds that the
+new prompt does not extend the token buffer), the episode goes on in a new `Segment` whose context is
+the fresh render. A trajectory's own `token_ids` / `loss_mask` / `logprobs` are its last (current)
+segment; `segments` holds the earlier, closed ones, oldest first (usually none). The trainer turns
+every segment into its own row with the trajectory's advantage (`learn.batching.collate`).
 """
 
 from __future__ import annotations
@@ -85,12 +91,36 @@ class StopReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Turn:
-    """Boundaries of one sampled assistant turn inside `Trajectory.token_ids`: [start, end)."""
+    """Boundaries of one sampled assistant turn, [start, end), inside the token ids of segment
+    `segment` (`Trajectory.all_segments[segment]`; the trajectory's own ids when it has one)."""
 
     start: int
     end: int
     finish_reason: str  # "stop" or "length", as the sampler reported it
     policy_version: int
+    segment: int = 0
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One training sequence of an episode: ids, loss mask and sampler log-probs, aligned."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+def _check_aligned(task_id: str, seg: Segment | Trajectory, which: str) -> None:
+    n = len(seg.token_ids)
+    if len(seg.loss_mask) != n or len(seg.logprobs) != n:
+        raise ValueError(
+            f"trajectory {task_id}{which}: token_ids ({n}), loss_mask ({len(seg.loss_mask)}) "
+            f"and logprobs ({len(seg.logprobs)}) must have the same length"
+        )
 
 
 @dataclass(frozen=True)
@@ -111,14 +141,17 @@ class Trajectory:
     error: str | None = None  # infrastructure error message when stop_reason == ERROR
     policy_version: int = 0  # the oldest policy version that sampled any turn
     reward_s: float = 0.0  # seconds spent scoring this episode (env.reward)
+    segments: tuple[Segment, ...] = ()  # earlier closed segments, oldest first (module doc)
 
     def __post_init__(self) -> None:
-        n = len(self.token_ids)
-        if len(self.loss_mask) != n or len(self.logprobs) != n:
-            raise ValueError(
-                f"trajectory {self.task_id}: token_ids ({n}), loss_mask ({len(self.loss_mask)}) "
-                f"and logprobs ({len(self.logprobs)}) must have the same length"
-            )
+        _check_aligned(self.task_id, self, "")
+        for k, seg in enumerate(self.segments):
+            _check_aligned(self.task_id, seg, f" segment {k}")
+
+    @property
+    def all_segments(self) -> tuple[Segment, ...]:
+        """Every training sequence of the episode, the current one (the trajectory's own ids) last."""
+        return (*self.segments, Segment(self.token_ids, self.loss_mask, self.logprobs))
 
     @property
     def infra_error(self) -> bool:
@@ -130,7 +163,13 @@ class Trajectory:
 
     @property
     def num_sampled(self) -> int:
-        return sum(self.loss_mask)
+        """Sampled tokens of every segment."""
+        return sum(self.loss_mask) + sum(seg.num_sampled for seg in self.segments)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of every segment (a context repeated in a later segment counts again)."""
+        return len(self.token_ids) + sum(len(seg.token_ids) for seg in self.segments)
 
     @property
     def used_tools(self) -> bool:

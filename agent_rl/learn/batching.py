@@ -20,7 +20,9 @@ t + 1 of `input_ids_B_T`:
 (`attention_mask_B_T` 0 on padding), so positions of real tokens are 0, 1, 2... as when sampled.
 
 `collate` takes trajectories, or any rows with `token_ids` and `loss_mask` (SFT demonstrations, which
-have no sampler log-probs: theirs are 0.0).
+have no sampler log-probs: theirs are 0.0). A trajectory of several segments (`core.types`) becomes
+one row per segment, each with the trajectory's advantage; so `step_num_sequences`, and hence
+`loss.sequence_mean`, counts every segment as a sequence of its own.
 """
 
 from __future__ import annotations
@@ -77,17 +79,19 @@ def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
     if not trajectories:
         raise ValueError("cannot collate an empty list of trajectories")
-    B = len(trajectories)
-    T = max(len(t.token_ids) for t in trajectories)
+    rows = [(traj.task_id, seg, a) for traj, a in zip(trajectories, advantages)
+            for seg in getattr(traj, "all_segments", (traj,))]
+    B = len(rows)
+    T = max(len(seg.token_ids) for _, seg, _ in rows)
     input_ids_B_T = torch.full((B, T), pad_token_id, dtype=torch.long)
     attention_mask_B_T = torch.zeros((B, T), dtype=torch.long)
     loss_mask_B_T = torch.zeros((B, T), dtype=torch.bool)
     sampler_logp_B_T = torch.zeros((B, T), dtype=torch.float32)
-    for b, traj in enumerate(trajectories):
+    for b, (task_id, traj, _) in enumerate(rows):
         n = len(traj.token_ids)
         if n and traj.loss_mask[0]:
             # nothing predicts the first token, so it cannot be trained on
-            raise ValueError(f"trajectory {traj.task_id}: the first token cannot be sampled")
+            raise ValueError(f"trajectory {task_id}: the first token cannot be sampled")
         input_ids_B_T[b, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
         attention_mask_B_T[b, :n] = 1
         loss_mask_B_T[b, : n - 1] = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
@@ -100,7 +104,7 @@ def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_
         attention_mask_B_T=attention_mask_B_T,
         loss_mask_B_T=loss_mask_B_T,
         sampler_logp_B_T=sampler_logp_B_T,
-        advantage_B=torch.tensor(advantages, dtype=torch.float32),
+        advantage_B=torch.tensor([a for _, _, a in rows], dtype=torch.float32),
         step_num_tokens=int(loss_mask_B_T.sum()),
         step_num_sequences=int(loss_mask_B_T.any(dim=1).sum()),
         index_B=torch.arange(B),

@@ -235,7 +235,8 @@ def sequence_mean(loss_B_T: Tensor, mask_B_T: Tensor, step_num_sequences: int) -
     """Mean over sampled tokens within each sequence, summed / sequences of the step (GRPO, GSPO).
 
     Sequences without sampled tokens contribute 0; count only sequences with sampled tokens in
-    `step_num_sequences` (`batching.Batch.step_num_sequences` does).
+    `step_num_sequences` (`batching.Batch.step_num_sequences` does). Each segment of a
+    multi-segment trajectory is a sequence of its own here (`learn.batching`).
     """
     per_seq_B = _where(mask_B_T, loss_B_T).sum(dim=-1) / mask_B_T.sum(dim=-1).clamp(min=1)
     return per_seq_B.sum() / max(int(step_num_sequences), 1)

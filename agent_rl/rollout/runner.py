@@ -1,7 +1,8 @@
 """The async rollout runner: play environments turn by turn and record token-exact trajectories.
 
 Owns: one episode (`run_episode`) and G episodes per task for a batch of tasks, concurrently under a
-cap (`rollout_groups`); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`); the
+cap (`rollout_groups`); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its
+segments (when the renderer cannot extend the buffer, `Renderer.next_context`); the
 stop rules (no tool call, env done, max turns, max total tokens, a turn cut by `length`); the
 per-request sampling seeds (`request_seed`) and the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
@@ -21,15 +22,8 @@ from typing import Any, Callable, Sequence
 
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.types import (
-    Message,
-    Reward,
-    StopReason,
-    ToolCallRecord,
-    Trajectory,
-    TrajectoryGroup,
-    Turn,
-)
+from agent_rl.core.types import (Message, Reward, Segment, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup,
+                                 Turn)
 from agent_rl.rollout.sampler import Sampler, SamplingParams
 
 
@@ -59,12 +53,18 @@ def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
 
 @dataclass
 class TokenBuffer:
-    """The episode's ids, loss mask and log-probs, aligned one to one; it only ever grows, so every
-    prompt extends the previous prompt plus its samples."""
+    """The episode's ids, loss mask and log-probs, aligned one to one; within a segment it only ever
+    grows, so every prompt extends the previous prompt plus its samples. `new_segment` closes it and
+    starts over (the renderer's fresh context follows); the sampler's context is the open segment."""
 
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    closed: list[Segment] = field(default_factory=list)
+
+    def new_segment(self) -> None:
+        self.closed.append(Segment(tuple(self.ids), tuple(self.mask), tuple(self.logprobs)))
+        self.ids, self.mask, self.logprobs = [], [], []
 
     def add_context(self, ids: Sequence[int]) -> None:
         self.ids.extend(ids)
@@ -105,7 +105,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
         start = len(buf.ids)
         buf.add_sampled(out.token_ids, out.logprobs)
-        ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version))
+        ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed)))
         reply = renderer.parse(out.token_ids)
         ep.messages.append(reply)
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
@@ -120,7 +120,10 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
             return  # MAX_TURNS
         ep.messages.extend(result.messages)
         ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
-        buf.add_context(renderer.continuation(result.messages, after_stop=ended))
+        ids, fresh = renderer.next_context(ep.messages, result.messages, env.tool_schemas, buf.ids, ended)
+        if fresh:  # the template rewrote history: train on what was sampled so far, go on from the new render
+            buf.new_segment()
+        buf.add_context(ids)
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
@@ -146,6 +149,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
+        segments=tuple(buf.closed),
     )
 
 

@@ -38,7 +38,7 @@ class ScriptedSampler:
         if isinstance(reply, Message):
             ids = self.renderer.reply_ids(reply)
         else:
-            ids = [*self.renderer.encode(reply), self.renderer.stop_token_ids[0]]
+            ids = [*self.renderer.encode_reply(reply), self.renderer.stop_token_ids[0]]
         finish = "stop"
         if len(ids) > params.max_tokens:
             ids, finish = ids[: params.max_tokens], "length"

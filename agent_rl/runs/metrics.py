@@ -37,7 +37,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tool_calls_per_traj": len(calls) / len(ok),
         "tool_failure_rate": _mean([0.0 if c.ok else 1.0 for c in calls]),
         "turns_mean": _mean([len(t.turns) for t in ok]),
-        "tokens_mean": _mean([len(t.token_ids) for t in ok]),
+        "tokens_mean": _mean([t.num_tokens for t in ok]),  # every segment's tokens
+        "segments_mean": _mean([len(t.segments) + 1 for t in ok]),
         "sampled_tokens_mean": _mean([t.num_sampled for t in ok]),
         "truncation_rate": _mean([1.0 if t.truncated else 0.0 for t in ok]),
         # scoring runs inside the rollouts, concurrently: this is its summed time, not wall time
