@@ -79,7 +79,7 @@ def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
     if not trajectories:
         raise ValueError("cannot collate an empty list of trajectories")
-    rows = [(traj.task_id, seg, a) for traj, a in zip(trajectories, advantages)
+    rows = [(getattr(traj, "task_id", "?"), seg, a) for traj, a in zip(trajectories, advantages)
             for seg in getattr(traj, "all_segments", (traj,))]
     B = len(rows)
     T = max(len(seg.token_ids) for _, seg, _ in rows)
