@@ -237,7 +237,8 @@ class TestReport:
 def harness_source(prompt: str, submission: str, entry_point: str, cpu_s: int) -> str:
     """The tests' side of the harness for one submission (strings passed as Python literals)."""
     return (f"CODEC = {CODEC!r}\nCANDIDATE = {CANDIDATE!r}\n{HARNESS}\n"
-            f"__grade_start, candidate = __grade_make({prompt!r}, {submission!r}, {entry_point!r}, {cpu_s}, {REPLY_CAP})\n"
+            f"__grade_start, candidate = __grade_make({prompt!r}, {submission!r}, {entry_point!r}, {cpu_s}, "
+            f"{REPLY_CAP})\n"
             f"__grade_ns = dict(globals())\n__grade_ns[{entry_point!r}] = candidate\n")
 
 
