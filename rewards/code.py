@@ -20,14 +20,16 @@ is never imported) and imports what it will need. The tests never exist on disk.
 How a test runs: each statement of `check`'s body that mentions `candidate` is one test, the others
 (imports, `rng = ...`, `assert True`) are setup run in order. Statements run in a namespace copied
 from the tests' globals, so what `check` assigns (HumanEval/38 assigns `str`) stays out of them;
-there the entry point's name is the candidate too, as in HumanEval's own harness. A
-test passes when its statement ends normally; an exception in either process, a crash of the
-submission's process, a timeout or an output flood fails it. The submission's process loads the
-program once (the prompt, then the submission: a whole module, or only the function's body, which
-then completes the prompt's `def` as in HumanEval itself) and is restarted after it dies. A program
-that raises or exits while loading, or leaves the entry point as the prompt's bare stub, does not
-compile: it scores 0. A call that runs out of CPU time ends the tests' interpreter too, so the host
-counts a timeout and reloads both; after `max_timeouts` timeouts the rest are not run and fail.
+there the entry point's name is the candidate too, as in HumanEval's own harness. A test passes
+when its statement ends normally; an exception in either process, a crash of the submission's
+process or a timeout fails it. The submission's process loads the program once (the prompt, then
+the submission: a whole module, or only the function's body, which then completes the prompt's
+`def` as in HumanEval itself) and is restarted after it dies. A program that raises or exits while
+loading, or leaves the entry point doing nothing (the prompt's bare stub, echoed back, or a body
+that only returns None), does not compile: it scores 0. A call that runs out of CPU time ends the
+tests' interpreter too, so the host counts a timeout and reloads both; after `max_timeouts`
+timeouts the rest are not run and fail. (What the submission prints goes to /dev/null: a print
+loop is a busy loop.)
 """
 
 from __future__ import annotations
@@ -88,26 +90,32 @@ def plain_decode(x):
 # The submission's process: fed length-prefixed JSON requests on stdin, one JSON line back per
 # request on a private copy of stdout; its own stdin, stdout and stderr are /dev/null.
 CANDIDATE = CODEC + r'''
-import json, os, resource, sys
+import dis, json, os, resource, sys
 _requests, _replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "w")
 _null = os.open(os.devnull, os.O_RDWR)
 for _fd in (0, 1, 2):
     os.dup2(_null, _fd)
 _cpu = int(sys.argv[1])
 
+def _does_nothing(fn):
+    """The prompt's stub, `pass` or `return None`: a body that only returns None."""
+    try:
+        ops = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    except TypeError:
+        return False
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
 def _load(prompt, submission, entry_point):
     ns = {"__name__": "__main__"}
     code = [line for line in submission.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if code and code[0][0] in " \t":  # only the function's body: it completes the prompt's def
         exec(compile(prompt + "\n" + submission, "<submission>", "exec"), ns)
-        stub = None
     else:
         exec(compile(prompt, "<prompt>", "exec"), ns)
-        stub = ns.get(entry_point)
         exec(compile(submission, "<submission>", "exec"), ns)
     fn = ns.get(entry_point)
-    if not callable(fn) or fn is stub:
-        raise NameError(f"the submission does not define {entry_point}")
+    if not callable(fn) or _does_nothing(fn):
+        raise NameError(f"the submission does not implement {entry_point}")
     return fn
 
 _fn = None

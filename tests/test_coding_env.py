@@ -114,7 +114,9 @@ async def test_loops_floods_and_crashes_score_zero_within_deadlines():
         assert report.passed == 0 and report.compiled, (body, report)
     for code in ["def truncate_number(number) return 1", "while True:\n    pass\n", "import sys\nsys.exit(1)\n",
                  "import sys\nsys.exit(0)\n",  # exiting while loading is no program, even with status 0
-                 "print('no definition')\n"]:  # the entry point left as the prompt's bare stub
+                 "print('no definition')\n",  # the entry point left as the prompt's bare stub
+                 TRUNCATE["prompt"],  # the stub echoed back
+                 "def truncate_number(number: float) -> float:\n    return None\n"]:  # a body that does nothing
         report = await score(TRUNCATE, code)
         assert not report.compiled and report.statuses == ("not_run",) * 3, (code, report)
 
