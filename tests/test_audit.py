@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +124,18 @@ async def test_the_audit_catches_a_reward_that_accepts_a_list(renderer):
     table = format_report(report)
     assert "| hedge | answer | 6 | 1 | " in table and table.count("EARNS") == 2 * len(EARNERS)  # rows, examples
     assert "| hedge | 1 (6) EARNS |" in format_matrix([report])
+
+
+async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):
+    # its TRL-style `exact` reward checks that the reply ends with the answer: "390, 391" earns it
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"<!-- example:dataset -->\n```python\n(.*?)```", readme, re.DOTALL).group(1)
+    (tmp_path / "readme_dataset_env.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    report = await audit_env(load_env("readme_dataset_env"), renderer, n_tasks=2)
+    # by hand: the listings and hedges that end with the answer; the flood's cut falls after "1000"
+    # in q2; the look-alike listing ends with the answer in ASCII
+    assert {r.name for r in report.failures} == {"list_candidates", "hedge", "flood", "lookalike_digits"}
 
 
 def test_hack_helpers():
