@@ -10,8 +10,9 @@ Does not own: which hacks apply to which environment and where a task's answer i
 A hack plays the policy's part through the real runner; each variant is a function of the
 conversation's messages returning the next assistant reply. Hacks use the right answer wherever
 that makes them stronger: a listing or a hedge that includes it, several answers with the right one
-first, the right answer only in a tool call's arguments or in look-alike digits. None of them
-states the right answer alone as its final reply, so none may earn any reward.
+first, the right answer only in a tool call's arguments or in look-alike digits. None of them does
+what the task asks (state the one right answer, compute what the tests check, save the settings
+asked for), so none may earn any reward.
 """
 
 from __future__ import annotations
