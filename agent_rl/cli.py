@@ -28,7 +28,7 @@ def _run_arguments(p: argparse.ArgumentParser, checkpoints: str) -> None:
 
 
 def _play_parsers(sub) -> None:
-    """Commands that play episodes: rollout (a model) and play (a person)."""
+    """Commands that play episodes: rollout (a model), play (a person), audit-reward (scripted hacks)."""
     r = sub.add_parser("rollout", help="play an environment with a model and print the trajectories")
     r.add_argument("--env", default="calculator", help="built-in name, module name (the current folder included) or .py file")
     r.add_argument("--model", default="smollm2-135m",
@@ -53,6 +53,15 @@ def _play_parsers(sub) -> None:
     pa.add_argument("--seed", type=int, default=0)
     pa.add_argument("--model", default="smollm2-135m", help="whose tokenizer and chat format to render with")
     pa.set_defaults(func=commands.play)
+
+    au = sub.add_parser("audit-reward", help="play known reward hacks through environments; fail if any earns reward")
+    au.add_argument("env", nargs="+", help="built-in name(s) or module path(s)")
+    au.add_argument("--tasks", type=int, default=3, help="tasks each hack variant and the solver play")
+    au.add_argument("--split", default="train")
+    au.add_argument("--seed", type=int, default=0)
+    au.add_argument("--model", default="smollm2-135m", help="whose tokenizer and chat format to render with")
+    au.add_argument("--json", dest="json_out", help="also write the reports (with a sample episode per failure) here")
+    au.set_defaults(func=commands.audit_reward)
 
 
 def _training_parsers(sub) -> None:

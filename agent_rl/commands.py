@@ -1,7 +1,7 @@
 """What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
 
-Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `plot`, and the
-tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
+Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `audit-reward`,
+`plot`, and the tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
 input such as a config, a model path or an environment name; 1 for a failed run such as an
 unreachable server), and printing results.
 Does not own: argument parsing (`cli`), any logic a library module can own.
@@ -200,6 +200,37 @@ def play(args: argparse.Namespace) -> int:
     print()
     print(json.dumps(summary(traj)))
     return 0 if not traj.infra_error else EXIT_FAILED
+
+
+def audit_reward(args: argparse.Namespace) -> int:
+    from agent_rl.audit import audit_env, format_matrix, format_report
+    from agent_rl.core.files import write_json
+    from agent_rl.core.registry import load_env
+    from agent_rl.core.renderers import load_renderer
+    from agent_rl.learn.models import resolve_model
+
+    if args.tasks < 1:
+        raise CLIError(f"--tasks must be at least 1 (got {args.tasks})", EXIT_BAD_INPUT)
+    with errors_as_lines():
+        specs = [load_env(name) for name in args.env]
+        renderer = load_renderer(resolve_model(args.model))
+    reports = []
+    for spec in specs:
+        try:
+            reports.append(asyncio.run(audit_env(spec, renderer, args.tasks, args.seed, args.split)))
+        except ValueError as e:  # nothing to audit, or tasks the environment refuses to give
+            raise CLIError(str(e), EXIT_BAD_INPUT) from None
+        except RuntimeError as e:  # the environment could not start
+            raise CLIError(str(e)) from None
+        print(format_report(reports[-1]), end="\n\n")
+    if len(reports) > 1:
+        print(format_matrix(reports))
+    if args.json_out:
+        write_json(args.json_out, [r.to_json() for r in reports])
+    failed = [line for r in reports if (line := r.failure_line())]
+    if failed:
+        raise CLIError("reward audit failed: " + "; ".join(failed))
+    return 0
 
 
 def plot(args: argparse.Namespace) -> int:

@@ -108,8 +108,8 @@ class CodingEnv(ToolEnv):
         code = extract_code(final)
         if code is None:
             return Reward(0.0, {"tests_passed": 0.0, "submitted": 0.0, "compiled": 0.0, "solved": 0.0})
-        report = await run_hidden_tests(self._grader, self.task["prompt"] + "\n" + code,
-                                        self.task["entry_point"], self.task["test"], self.max_timeouts)
+        report = await run_hidden_tests(self._grader, self.task["prompt"], code, self.task["entry_point"],
+                                        self.task["test"], self.max_timeouts)
         return Reward(report.share, {"tests_passed": report.share, "submitted": 1.0,
                                      "compiled": float(report.compiled), "solved": float(report.share == 1.0)})
 

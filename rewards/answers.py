@@ -1,10 +1,11 @@
 """Final-answer rewards: extract the model's one final answer and compare it with the reference.
 
-Owns: the last-number check the calculator env grades with (`final_number`, `numeric_answer`);
-final-answer extraction with its guard against hedged answers (`answer_span`, `is_number_list`);
-equivalence through math-verify (LaTeX, fractions, 1/2 = 0.5, \\boxed{}) in a worker process with
-a hard deadline (`math_equal`, `math_equal_async`, `math_answer`); and the TRL-style reward
-`correct_answer`.
+Owns: a plain last-number check (`final_number`, `numeric_answer`); final-answer extraction with its
+guards against hedged answers (`answer_span`, `is_number_list`); for a numeric reference, the value
+the answer states (`stated_value`, `rational`: 0.5 = 1/2 = \\frac{1}{2}, compared exactly); for any
+other reference, equivalence through math-verify (LaTeX, \\sqrt{18} = 3\\sqrt{2}) in a worker process
+with a hard deadline (`math_equal`, `math_equal_async`); `math_answer` and the TRL-style reward
+`correct_answer`, which use both.
 Does not own: running code (`rewards.code`), format checks (`rewards.format`), weighting (`rewards.rubric`).
 
 Extraction takes exactly ONE candidate from the final reply, in this order: the last
@@ -14,6 +15,14 @@ holds tool-call markup is a tool call, not an answer. Guard against hedging: a c
 number ends a list of numbers ("82, 83, 84", "84 or 85", "$84$ $85$") is no answer at all unless the
 reference is itself a list, so a reply cannot spread its bets over several numbers; and only the
 one candidate is ever compared, never "any number in the text".
+
+When the reference is a number (84, 0.5, 1/2, \\frac{1}{2}), the candidate must state it: its last
+number, written in ASCII digits, or its last fraction of two whole numbers in lowest terms, is
+compared by exact value, and that number may not be an operand of arithmetic. So "(123 + 456) * 7"
+(the question copied), "4000 + 53", "2^{12}", "91/7" or "\\sqrt{16}" earn nothing whatever they
+evaluate to: a grader that evaluates expressions rewards restating the question instead of
+solving it. Look-alike digits ("８４", "٨٤") are no answer either: they read as a number to Python
+but not to what consumes the answer. math-verify judges the other references (\\sqrt{18}, lists).
 
 Why a worker process: math-verify's own timeouts use SIGALRM, which works only in the main thread
 (our rewards run on the event loop, and TRL users call them from threads too) and cannot interrupt
@@ -251,6 +260,61 @@ async def math_equal_async(prediction: str, gold: str, timeout_s: float = 5.0) -
     return await asyncio.get_running_loop().run_in_executor(_executor, math_equal, prediction, gold, timeout_s)
 
 
+# -- numeric references: the value the reply states ----------------------------------------------
+# the literals a number can be stated as, one group per part: \frac{a}{b}, \dfrac12, a/b, a number
+_LITERAL = re.compile(r"(-?)\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}"
+                      r"|(-?)\s*\\[dt]?frac\s*(\d)(\d)(?!\d)"
+                      r"|(?<![\w.])(-?)(\d+)\s*/\s*(\d+)(?![\d.])"
+                      r"|(?<![\w.])(-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?)", re.ASCII)
+_OPERATOR_BEFORE = re.compile(r"(?:[-+*/×·÷^_]|\\(?:times|cdot|div|pm|mp))\s*$")
+_FUNCTION_BEFORE = re.compile(r"(?:\\(?:sqrt|[dt]?frac|log|ln|exp|binom|sin|cos|tan)(?:\[[^\]]*\])?|\^|_)$")
+_OPERATOR_AFTER = re.compile(r"^\s*(?:[*/×·÷^_]|\\(?:times|cdot|div|pm|mp))")  # not - + !: prose uses them
+_OPERAND_END = re.compile(r"[\w)\]}|]$")
+_WRAPPERS = " \t{}()$"
+
+
+def rational(text: str) -> Fraction | None:
+    """The value of a number or a fraction literal ("84", "-0.5", "1,234", "1/2", "\\frac{1}{2}"), else None."""
+    m = _LITERAL.fullmatch(text.strip().strip("$").strip())
+    return None if m is None else _literal_value(m)
+
+
+def _literal_value(m: re.Match[str]) -> Fraction | None:
+    """A `_LITERAL` match's value; None for a fraction not in lowest terms (91/7, 2/4, 84/1)."""
+    if m.group(10) is not None:
+        return Fraction(m.group(10).replace(",", ""))
+    sign, numerator, denominator = next((m.group(i), m.group(i + 1), m.group(i + 2)) for i in (1, 4, 7)
+                                        if m.group(i + 1) is not None)
+    value = Fraction(int(numerator), max(int(denominator), 1))
+    if int(denominator) < 2 or value.denominator != int(denominator):
+        return None
+    return -value if sign else value
+
+
+def _is_operand(before: str, after: str) -> bool:
+    """Whether a literal with `before` and `after` around it takes part in arithmetic."""
+    before = before.rstrip(_WRAPPERS)
+    if (op := _OPERATOR_BEFORE.search(before)) and _OPERAND_END.search(before[:op.start()].rstrip(_WRAPPERS)):
+        return True  # a binary operator with something before it: "4000 + 53", "(a + b) * 7", "5 -84"
+    if _FUNCTION_BEFORE.search(before):
+        return True  # a function's argument or an exponent: "\sqrt{16}", "2^{12}"
+    return bool(_OPERATOR_AFTER.match(after.lstrip("})")))
+
+
+def stated_value(span: str) -> Fraction | None:
+    """The number an answer span states last, as a literal (a number, or a fraction in lowest terms);
+    None when that literal is an operand of arithmetic or the span holds look-alike digits."""
+    if any(c.isdecimal() and not c.isascii() for c in span):
+        return None
+    found = list(_LITERAL.finditer(span))
+    if not found:
+        return None
+    last, before = found[-1], span[:found[-1].start()]
+    if last.group().lstrip().startswith("-") and re.search(r"[\d)\]}]$", before.rstrip(_WRAPPERS)):
+        return None  # "5 -84": a subtraction, not -84
+    return None if _is_operand(before, span[last.end():]) else _literal_value(last)
+
+
 def _candidate(text: str, gold: str) -> str | None:
     span = answer_span(text)
     if span is None or (is_number_list(span) and not is_number_list(gold)):
@@ -260,14 +324,19 @@ def _candidate(text: str, gold: str) -> str | None:
 
 def math_answer(text: str, gold: Any, timeout_s: float = 5.0) -> float:
     """1.0 when the reply's one final answer equals `gold` (math-verify), else 0.0."""
-    span = _candidate(text, str(gold))
-    return float(span is not None and math_equal(span, str(gold), timeout_s))
+    span, want = _candidate(text, str(gold)), rational(str(gold))
+    if span is None or want is not None:
+        return float(span is not None and stated_value(span) == want)
+    return float(math_equal(span, str(gold), timeout_s))
 
 
 async def correct_answer(completions: Sequence[str | Messages], answer: Sequence[Any], **kwargs: Any) -> list[float]:
     """TRL-style reward: 1.0 where the completion's final answer equals the `answer` column, else 0.0."""
     scores = []
     for completion, gold in zip(completions, answer, strict=True):
-        span = _candidate(final_reply(completion), str(gold))
-        scores.append(float(span is not None and await math_equal_async(span, str(gold))))
+        span, want = _candidate(final_reply(completion), str(gold)), rational(str(gold))
+        if span is None or want is not None:
+            scores.append(float(span is not None and stated_value(span) == want))
+        else:
+            scores.append(float(await math_equal_async(span, str(gold))))
     return scores

@@ -10,7 +10,10 @@ candidate, where candidates are all names the answer could have been (e.g. every
 the graph for a capital question). Listing several capitals to catch the right one earns nothing;
 a sentence around the right name ("The capital of France is Paris.") is fine. A name inside a
 longer stated name does not count on its own: "Latin America and the Caribbean" does not also
-state "Caribbean".
+state "Caribbean". And an answer is a name or a sentence that states it, not a passage: a span of
+more than `MAX_ANSWER_WORDS` words (the longest name in the graph has 10) earns nothing, or a copied
+article or page of search results, which names the answer among the rest, would earn the reward
+without the answer ever being picked out of it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Collection, Iterable
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
+MAX_ANSWER_WORDS = 20
 _LEAD_IN = re.compile(r"^(?:so |thus )?(?:final )?(?:answer(?: is)?|it is|its)\s+")  # on normalised text
 
 
@@ -66,10 +70,11 @@ class Verdict:
     named: bool  # the span names an accepted form
     others: tuple[str, ...]  # the other candidates it names (normalised)
     exact: bool  # the whole span (after a lead-in such as "The answer is") is an accepted form
+    passage: bool = False  # the span is longer than an answer (MAX_ANSWER_WORDS)
 
     @property
     def correct(self) -> bool:
-        return self.named and not self.others
+        return self.named and not self.others and not self.passage
 
     @property
     def hedged(self) -> bool:
@@ -84,4 +89,5 @@ def judge_answer(completion: str, accepted: Collection[str], candidates: Collect
     said = mentions(span, [*accepted, *candidates])
     others = tuple(sorted(said - want))
     exact = _LEAD_IN.sub("", normalize(span)) in want
-    return Verdict(named=bool(said & want), others=others, exact=exact)
+    passage = len(normalize(span).split()) > MAX_ANSWER_WORDS
+    return Verdict(named=bool(said & want), others=others, exact=exact, passage=passage)

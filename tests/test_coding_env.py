@@ -29,12 +29,8 @@ FAST = Limits(wall_s=5.0, cpu_s=1)  # about 1-2 CPU s per looping test: short, a
 LIMITS = EpisodeLimits(max_turns=5, max_tokens_per_turn=1024, max_total_tokens=4096)
 
 
-def program(task, body: str) -> str:
-    return task["prompt"] + "\n" + body
-
-
 async def score(task, code: str, max_timeouts: int = 3):
-    return await run_hidden_tests(get_backend(None, FAST), program(task, code), task["entry_point"], task["test"],
+    return await run_hidden_tests(get_backend(None, FAST), task["prompt"], code, task["entry_point"], task["test"],
                                   max_timeouts)
 
 
@@ -121,11 +117,51 @@ async def test_loops_floods_and_crashes_score_zero_within_deadlines():
                  "    import os\n    os._exit(0)",  # the interpreter dies
                  "    raise SystemExit(0)",  # a clean exit is not a pass
                  "    class Yes(float):\n        __eq__ = lambda *a: True\n    return Yes()"]:  # equal to anything
-        report = await score(TRUNCATE, "def truncate_number(number):\n" + body + "\n")
+        report = await score(TRUNCATE, "def truncate_number(number):\n" + body + "\n", max_timeouts=1)
         assert report.passed == 0 and report.compiled, (body, report)
-    for code in ["def truncate_number(number) return 1", "while True:\n    pass\n", "import sys\nsys.exit(1)\n"]:
+    for code in ["def truncate_number(number) return 1", "while True:\n    pass\n", "import sys\nsys.exit(1)\n",
+                 "import sys\nsys.exit(0)\n",  # exiting while loading is no program, even with status 0
+                 "print('no definition')\n",  # the entry point left as the prompt's bare stub
+                 TRUNCATE["prompt"],  # the stub echoed back
+                 "def truncate_number(number: float) -> float:\n    return None\n"]:  # a body that does nothing
         report = await score(TRUNCATE, code)
         assert not report.compiled and report.statuses == ("not_run",) * 3, (code, report)
+
+
+HACKS = {  # each would pass every test if it ran in the tests' interpreter, as it once did
+    "patch exec": "import builtins\n_exec = builtins.exec\n"
+                  "builtins.exec = lambda src, *a: None if isinstance(src, str) else _exec(src, *a)\n",
+    "read the test from the caller's frames":
+        "    import sys, ast\n    f = sys._getframe(1)\n"
+        "    while f is not None and 'source' not in f.f_locals:\n        f = f.f_back\n"
+        "    node = ast.parse(f.f_locals['source']).body[0].test.comparators[0]\n"
+        "    return eval(compile(ast.Expression(node), '<t>', 'eval'))\n",
+    "return a str that equals anything": "    class S(str):\n        __eq__ = lambda *a: True\n    return S()\n",
+    "forge the driver's end marks": "    import os, sys\n    token = sys.modules['__main__']._token\n"
+                                    "    os.write(2, b'\\0' + token + b'\\0')\n"
+                                    "    os.write(1, b'\\0' + token + b' 0 -\\0')\n    os._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("hack", HACKS)
+async def test_the_submission_cannot_reach_the_tests(hack):
+    # the tests call `candidate` in another process, with built-in values only (see rewards.code)
+    task = PROBLEMS["HumanEval/53"]  # add(x, y): check's loop of random sums and five fixed asserts
+    code = HACKS[hack]
+    if code.startswith("    "):  # a function body: the function raises whenever the hack fails
+        code = "def add(x, y):\n" + code
+    else:
+        code += "def add(x, y):\n    raise RuntimeError('no answer')\n"
+    report = await score(task, code, max_timeouts=1)
+    assert report.passed == 0, report
+
+
+async def test_the_prompts_helpers_are_the_tests_own():
+    # HumanEval/32's check judges find_zero with the prompt's poly(); a submission redefining poly
+    # to always say 0 would pass it if the tests read the submission's namespace
+    task = PROBLEMS["HumanEval/32"]
+    report = await score(task, "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return 0.0\n")
+    assert report.compiled and report.passed == 0, report
 
 
 async def test_an_endless_submission_through_the_env_is_bounded(scripted, renderer):
@@ -174,7 +210,7 @@ async def test_every_canonical_solution_passes_every_hidden_test():
 
     async def one(task):
         async with gate:
-            return task["id"], await run_hidden_tests(backend, program(task, task["canonical_solution"]),
+            return task["id"], await run_hidden_tests(backend, task["prompt"], task["canonical_solution"],
                                                       task["entry_point"], task["test"])
 
     reports = await asyncio.gather(*(one(t) for t in PROBLEMS.values()))

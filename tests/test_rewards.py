@@ -36,8 +36,10 @@ MUST_HOLD = [
     ("<answer>0.5</answer>", "1/2"),
     ("<answer>1/2</answer>", "\\frac{1}{2}"),
     ("The answer is $\\frac{1}{2}$.", "0.5"),
-    ("\\boxed{2^{10}}", "1024"),
     ("\\boxed{3\\sqrt{2}}", "\\sqrt{18}"),
+    ("\\boxed{\\dfrac12}", "1/2"),
+    ("The answer is -84.", "-84"),
+    ("<answer>3/4</answer>", "0.75"),
     ("x = 84", "84"),
     ("I first thought \\boxed{80}, but it is \\boxed{84}", "84"),  # the last boxed counts
     ("\\boxed{1, 2}", "1, 2"),  # a list answer is fine when the reference is a list
@@ -61,6 +63,20 @@ MUST_NOT_HOLD = [
     ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "84"}}\n</tool_call> 84', "84"),
     ("<answer>" + "well " * 80 + "84</answer>", "84"),  # an essay in the answer tag
     ("no digits at all", "84"),
+    # a numeric reference must be stated as a number: unevaluated arithmetic is no answer, however
+    # it evaluates (else copying "(123 + 456) * 7" from the question would earn the reward)
+    ("(123 + 456) * 7", "4053"),
+    ("\\boxed{(123 + 456) \\cdot 7}", "4053"),
+    ("The answer is 4000 + 53", "4053"),
+    ("\\boxed{2^{10}}", "1024"),
+    ("\\boxed{\\sqrt{16}}", "4"),
+    ("91/7", "13"),  # a fraction counts only in lowest terms
+    ("\\boxed{\\frac{2}{4}}", "0.5"),
+    ("5 -84", "-84"),
+    # look-alike digits read as numbers to Python, not to whoever consumes the answer
+    ("４０５３", "4053"),
+    ("The answer is ٤٠٥٣.", "4053"),
+    ("\\boxed{𝟒𝟎𝟓𝟑}", "4053"),
 ]
 
 
@@ -100,16 +116,17 @@ def test_math_equal_cannot_hang():
 
 
 def test_math_equal_works_from_threads():
-    texts = ["\\boxed{\\frac{1}{2}}", "\\boxed{\\frac{2}{4}}", "\\boxed{\\frac{1}{3}}", "The answer is 0.5"] * 2
-    with ThreadPoolExecutor(4) as pool:
-        scores = list(pool.map(lambda t: math_answer(t, "0.5"), texts))
+    texts = ["\\boxed{\\frac{1}{\\sqrt{2}}}", "\\boxed{\\frac{\\sqrt{2}}{2}}", "\\boxed{\\sqrt{3}}",
+             "The answer is $\\sqrt{0.5}$"] * 2
+    with ThreadPoolExecutor(4) as pool:  # a symbolic reference: math-verify's worker decides
+        scores = list(pool.map(lambda t: math_answer(t, "\\frac{\\sqrt{2}}{2}"), texts))
     assert scores == [1.0, 1.0, 0.0, 1.0] * 2
 
 
 async def test_correct_answer_is_an_async_trl_reward():
-    completions = [[{"role": "assistant", "content": f"\\boxed{{\\frac{{{k}}}{{4}}}}"}] for k in range(4)]
-    results = await asyncio.gather(*(correct_answer([c], ["0.5"]) for c in completions))
-    assert results == [[0.0], [0.0], [1.0], [0.0]]
+    completions = [[{"role": "assistant", "content": f"\\boxed{{\\frac{{{k}\\pi}}{{4}}}}"}] for k in range(4)]
+    results = await asyncio.gather(*(correct_answer([c], ["\\pi/2"]) for c in completions))
+    assert results == [[0.0], [0.0], [1.0], [0.0]]  # math-verify's worker, from the event loop
     assert await correct_answer(["\\boxed{3}", "\\boxed{4}"], ["3", "3"]) == [1.0, 0.0]
 
 

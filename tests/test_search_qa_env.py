@@ -8,15 +8,18 @@ import pytest
 from agent_rl.core.types import Message
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from envs.search_qa import (
+    ARTICLE_CHARS,
     SearchQAEnv,
+    articles,
+    candidate_names,
     load_tasks,
     make_env,
     qa_dataset,
     solve,
     split_of,
 )
-from rewards.qa import judge_answer, mentions, normalize
-from tools.countries import country_triples
+from rewards.qa import MAX_ANSWER_WORDS, judge_answer, mentions, normalize
+from tools.countries import country_triples, entity_key
 from tools.search import SearchIndex
 
 LIMITS = EpisodeLimits(max_turns=6, max_tokens_per_turn=256, max_total_tokens=4096)
@@ -59,6 +62,17 @@ def test_judge_credits_one_right_name_and_nothing_hedged():
     assert not judge_answer('<tool_call>{"name": "search", "arguments": {"query": "Paris"}}</tool_call>',
                             ["Paris"], capitals).correct
     assert not judge_answer("", ["Paris"], capitals).correct
+
+
+def test_a_copied_passage_is_not_an_answer(rows):
+    # read_article("Iran") names Tehran and no other capital: pasted whole it once earned the reward
+    capitals = candidate_names(rows["What is the capital of France?"]["answer_type"])
+    title, body = articles()[entity_key("Iran")]
+    article = f"{title}\n{body[:ARTICLE_CHARS]}"
+    verdict = judge_answer(article, ["Tehran"], capitals)
+    assert verdict.named and not verdict.others and verdict.passage and not verdict.correct
+    sentence = "Having read the article about France, I can tell you that its capital city is Paris."
+    assert len(sentence.split()) <= MAX_ANSWER_WORDS and judge_answer(sentence, ["Paris"], capitals).correct
 
 
 def test_a_name_inside_a_longer_name_is_not_stated():

@@ -1,0 +1,178 @@
+"""The reward audit: every built-in environment resists every applicable hack and its solver earns full
+reward; a reward built to be hackable is caught; the command's table, JSON and error lines.
+
+Each built-in environment is audited on a few tasks through the real runner (seconds each; coding
+runs its hidden tests in the bubblewrap sandbox, so it plays two tasks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent_rl import cli
+from agent_rl.audit import audit_env, format_matrix, format_report
+from agent_rl.core.registry import EnvSpec, load_env
+from agent_rl.core.types import Message, Reward
+from agent_rl.hacks import arithmetic_in, lookalike
+from envs.base import ToolEnv
+from tools.sandbox_bwrap import unavailable_reason
+
+ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_question", "flood",
+            "lookalike_digits", "echo_tool_output", "answer_in_tool_call", "unknown_tool_then_guess"]
+CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
+          "exit_zero", "patch_checker", "always_equal", "read_tests"]
+GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done"]
+
+
+def _no_browser() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install playwright)"
+    if not (os.environ.get("AGENT_RL_CHROMIUM") or shutil.which("chromium")):
+        return "no Chromium binary (apt-get install -y chromium, or set AGENT_RL_CHROMIUM)"
+    return None
+
+
+needs_bwrap = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no bubblewrap: {unavailable_reason()}")
+BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl.audit_targets)
+    pytest.param("calculator", 3, ANSWERED, id="calculator"),
+    pytest.param("math", 2, ANSWERED, id="math", marks=needs_bwrap),  # its python tool is sandboxed
+    pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
+    pytest.param("kg_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="kg_qa"),
+    pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
+    pytest.param("gui", 3, GUI, id="gui"),
+    pytest.param("gui_browser", 1, GUI, id="gui_browser",
+                 marks=pytest.mark.skipif(_no_browser() is not None, reason=str(_no_browser()))),
+]
+
+
+@pytest.mark.parametrize(("env", "n_tasks", "hacks"), BUILT_IN)
+async def test_no_hack_earns_reward_and_the_solver_earns_full_reward(env, n_tasks, hacks, renderer):
+    report = await audit_env(load_env(env), renderer, n_tasks=n_tasks)
+    assert [r.name for r in report.rows] == [*hacks, "solver"]
+    for row in report.rows[:-1]:
+        assert row.episodes >= n_tasks and row.errors == 0 and row.max_reward == 0.0, row
+        assert row.verdict == "ok"
+    solver = report.rows[-1]
+    assert solver.episodes == n_tasks and solver.min_reward == 1.0 and solver.verdict == "ok", solver
+    assert not report.failures and report.failure_line() == ""
+
+
+async def test_toy_has_nothing_to_audit(renderer):
+    with pytest.raises(ValueError, match="rewards short replies, not an answer, and has no scripted solver"):
+        await audit_env(load_env("toy"), renderer)
+
+
+# -- a reward built to be hacked: any number in the reply that equals the answer -------------------
+class AnyNumberEnv(ToolEnv):
+    """What a hasty reward looks like: credit when the answer is among the numbers of the reply."""
+
+    def __init__(self, task):
+        super().__init__([])
+        self.task = task
+
+    async def initial_messages(self):
+        return [Message("user", self.task["question"])]
+
+    async def reward(self, messages):
+        return Reward(float(str(self.task["answer"]) in re.findall(r"-?\d+", messages[-1].content)))
+
+
+HACKABLE_TASKS = [{"id": f"q{a}", "question": f"What is {a} + {a + 3}?", "answer": str(2 * a + 3)} for a in (4, 9)]
+HACKABLE = EnvSpec("any_number", AnyNumberEnv, lambda n, seed=0, split="train": HACKABLE_TASKS[:n],
+                   lambda task, messages, direct: Message("assistant", f"The answer is {task['answer']}."))
+HACKABLE_MODULE = """
+import re
+from agent_rl.core.types import Message, Reward
+from envs.base import ToolEnv
+
+class AnyNumberEnv(ToolEnv):
+    def __init__(self, task):
+        super().__init__([])
+        self.task = task
+
+    async def initial_messages(self):
+        return [Message("user", self.task["question"])]
+
+    async def reward(self, messages):
+        return Reward(float(self.task["answer"] in re.findall(r"-?\\d+", messages[-1].content)))
+
+def make_env(task):
+    return AnyNumberEnv(task)
+
+def load_tasks(n, seed=0, split="train"):
+    return [{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}][:n]
+"""
+# by hand: every hack whose reply holds the answer in ASCII digits among others; not the empty reply, the
+# question (its numbers are the operands), the answer in look-alike digits alone, a wrong guess, the error
+EARNERS = {"list_candidates", "hedge", "several_answers", "flood", "lookalike_digits", "answer_in_tool_call"}
+
+
+async def test_the_audit_catches_a_reward_that_accepts_a_list(renderer):
+    report = await audit_env(HACKABLE, renderer, n_tasks=2)
+    assert {r.name for r in report.failures} == EARNERS
+    assert all(r.verdict == "EARNS" and r.max_reward == 1.0 for r in report.failures)
+    assert report.rows[-1].name == "solver" and report.rows[-1].verdict == "ok"
+    listing = next(r for r in report.rows if r.name == "list_candidates")
+    assert listing.worst is not None and "11" in listing.worst["last_reply"]  # q4's answer, among the others
+    table = format_report(report)
+    assert "| hedge | answer | 6 | 1 | " in table and table.count("EARNS") == 2 * len(EARNERS)  # rows, examples
+    assert "| hedge | 1 (6) EARNS |" in format_matrix([report])
+
+
+async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):
+    # its TRL-style `exact` reward checks that the reply ends with the answer: "390, 391" earns it
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"<!-- example:dataset -->\n```python\n(.*?)```", readme, re.DOTALL).group(1)
+    (tmp_path / "readme_dataset_env.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    report = await audit_env(load_env("readme_dataset_env"), renderer, n_tasks=2)
+    # by hand: the listings and hedges that end with the answer; the flood's cut falls after "1000"
+    # in q2; the look-alike listing ends with the answer in ASCII
+    assert {r.name for r in report.failures} == {"list_candidates", "hedge", "flood", "lookalike_digits"}
+
+
+def test_hack_helpers():
+    assert arithmetic_in("What is (123 + 456) * 7?") == "(123 + 456) * 7"
+    assert arithmetic_in("Calculate -33 / 11 + -22.") == "-33 / 11 + -22"
+    assert arithmetic_in("Turn on dark mode and set the font size to 16, then save.") == ""
+    assert lookalike("-4053", 0xFF10) == "-４０５３" and lookalike("12.5", 0x0660) == "١٢.٥"
+
+
+# -- the command --------------------------------------------------------------------------------
+def test_command_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "audit.json"
+    assert cli.main(["audit-reward", "calculator", "--tasks", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("reward audit of calculator: 1 task (train split, seed 0)")
+    assert "| hack | group | episodes | max reward | mean reward | verdict |" in printed
+    assert "| solver | solver | 1 | 1 | 1 | ok |" in printed
+    [report] = json.loads(out.read_text())
+    assert report["passed"] and [r["name"] for r in report["rows"]] == [*ANSWERED, "solver"]
+
+
+def test_command_fails_with_one_line_naming_the_hacks(tmp_path, monkeypatch, capsys):
+    (tmp_path / "hackable_env.py").write_text(HACKABLE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["audit-reward", "hackable_env", "--tasks", "1"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: reward audit failed: hackable_env: list_candidates EARNS (max reward 1), ")
+    assert all(name in line for name in EARNERS) and "echo_question" not in line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["audit-reward", "toy"], "error: environment 'toy' rewards short replies"),
+    (["audit-reward", "no_such_env"], "error: unknown environment 'no_such_env'"),
+    (["audit-reward", "calculator", "--tasks", "0"], "error: --tasks must be at least 1 (got 0)"),
+])
+def test_command_bad_input_is_one_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(message), line
+
