@@ -21,7 +21,15 @@ from typing import Any, Callable, Sequence
 
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import ToolCall
-from agent_rl.hacks import ANSWER_HACKS, CODING_HACKS, GUI_HACKS, RAISES, TOOL_HACKS, Hack, Target
+from agent_rl.hacks import (
+    ANSWER_HACKS,
+    CODING_HACKS,
+    GUI_HACKS,
+    RAISES,
+    TOOL_HACKS,
+    Hack,
+    Target,
+)
 from rewards.answers import rational
 
 
@@ -116,6 +124,16 @@ def _generic(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpe
     return Target(task, str(question), gold, solve=_solver(spec, task), **_answers(gold, tasks, column))
 
 
+def _mcp_units(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) -> Target:
+    from envs.mcp_units import _units
+
+    gold = _units().show(task["answer"])  # as the server writes numbers: plain, 6 significant digits
+    probes = (ToolCall("list_units", {}),)  # what the server offers: no answer in it
+    carrier = ToolCall("convert", {"value": task["answer"], "from_unit": task["to_unit"], "to_unit": task["to_unit"]})
+    return Target(task, str(task["question"]), gold, fmt="The answer is {}.", solve=_solver(spec, task), probes=probes,
+                  carrier=carrier, **_answers(gold, tasks, "answer"))
+
+
 ANSWERED = tuple(h.name for h in (*ANSWER_HACKS, *TOOL_HACKS))
 PROFILES = {
     "envs.calculator": Profile(_hacks(*ANSWERED), _calculator),
@@ -125,6 +143,7 @@ PROFILES = {
     "envs.coding": Profile(_hacks("empty_reply", "several_answers", "echo_question", "answer_in_tool_call",
                                   "unknown_tool_then_guess", *(h.name for h in CODING_HACKS)), _coding),
     "envs.gui": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
+    "envs.mcp_units": Profile(_hacks(*ANSWERED), _mcp_units),
     "envs.gui_browser": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
 }
 GENERIC = Profile(_hacks(*(h.name for h in ANSWER_HACKS), "answer_in_tool_call", "unknown_tool_then_guess"), _generic)

@@ -26,7 +26,17 @@ from typing import Any, Literal, Sequence
 
 from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
-from envs.gui_app import BY_NAME, CONTROLS, SAVE, VISIBLE_ROWS, ActionError, Control, SettingsApp, Value, value_problem
+from envs.gui_app import (
+    BY_NAME,
+    CONTROLS,
+    SAVE,
+    VISIBLE_ROWS,
+    ActionError,
+    Control,
+    SettingsApp,
+    Value,
+    value_problem,
+)
 from tools.base import ToolError
 
 SYSTEM = ("You operate a settings page with the click, type, select and scroll tools. Each tool returns the "

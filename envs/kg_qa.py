@@ -24,7 +24,15 @@ import threading
 from typing import Any, Sequence
 
 from agent_rl.core.types import Message
-from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
+from envs.search_qa import (
+    CountryQAEnv,
+    answer_text,
+    call,
+    hop_path,
+    qa_dataset,
+    say,
+    tool_responses,
+)
 from tools.kg import KGClient
 from tools.kg_service import DEFAULT_DB, start_kg_service
 

@@ -20,7 +20,13 @@ import asyncio
 from typing import Any, Callable, Sequence
 
 from envs.base import ToolEnv
-from tools.mcp import MCPConnection, MCPServerSpec, connect, mcp_server, shared_connection
+from tools.mcp import (
+    MCPConnection,
+    MCPServerSpec,
+    connect,
+    mcp_server,
+    shared_connection,
+)
 
 ServerLike = MCPServerSpec | str | Sequence[str]
 

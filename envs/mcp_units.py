@@ -28,7 +28,7 @@ from tools.mcp import MCPServerSpec, mcp_server
 SERVER_FILE = Path(__file__).resolve().parents[1] / "examples" / "mcp_units_server.py"
 SYSTEM = ("Answer the unit conversion question with the convert tool (list_units names the units it "
           "knows), then give the final answer as a number.")
-REL_TOL = 0.005  # an answer rounded to 3-4 significant digits is right
+REL_TOL = 1e-5  # answers and tool results carry 6 significant digits: a neighbour (1744.5 for 1743.5) is wrong
 NAMES = {"m": "meters", "km": "kilometers", "cm": "centimeters", "mm": "millimeters", "mi": "miles", "yd": "yards",
          "ft": "feet", "in": "inches", "kg": "kilograms", "g": "grams", "lb": "pounds", "oz": "ounces",
          "l": "liters", "ml": "milliliters", "gal": "US gallons", "cup": "US cups",
@@ -103,7 +103,7 @@ _RESULT = re.compile(r"^[^\n]*= (-?[\d.e+-]+) \S+$")
 def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: one `convert` call, then the number it returned. With `direct`, the answer at once."""
     if direct:
-        return Message("assistant", f"The answer is {task['answer']:g}.")
+        return Message("assistant", f"The answer is {_units().show(task['answer'])}.")
     results = [m.group(1) for msg in messages if msg.role == "tool" and (m := _RESULT.match(msg.content))]
     if not results:
         call = ToolCall("convert", {"value": task["value"], "from_unit": task["from_unit"], "to_unit": task["to_unit"]})

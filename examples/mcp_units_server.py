@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from decimal import Decimal
 
 # unit -> (quantity, factor to the base unit); temperatures convert through kelvin below
 UNITS: dict[str, tuple[str, float]] = {
@@ -32,6 +33,13 @@ _FROM_KELVIN = {"C": lambda k: k - 273.15, "F": lambda k: (k - 273.15) * 9 / 5 +
 
 class UnitError(ValueError):
     """A conversion that cannot be done; the message says why in one line."""
+
+
+def show(x: float) -> str:
+    """6 significant digits written out in full, never in exponent form (0.0000528166, not 5.28166e-05):
+    an answer a model copies must be a plain number."""
+    text = format(Decimal(f"{x:.6g}"), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def convert_value(value: float, from_unit: str, to_unit: str) -> float:
@@ -66,7 +74,7 @@ def build_server():
             result = convert_value(value, from_unit, to_unit)
         except UnitError as e:
             raise ToolError(str(e)) from None
-        return f"{value:g} {from_unit} = {result:.6g} {to_unit}"
+        return f"{show(value)} {from_unit} = {show(result)} {to_unit}"
 
     @server.tool()
     def list_units() -> str:

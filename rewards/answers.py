@@ -71,12 +71,15 @@ def final_number(text: str) -> float | None:
 
 
 def numeric_answer(completion: str, answer: float | int | str, rel_tol: float = 1e-6) -> float:
-    """1.0 when the completion's final number equals `answer` (relative tolerance), else 0.0."""
-    got = final_number(completion)
-    if got is None:
+    """1.0 when the reply's one final answer is a number within `rel_tol` of `answer`, else 0.0. The
+    answer is found as `correct_answer` finds it: one final answer (a list of candidates, several
+    tagged answers or a hedge earn nothing), in ASCII digits, not an operand of arithmetic."""
+    span = _candidate(completion, str(answer))
+    value = stated_value(span) if span is not None else None
+    if value is None:
         return 0.0
     want = float(str(answer).replace(",", ""))
-    return 1.0 if abs(got - want) <= rel_tol * max(1.0, abs(want)) else 0.0
+    return 1.0 if abs(float(value) - want) <= rel_tol * max(1.0, abs(want)) else 0.0
 
 
 # -- extraction ------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl
     pytest.param("kg_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="kg_qa"),
     pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
+    pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
     pytest.param("gui_browser", 1, GUI, id="gui_browser",
                  marks=pytest.mark.skipif(_no_browser() is not None, reason=str(_no_browser()))),
 ]

@@ -78,7 +78,9 @@ async def test_tool_using_episode_earns_full_reward_and_a_wrong_answer_none(scri
         traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, "t")
     assert traj.messages[3].content == "5 mi = 8.04672 km" and traj.messages[-1].content == "The answer is 8.04672."
     assert traj.reward == 1.0 and traj.reward_parts == {"correct": 1.0} and traj.tool_calls[0].ok
-    for reply, reward in [("About 8.05 km.", 1.0), ("It is 8.2 km.", 0.0), ("No idea.", 0.0)]:
+    # the tool's 6 significant digits are the answer: a rounded one is as wrong as a neighbour (reward audit)
+    for reply, reward in [("It is 8.04672 km.", 1.0), ("About 8.05 km.", 0.0), ("It is 8.2 km.", 0.0),
+                          ("No idea.", 0.0)]:
         async with make_env(task) as env:
             traj = await run_episode(env, scripted(lambda p, r=reply: r), renderer, LIMITS, "t")
         assert traj.reward == reward and traj.tool_calls == ()

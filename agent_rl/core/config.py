@@ -69,7 +69,9 @@ class ModelConfig(_Section):
     @field_validator("renderer")
     @classmethod
     def _known_renderer(cls, v: str) -> str:
-        from agent_rl.core.renderers import RENDERER_NAMES  # same floor; imported late: it loads every family
+        from agent_rl.core.renderers import (
+            RENDERER_NAMES,  # same floor; imported late: it loads every family
+        )
 
         if v not in RENDERER_NAMES:
             raise ValueError(f"unknown renderer {v!r} (known: {', '.join(RENDERER_NAMES)})")

@@ -29,7 +29,7 @@ import json
 from typing import Any, Sequence
 
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import short, bad_call, call_from_json
+from agent_rl.core.toolcalls import bad_call, call_from_json, short
 from agent_rl.core.types import Message, ToolCall
 
 DATE = "26 Jul 2024"  # the 3.1 template's fixed date; 3.2 uses today's unless date_string is given

@@ -29,7 +29,12 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from agent_rl.core.chatml import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatMLRenderer, format_tool_call
+from agent_rl.core.chatml import (
+    TOOLS_POSTAMBLE,
+    TOOLS_PREAMBLE,
+    ChatMLRenderer,
+    format_tool_call,
+)
 from agent_rl.core.toolcalls import parse_tool_calls
 from agent_rl.core.types import ToolCall
 

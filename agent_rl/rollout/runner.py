@@ -22,8 +22,16 @@ from typing import Any, Callable, Sequence
 
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.types import (Message, Reward, Segment, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup,
-                                 Turn)
+from agent_rl.core.types import (
+    Message,
+    Reward,
+    Segment,
+    StopReason,
+    ToolCallRecord,
+    Trajectory,
+    TrajectoryGroup,
+    Turn,
+)
 from agent_rl.rollout.sampler import Sampler, SamplingParams
 
 
