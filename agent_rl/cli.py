@@ -69,6 +69,10 @@ def _training_parsers(sub) -> None:
     t = sub.add_parser("train", help="GRPO training from a YAML config")
     _config_arguments(t, "YAML file (defaults for missing keys)", "algorithm.kl_beta=0.01")
     _run_arguments(t, "the run dir's last checkpoint")
+    t.add_argument("--nproc", type=int, default=1, help="trainer ranks on this machine (runs under torchrun)")
+    t.add_argument("--nnodes", type=int, default=1, help="machines, each running this command (torchrun)")
+    t.add_argument("--node-rank", type=int, default=0, help="this machine's rank among --nnodes")
+    t.add_argument("--rdzv-endpoint", help="HOST:PORT every machine of a multi-node run meets at")
     t.set_defaults(func=commands.train)
 
     d = sub.add_parser("demos", help="write scripted-solver demonstrations (sft.demos) for a cold-start SFT")

@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import sys
 from typing import Any, Iterator
 
@@ -99,15 +101,44 @@ def rollout(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     cfg = config(args)
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return torchrun(args)
     from agent_rl.trainer import train as run_training
 
     with errors_as_lines():
         final = asyncio.run(run_training(cfg, resume=args.resume))
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 reports
     if args.plot:
         from agent_rl.runs.plot import plot_run
 
         plot_run(cfg.run.run_dir)
     print(_rounded(final))
+    return 0
+
+
+def torchrun(args: argparse.Namespace) -> int:
+    """`agent-rl train --nproc N ...`: the same command as N ranks under torchrun (torch.distributed.run),
+    on this machine, or across machines with --nnodes, --node-rank and --rdzv-endpoint."""
+    launcher = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint")
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # this command line without the launcher's own flags (each with its value)
+        if skip:
+            skip = False
+        elif a in launcher:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in launcher)):
+            argv.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}", f"--nnodes={args.nnodes}"]
+    if args.nnodes > 1:
+        if not args.rdzv_endpoint:
+            raise CLIError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every machine)", EXIT_BAD_INPUT)
+        cmd += [f"--node_rank={args.node_rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint={args.rdzv_endpoint}"]
+    else:
+        cmd += ["--standalone"]
+    code = subprocess.run([*cmd, "-m", "agent_rl.cli", *argv]).returncode
+    if code:
+        raise CLIError(f"torchrun ended with status {code}: the first failing rank's error is above")
     return 0
 
 

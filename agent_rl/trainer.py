@@ -36,6 +36,7 @@ from agent_rl.learn.advantages import (
     rloo_advantages,
 )
 from agent_rl.learn.batching import collate
+from agent_rl.learn.distributed import Dist, broadcast, init_distributed
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.merged import start_weight_sync
@@ -112,12 +113,13 @@ class Run:
     start: int = 0  # steps already done (resumed)
 
 
-def prepare(cfg: TrainConfig, resume: bool = False) -> Run:
-    """Run directory and config copy, seeds, session, policy, task stream; restored from the last
-    checkpoint when resuming."""
+def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
+    """Run directory and config copy, seeds, session, policy (this rank's, under torchrun), task stream;
+    restored from the last checkpoint when resuming (every rank reads the same one)."""
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(run_dir / "config.yaml", dump_config(cfg))
+    if dist.main:
+        write_text(run_dir / "config.yaml", dump_config(cfg))
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     session = open_session(cfg)
@@ -125,7 +127,8 @@ def prepare(cfg: TrainConfig, resume: bool = False) -> Run:
     pool = session.env.load_tasks(rollout.tasks_per_step * cfg.run.steps * (1 + cfg.algorithm.max_resample_batches),
                                   seed=cfg.run.seed, split="train")
     # the KL reference is the starting policy: made before a checkpoint is loaded into the model
-    policy = build_policy(cfg.model, cfg.optim, session.model_dir, with_reference=cfg.algorithm.kl_beta > 0)
+    policy = build_policy(cfg.model, cfg.optim, session.model_dir, with_reference=cfg.algorithm.kl_beta > 0,
+                          dist=dist)
     limits = EpisodeLimits.from_config(rollout, cfg.sampler.temperature, cfg.sampler.top_p)
     run = Run(cfg, run_dir, session, policy, TaskStream(pool), limits)
     if resume and (ck := load_checkpoint(run_dir, policy.model, policy.optimizer, policy.scheduler)) is not None:
@@ -134,8 +137,14 @@ def prepare(cfg: TrainConfig, resume: bool = False) -> Run:
 
 
 async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages()) -> dict[str, float]:
-    """Train a policy with GRPO as `cfg` says; returns the last step's metrics."""
-    run = prepare(cfg, resume)
+    """Train a policy with GRPO as `cfg` says; returns the last step's metrics (rank 0's; {} on the other
+    ranks of a torchrun job, which train their share of each batch: `follow`)."""
+    dist = init_distributed(cfg.model.device)
+    cfg = for_ranks(cfg, dist)
+    run = prepare(cfg, resume, dist)
+    if not dist.main:
+        await follow(run, stages)
+        return {}
     async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler:
         # the servers sample with exactly the trainer's weights from the first step on
         sync = await stages.sync(cfg, run.run_dir, sampler, run.policy.model, run.start)
@@ -172,13 +181,10 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward)
         metrics.update({**rollout_metrics(trajs), **group_metrics(groups, adv)})
         t_train = time.perf_counter()
-        if adv.trajectories:
-            # 4. batch, 5. loss + backward, 6. optimizer step (in a thread: overlapped rollouts go on)
-            batch = collate(adv.trajectories, adv.advantages, run.session.renderer.pad_token_id)
-            metrics.update(await asyncio.to_thread(stages.update, run.policy, batch, algo, cfg.optim,
-                                                   cfg.sampler.temperature, algo.overlap_rollouts,
-                                                   cfg.run.seed * 1_000_003 + step))
-            run.policy.scheduler.step()
+        # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step
+        pad = run.session.renderer.pad_token_id
+        batch = collate(adv.trajectories, adv.advantages, pad) if adv.trajectories else None
+        metrics.update(await learn(run, batch, stages, step))
         metrics["time/train_s"] = time.perf_counter() - t_train
         # 7. sync the new weights into every server (version = number of steps taken)
         metrics["time/sync_s"] = await sync.push(run.policy.model, step + 1)
@@ -195,6 +201,41 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
     if pending:
         pending.cancel()
     return final
+
+
+async def learn(run: Run, batch: Any, stages: Stages, step: int) -> dict[str, float]:
+    """Rank 0's batch (None: nothing to learn from) on every rank, then the update, in a thread (overlapped
+    rollouts go on meanwhile) and the schedule's step. Returns the update's statistics."""
+    cfg = run.cfg
+    batch = broadcast(batch, run.policy.dist)
+    if batch is None:
+        return {}
+    stats = await asyncio.to_thread(stages.update, run.policy, batch, cfg.algorithm, cfg.optim,
+                                    cfg.sampler.temperature, cfg.algorithm.overlap_rollouts,
+                                    cfg.run.seed * 1_000_003 + step)
+    run.policy.scheduler.step()
+    return stats
+
+
+async def follow(run: Run, stages: Stages) -> None:
+    """The ranks other than 0: each step, rank 0's batch and their share of the update. A LoRA adapter is
+    replicated (`learn.distributed`), so weight sync and checkpoints need nothing from them."""
+    for step in range(run.start, run.cfg.run.steps):
+        await learn(run, None, stages, step)
+
+
+def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:
+    """The settings several ranks can run: a LoRA policy pushed as an adapter (merged weights would need the
+    sharded base gathered on rank 0 each step; full fine-tuning under torchrun is not supported yet)."""
+    if not dist.active:
+        return cfg
+    if cfg.model.full_finetune:
+        raise ValueError("model.full_finetune: several ranks train a LoRA adapter only in this version; "
+                         "run full fine-tuning as one process")
+    if cfg.model.sync == "merged":
+        raise ValueError("model.sync: merged needs one trainer process (the base weights are sharded over ranks); "
+                         "use adapter or auto")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"sync": "adapter"})})
 
 
 def group_metrics(groups: list[TrajectoryGroup], adv: GroupAdvantages) -> dict[str, float]:

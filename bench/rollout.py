@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--tokens-per-turn", type=int, default=48)
     ap.add_argument("--tool-ms", type=float, default=100.0)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--block-size", type=int, help="the server's KV-cache block (default: the server's own)")
     args = ap.parse_args()
     model_dir = resolve_model(args.model)
     renderer = load_renderer(model_dir)
@@ -170,7 +171,8 @@ def main() -> None:
     server = None
     url = attach(args.server_url) if args.server_url else None
     if url is None:
-        server = VLLMServer(model_dir, kv_cache_gib=2, max_model_len=4096, dev_mode=True).start()
+        server = VLLMServer(model_dir, kv_cache_gib=2, max_model_len=4096, dev_mode=True,
+                            block_size=args.block_size).start()
         url = server.url
     figures: dict[str, list[float]] = {k: [] for k in (
         "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base",
@@ -191,6 +193,7 @@ def report(args, figures) -> None:
     m = {k: median(v) for k, v in figures.items()}
     print(json.dumps({
         "bench": "rollout", "model": args.model, "adapter": args.adapter or "random rank 16",
+        "block_size": args.block_size or "server default",
         "episodes": args.episodes, "turns": args.turns, "tool_ms": args.tool_ms, "reps": args.reps,
         "trained_vs_base": round(m["raw_merged"] / m["raw_base"], 3),
         "adapter_vs_base": round(m["raw_adapter"] / m["raw_base"], 3),

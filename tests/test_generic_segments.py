@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_rollout_tokens import AddEnv
 
 from agent_rl.core import renderers
 from agent_rl.core.config import ConfigError, load_config
@@ -19,7 +20,6 @@ from agent_rl.learn.batching import collate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.scripted import ScriptedSampler
 from agent_rl.runs.metrics import rollout_metrics
-from test_rollout_tokens import AddEnv
 
 TEMPLATE = (
     "{{ bos_token }}{% if tools %}[TOOLS]{{ tools | length }}\n{% endif %}{% for m in messages %}"

@@ -13,6 +13,8 @@ import asyncio
 
 import pytest
 import torch
+from test_integration_vllm import EchoToolEnv
+from test_train_integration import LOGPROB_TOL, config, served_name_of, server_logprobs
 
 from agent_rl import trainer
 from agent_rl.cli import main
@@ -23,8 +25,6 @@ from agent_rl.learn.models import build_tiny_model, cache_dir
 from agent_rl.learn.policy import load_causal_lm
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import VLLMSampler
-from test_integration_vllm import EchoToolEnv
-from test_train_integration import LOGPROB_TOL, config, served_name_of, server_logprobs
 
 # a second vLLM server in the session: its start-up (~45 s alone, minutes on a busy machine) counts
 # towards the first test, hence a longer limit than the suite's 300 s

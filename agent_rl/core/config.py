@@ -53,8 +53,9 @@ class ModelConfig(_Section):
     full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
     device: str = Field("auto", min_length=1, description="trainer device: auto (CUDA when present, else cpu), cpu, "
                                                           "cuda or cuda:N")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="trainer (and started servers') precision: auto = bfloat16 on CUDA, float32 on the CPU")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
+        "auto", description="trainer (and started servers') precision: auto = bfloat16 on CUDA, float32 on the CPU; "
+                            "float64 for exact checks")
     gradient_checkpointing: bool | None = Field(
         None, description="recompute each layer's activations in the backward pass; None: on for LoRA, "
                           "off for full fine-tuning")
@@ -92,6 +93,8 @@ class SamplerConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps the log-probs on-policy")
     request_timeout_s: float = Field(300.0, gt=0.0, description="seconds before one completion request is an infra error")
     kv_cache_gib: int = Field(2, ge=1, description="KV-cache size in whole GiB of a server started here (CPU build)")
+    num_servers: int = Field(1, ge=1, description="vLLM servers a run starts itself (one per GPU on a GPU machine: "
+                                                 "server i sees GPU i mod count); ignored with server_urls")
     gpu_memory_utilization: float = Field(
         0.5, gt=0.0, lt=1.0, description="share of the GPU a server started here may take (GPU build): leave the "
                                          "trainer's weights, gradients and optimizer room on the same GPU")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}  # float64: exact comparisons in tests (e.g. one rank against two)
 
 
 def resolve_device(spec: str = "auto") -> torch.device:

@@ -15,12 +15,16 @@ The design, in one place:
 - One global normaliser. Rows are dealt to ranks after the batch is split into optimizer steps, and
   every row keeps its step's token and sequence counts, so each rank's loss is its share of the global
   token-mean (or sequence-mean) and the gradients are summed, never averaged, across ranks.
-- LoRA: the frozen base weights are sharded by FSDP2, the adapter's weights are left out of it
-  (`ignored_params`) and replicated: their gradients are all-reduced (summed) after each step's
-  backward passes, so every rank holds the same adapter and the same AdamW state. Rank 0 pushes and
-  checkpoints the adapter without any collective; a resumed rank reads the same checkpoint.
-- Full fine-tuning: every weight is sharded; FSDP2 reduce-scatters gradients as sums (divide factor 1);
-  weight sync and checkpoints gather the whole state dict on rank 0 (a collective every rank joins).
+- What FSDP2 shards: the decoder layers (the bulk of the weights). Embeddings, the final norm and the
+  output layer stay whole on every rank: `learn.logprobs` calls the decoder body and the output layer
+  on their own (to chunk the log-softmax), outside any FSDP root, and a tied output layer is the
+  embedding itself.
+- LoRA: the adapter's weights are left out of FSDP2 (`ignored_params`) and replicated: their gradients
+  are all-reduced (summed) after each step's backward passes, so every rank holds the same adapter and
+  the same AdamW state. Rank 0 pushes and checkpoints the adapter without any collective; a resumed
+  rank reads the same checkpoint.
+- Full fine-tuning under several ranks is refused for now (`trainer.for_ranks`): it would need the
+  sharded layers gathered on rank 0 for every weight push and checkpoint.
 - Every rank runs the same number of forward passes per optimizer step (FSDP2 all-gathers layers in
   each one): a rank with fewer rows runs masked copies, which add nothing to the loss.
 """
@@ -72,20 +76,23 @@ def rank_device(dist: Dist, device_spec: str) -> str:
     return device_spec
 
 
-def shard_model(model: Any, dist: Dist, replicate: list[torch.nn.Parameter]) -> Any:
-    """FSDP2 over every decoder layer, then the root; `replicate` (the adapter's weights) left out."""
+def shard_model(model: Any, dist: Dist, keep_whole: set[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """FSDP2 over every decoder layer, `keep_whole` (the adapter's weights) left out. Returns the trainable
+    weights that stay whole on every rank, whose gradients the ranks sum themselves: the adapter, or under
+    full fine-tuning what lives outside the layers (embeddings, final norm, output layer; these are called
+    directly by `learn.logprobs`, outside any FSDP root, and a tied output layer is the embedding)."""
     if not dist.active:
-        return model
+        return []
     from torch.distributed.fsdp import fully_shard
 
-    ignored = set(replicate) or None
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found to shard over ranks")
     for layer in layers:
-        fully_shard(layer, ignored_params=ignored)
-    fully_shard(model, ignored_params=ignored)
-    for module in [*layers, model]:
-        module.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
-    return model
+        fully_shard(layer, ignored_params=keep_whole or None)
+        layer.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
+    inside = {id(p) for layer in layers for p in layer.parameters()} - {id(p) for p in keep_whole}
+    return [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
 
 
 def broadcast(obj: Any, dist: Dist) -> Any:

@@ -99,9 +99,9 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
         # non-reentrant, so frozen embeddings need no requires_grad trick for a LoRA's gradients
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = make_reference(model, model_cfg) if with_reference else None  # before sharding
-    # several ranks: FSDP2 shards the frozen base; a LoRA adapter stays whole on every rank
-    replicated = [] if model_cfg.full_finetune or not dist.active else trainable_parameters(model)
-    model = shard_model(model, dist, replicated)
+    # several ranks: FSDP2 shards the decoder layers; a LoRA adapter stays whole on every rank
+    adapter = set() if model_cfg.full_finetune else set(trainable_parameters(model))
+    replicated = shard_model(model, dist, adapter)
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
                                   betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)

