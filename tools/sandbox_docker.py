@@ -2,7 +2,7 @@
 
 Owns: the container settings (`container_config`), `DockerProc` (one container driven over its
 attach socket), the "does a daemon answer" probe and `DockerBackend`.
-Does not own: the session protocol, output cap and result types (`tools.sandbox`).
+Does not own: the session protocol, output cap and result types (`tools.sandbox_core`).
 
 Each call (or session) is one container: no network, read-only root, all capabilities dropped, no
 new privileges, user nobody, memory (no swap) and pids limits, CPU/file-size/open-file ulimits and
@@ -30,7 +30,7 @@ import socket
 import time
 from typing import Any
 
-from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 
 IMAGE = "agent-rl-python"
 
