@@ -100,3 +100,19 @@ def play_on_server(vllm_server, renderer):
         return groups
 
     return play
+
+
+# .ci/run sets this once it has started a Docker daemon of its own: from then on a Docker sandbox
+# case that cannot reach a daemon fails instead of skipping, so CI never passes with Docker untested.
+REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
+
+
+def docker_or_skip() -> None:
+    """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
+    fail it when REQUIRE_DOCKER is set."""
+    from tools.sandbox_docker import unavailable_reason
+
+    if reason := unavailable_reason():
+        if os.environ.get(REQUIRE_DOCKER):
+            pytest.fail(f"docker unavailable although {REQUIRE_DOCKER} is set: {reason}", pytrace=False)
+        pytest.skip(f"docker unavailable: {reason}")
