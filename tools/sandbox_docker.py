@@ -9,7 +9,11 @@ new privileges, user nobody, memory (no swap) and pids limits, CPU/file-size/ope
 a size-limited tmpfs on /tmp (the work dir). Code goes in over stdin, as with every backend.
 RLIMIT_AS (`Limits.memory_mb`, so Python raises MemoryError as under bubblewrap) is set by a `sh`
 wrapper that then execs python3: runc applies ulimits before loading seccomp, which an address-space
-limit makes fail, so Docker refuses an "as" ulimit. The cgroup memory limit stays as the backstop.
+limit makes fail, so Docker refuses an "as" ulimit. The cgroup memory limit is the backstop for the
+whole container (`cgroup_memory_mb`): room for what the limits let one process hold (its address
+space, a full /tmp and /dev/shm, which tmpfs charges to the cgroup) plus the page cache of the files
+it runs, so one process meets RLIMIT_AS and gets MemoryError, as under bubblewrap, rather than a
+cgroup OOM kill with no traceback, or a stall while the kernel evicts the interpreter's own code.
 
 The image needs /bin/sh and python3 with its standard library on PATH (python3-minimal is not
 enough: sessions need `resource`). Build it offline, without a registry (`.ci/docker-image.sh`):
@@ -33,6 +37,13 @@ from typing import Any
 from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 
 IMAGE = "agent-rl-python"
+PAGE_CACHE_MB = 32  # python3, its libraries and the stdlib modules a program imports, read into the cgroup
+
+
+def cgroup_memory_mb(limits: Limits) -> int:
+    """The container's memory (and memory+swap) limit in MiB: one process at RLIMIT_AS, both tmpfs
+    full and its page cache fit; several processes together do not get past it."""
+    return limits.memory_mb + 2 * limits.tmp_mb + PAGE_CACHE_MB
 
 
 def container_config(limits: Limits, image: str, session: bool, python: str = "python3") -> dict[str, Any]:
@@ -59,8 +70,8 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
             "read_only": True,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "mem_limit": f"{mib}m",
-            "memswap_limit": f"{mib}m",
+            "mem_limit": f"{cgroup_memory_mb(limits)}m",
+            "memswap_limit": f"{cgroup_memory_mb(limits)}m",  # no swap
             "pids_limit": limits.nproc,
             "ulimits": [
                 Ulimit(name="cpu", soft=limits.cpu_s, hard=cpu_hard),
