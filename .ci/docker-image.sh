@@ -17,7 +17,8 @@ IMAGE="${IMAGE:-agent-rl-python}"
 if [ -z "${MIRROR:-}" ] || [ -z "${SUITE:-}" ]; then
     read -r apt_mirror apt_suite < <("$(dirname "$0")/apt-mirror.sh" || true) || true
     MIRROR="${MIRROR:-${apt_mirror:-}}" SUITE="${SUITE:-${apt_suite:-}}"
-    [ -n "$MIRROR" ] && [ -n "$SUITE" ] || { echo "error: no Debian mirror found in /etc/apt; set MIRROR and SUITE" >&2; exit 1; }
+    [ -n "$MIRROR" ] && [ -n "$SUITE" ] \
+        || { echo "error: no Debian mirror found in /etc/apt; set MIRROR and SUITE" >&2; exit 1; }
 fi
 
 docker info >/dev/null 2>&1 || { echo "error: no Docker daemon answers (DOCKER_HOST=${DOCKER_HOST:-unset})" >&2; exit 1; }

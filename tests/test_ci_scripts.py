@@ -1,11 +1,13 @@
-"""CI's shell scripts: the apt mirror comes from the machine, and no script names a mirror host.
+"""CI's shell scripts: the apt mirror comes from the machine, no script names a mirror host, and a
+Docker daemon that cannot start is reported in one line.
 
 Runs .ci/apt-mirror.sh against fake machine roots (an /etc of our own), so nothing here reads the
-real apt configuration.
+real apt configuration, and .ci/docker-daemon.sh with fake `dockerd`/`docker` programs.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -88,3 +90,38 @@ def test_ci_scripts_name_no_mirror_host():
     for script in CI.iterdir():
         hosts = set(re.findall(r"\bhttps?://([^/\s\"'}]+)", script.read_text()))
         assert hosts <= {"host"}, f"{script.name} names a mirror: {hosts}"  # "host" is the usage placeholder
+
+
+def fake_tools(tmp_path: Path, dockerd: str) -> dict[str, str]:
+    """PATH with a `dockerd` running `dockerd` (shell), a `docker` that never reaches it, a `debootstrap`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"dockerd": dockerd, "docker": "exit 1", "debootstrap": "exit 0"}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "DOCKERD_WAIT_S": "1"}
+
+
+def docker_daemon(action: str, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [str(CI / "docker-daemon.sh"), action, str(work)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "dockerd, reason",
+    [
+        ("echo 'failed to start daemon: no overlay' >&2; exit 1", "dockerd exited: failed to start daemon: no overlay"),
+        ("echo starting; exec sleep 600", "dockerd did not answer within 1 s: starting"),
+    ],
+)
+def test_docker_daemon_that_cannot_start_is_one_line_and_leaves_nothing(tmp_path, dockerd, reason):
+    env, work = fake_tools(tmp_path, dockerd), tmp_path / "docker"
+    done = docker_daemon("start", work, env)
+    assert (done.returncode, done.stdout) == (1, "")
+    if os.geteuid() != 0:
+        reason = "not root, cannot start a daemon"
+    assert done.stderr == f"docker: {reason}; the Docker sandbox cases will skip\n"
+    if os.geteuid() == 0:
+        pid = int((work / "daemon.pid").read_text())
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert docker_daemon("stop", work, env).returncode == 0 and not work.exists()
