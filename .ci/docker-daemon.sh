@@ -71,12 +71,15 @@ halt() {
 }
 
 stop() {
+    local t0
     [ -d "$dir" ] || return 0
+    t0="$(now)"
     halt
     # Whatever a killed daemon left mounted under DIR, deepest first, then the files.
     awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r \
         | xargs -r -n1 umount -l 2>/dev/null || true
     rm -rf --one-file-system "$dir"
+    echo "docker: stopped and removed in $(secs "$t0" "$(now)")" >&2
 }
 
 "$action"
