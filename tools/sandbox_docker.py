@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import socket
 import time
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 
 IMAGE = "agent-rl-python"
+CHUNK = 64 * 1024
 PAGE_CACHE_MB = 32  # python3, its libraries and the stdlib modules a program imports, read into the cgroup
 
 
@@ -63,7 +65,7 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
         "user": "65534:65534",
         "working_dir": "/tmp",
         "environment": dict(SANDBOX_ENV),
-        "labels": {"agent-rl": "sandbox"},
+        "labels": {"agent-rl": "sandbox", "agent-rl.pid": str(os.getpid())},  # who to blame for a leftover
         "host_config": {
             "log_config": {"type": "none"},  # output reaches us over attach; the daemon keeps no copy
             "network_mode": "none",
@@ -86,32 +88,52 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
 
 
 class DockerProc:
-    """One container, its stdin/stdout/stderr multiplexed over the attach socket."""
+    """One container, its stdin/stdout/stderr multiplexed over the attach socket.
+
+    The socket is driven by the event loop (non-blocking; Docker's 8-byte frame headers are parsed
+    here), so a sandbox waiting for output holds no thread: the SDK's blocking reads each held one
+    of the default executor's few threads (6 on 2 cores) for as long as the code ran.
+    """
 
     def __init__(self, container: Any, sock: Any):
         self._container, self._sock = container, sock
         self._raw = getattr(sock, "_sock", sock)  # docker-py hands back a SocketIO over the socket
+        self._raw.setblocking(False)
+        self._buf = bytearray()
         self._started = int(time.time())
         self._eof = False
         self._code: int | None = None
         self.oom_killed = False
 
     async def write(self, data: bytes, eof: bool = False) -> None:
-        await asyncio.to_thread(self._raw.sendall, data)
+        await asyncio.get_running_loop().sock_sendall(self._raw, data)
         if eof:
-            await asyncio.to_thread(self._raw.shutdown, socket.SHUT_WR)
+            self._raw.shutdown(socket.SHUT_WR)
 
-    def _read_frame(self) -> tuple[int, bytes]:
-        from docker.utils.socket import next_frame_header, read_exactly
-
-        stream, size = next_frame_header(self._sock)
-        if stream < 0:
-            self._eof = True
-            return 0, b""
-        return (2 if stream == 2 else 1), read_exactly(self._sock, size)
+    async def _take(self, size: int) -> bytes | None:
+        """Exactly `size` bytes from the socket, or None when it ends first."""
+        loop = asyncio.get_running_loop()
+        while len(self._buf) < size:
+            try:
+                chunk = await loop.sock_recv(self._raw, max(CHUNK, size - len(self._buf)))
+            except OSError:  # hung up by close(), or reset by the daemon
+                chunk = b""
+            if not chunk:
+                return None
+            self._buf += chunk
+        taken = bytes(self._buf[:size])
+        del self._buf[:size]
+        return taken
 
     async def read(self) -> tuple[int, bytes]:
-        return (0, b"") if self._eof else await asyncio.to_thread(self._read_frame)
+        while not self._eof:
+            header = await self._take(8)  # stream (1 stdout, 2 stderr), 3 zero bytes, size (big-endian)
+            payload = None if header is None else await self._take(int.from_bytes(header[4:], "big"))
+            if payload is None:
+                self._eof = True
+            elif payload:
+                return (2 if header[0] == 2 else 1), payload
+        return 0, b""
 
     async def wait(self) -> int:
         return int((await asyncio.to_thread(self._container.wait))["StatusCode"])
