@@ -7,6 +7,7 @@ unisolated subprocess backend joins only the cases its rlimits, kill and output 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import resource
 import secrets
@@ -48,24 +49,44 @@ def any_backend(request):
     return make_backend(request.param)
 
 
-def sandbox_uid_processes() -> list[str]:
-    """Every process (zombies included) running as a uid of the bubblewrap pool."""
-    pool, found = shared_pool(), []
+def pool_uid_processes() -> dict[int, list[str]]:
+    """Every process (zombies included) running as a uid of the bubblewrap pool, by uid."""
+    pool, found = shared_pool(), {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/status") as f:
                 status = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        if pool.base <= int(status["Uid"].split()[0]) < pool.base + pool.size:
-            found.append(f"{pid} {status['Name'].strip()} {status['State'].strip()}")
+        if pool.base <= (uid := int(status["Uid"].split()[0])) < pool.base + pool.size:
+            found.setdefault(uid, []).append(f"{pid} {status['Name'].strip()} {status['State'].strip()}")
     return found
+
+
+def sandbox_uid_processes() -> list[str]:
+    """Processes left under a pool uid that no live sandbox holds. Ours are all released by now; a
+    uid whose lock another process holds is that process's live sandbox (another test run on this
+    machine), so only uids whose lock we can take, and that still have processes then, count."""
+    left = []
+    for uid in pool_uid_processes():
+        fd = os.open(os.path.join(shared_pool().lock_dir, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # held: a live sandbox of another process
+        else:
+            left += pool_uid_processes().get(uid, [])
+        finally:
+            os.close(fd)  # closing drops the lock
+    return left
 
 
 async def assert_contained(backend, result, statuses: set[str]) -> None:
     assert result.status in statuses, result
     if isinstance(backend, BwrapBackend):
         assert sandbox_uid_processes() == []
+    if isinstance(backend, DockerBackend):  # every container of ours removed, whatever it did
+        assert backend.client.containers.list(all=True, filters={"label": f"agent-rl.pid={os.getpid()}"}) == []
     after = await backend.run("print(6 * 7)")
     assert (after.status, after.stdout) == ("ok", "42\n")
 
@@ -298,6 +319,7 @@ async def test_no_nested_user_namespace_and_no_root(backend):
     await assert_contained(backend, result, {"ok"})
 
 
+@pytest.mark.timeout(180)  # 64 container starts took over 60 s on the 2-core machine under heavy load
 @pytest.mark.parametrize("name", ["bubblewrap", "docker"])
 async def test_64_concurrent_sandboxes_do_not_interfere(name):
     backend = make_backend(name, Limits(wall_s=30))
