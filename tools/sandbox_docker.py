@@ -103,6 +103,7 @@ class DockerProc:
         self._started = int(time.time())
         self._eof = False
         self._code: int | None = None
+        self._exited: int | None = None  # its exit status, once wait() has seen it
         self.oom_killed = False
 
     async def write(self, data: bytes, eof: bool = False) -> None:
@@ -136,7 +137,8 @@ class DockerProc:
         return 0, b""
 
     async def wait(self) -> int:
-        return int((await asyncio.to_thread(self._container.wait))["StatusCode"])
+        self._exited = int((await asyncio.to_thread(self._container.wait))["StatusCode"])
+        return self._exited
 
     def _oom_event_logged(self) -> bool:
         """Whether the daemon logged an "oom" event for this container. Docker 20.10 can leave
@@ -164,13 +166,16 @@ class DockerProc:
             # Hang up first: a daemon blocked writing output we no longer read (a flood past the cap)
             # stalls kill, wait and remove. Shut down the socket itself, not only docker-py's SocketIO.
             self._hang_up()
-            with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
-                await asyncio.to_thread(self._container.kill)
-            self._code = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
-            await asyncio.to_thread(self._container.reload)
-            self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
-            if self._code == 128 + 9 and not self.oom_killed:
-                self.oom_killed = await asyncio.to_thread(self._oom_event_logged)
+            if self._exited is None:  # still running, or not yet seen to exit
+                with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
+                    await asyncio.to_thread(self._container.kill)
+                self._exited = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
+            self._code = self._exited
+            if self._code == 128 + 9:  # SIGKILL: ours, the CPU limit's, or the cgroup OOM killer's
+                await asyncio.to_thread(self._container.reload)
+                self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
+                if not self.oom_killed:
+                    self.oom_killed = await asyncio.to_thread(self._oom_event_logged)
         finally:
             self._hang_up()
             with contextlib.suppress(docker.errors.APIError):
@@ -217,7 +222,7 @@ class DockerBackend:
         config = container_config(self.limits, self.image, session)
         host_config = self.client.api.create_host_config(**config.pop("host_config"))
         created = self.client.api.create_container(**config, host_config=host_config)
-        return self.client.containers.get(created["Id"])
+        return self.client.containers.prepare_model({"Id": created["Id"]})  # no inspect round trip
 
     async def _spawn(self, session: bool) -> DockerProc:
         container = await asyncio.to_thread(self._create, session)
