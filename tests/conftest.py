@@ -116,3 +116,9 @@ def docker_or_skip() -> None:
         if os.environ.get(REQUIRE_DOCKER):
             pytest.fail(f"docker unavailable although {REQUIRE_DOCKER} is set: {reason}", pytrace=False)
         pytest.skip(f"docker unavailable: {reason}")
+
+
+def deadline_slack_s(backend) -> float:
+    """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
+    Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
+    return 5.0 if backend.name == "docker" else 1.5

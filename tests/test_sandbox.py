@@ -19,7 +19,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from conftest import REQUIRE_DOCKER, docker_or_skip
+from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
 from tools.base import Tool
 from tools.python_tool import PythonSessionTool, PythonTool
 from tools.sandbox import SANDBOX_ENV, ExecResult, Limits, exec_cli, format_result, get_backend
@@ -61,7 +61,7 @@ async def test_ok_error_timeout_memory_statuses(backend):
 
     slow = await backend.run("import time; print('started', flush=True); time.sleep(30)")
     assert (slow.status, slow.stdout) == ("timeout", "started\n")  # output before the kill is kept
-    assert LIMITS.wall_s <= slow.seconds < LIMITS.wall_s + 1.5
+    assert LIMITS.wall_s <= slow.seconds < LIMITS.wall_s + deadline_slack_s(backend)
 
     mem = await type(backend)(ROOMY).run("blocks = []\nwhile True: blocks.append(bytearray(10**7))")
     assert mem.status == "memory" and "MemoryError" in mem.stderr
