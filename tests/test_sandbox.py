@@ -1,7 +1,8 @@
 """Sandbox behaviour on well-behaved and simply failing code: statuses, sessions, formatting, tools, CLI.
 
 Hostile code (bombs, escapes, floods) lives in test_sandbox_adversarial.py. The shared logic runs
-here over bubblewrap and Docker (each where it works) and the plain subprocess backend (everywhere).
+here over bubblewrap and Docker (each where it works; in CI, which starts a daemon and sets
+AGENT_RL_REQUIRE_DOCKER, Docker must work) and the plain subprocess backend (everywhere).
 """
 
 from __future__ import annotations

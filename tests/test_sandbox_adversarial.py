@@ -1,7 +1,8 @@
 """Hostile code against every isolating backend: each attack contained and reported, the next call fine.
 
-Parametrised over bubblewrap and Docker (each skipped, with the reason, where it cannot run). The
-unisolated subprocess backend joins only the cases its rlimits, kill and output cap do cover.
+Parametrised over bubblewrap and Docker (each skipped, with the reason, where it cannot run; a
+Docker case fails instead where AGENT_RL_REQUIRE_DOCKER is set, as CI does). The unisolated
+subprocess backend joins only the cases its rlimits, kill and output cap do cover.
 """
 
 from __future__ import annotations
