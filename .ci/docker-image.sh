@@ -5,15 +5,21 @@
 # `docker import`.
 #
 # Needs: root, a running daemon that `docker` reaches (set DOCKER_HOST for a non-default socket),
-# and a Debian mirror. Idempotent: does nothing when a working image exists (FORCE=1 rebuilds).
+# and the Debian mirror this machine's apt uses (.ci/apt-mirror.sh reads it, and the suite, from
+# /etc/apt; MIRROR and SUITE override them). Idempotent: does nothing when a working image exists
+# (FORCE=1 rebuilds).
 #
-# Usage: [DOCKER_HOST=unix:///path/docker.sock] [IMAGE=agent-rl-python] [SUITE=bookworm] \
-#        [MIRROR=http://deb.debian.org/debian] [FORCE=1] .ci/docker-image.sh
+# Usage: [DOCKER_HOST=unix:///path/docker.sock] [IMAGE=agent-rl-python] [SUITE=codename] \
+#        [MIRROR=http://host/debian] [FORCE=1] .ci/docker-image.sh
 set -euo pipefail
 
 IMAGE="${IMAGE:-agent-rl-python}"
-SUITE="${SUITE:-bookworm}"
-MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+if [ -z "${MIRROR:-}" ] || [ -z "${SUITE:-}" ]; then
+    read -r apt_mirror apt_suite < <("$(dirname "$0")/apt-mirror.sh" || true) || true
+    MIRROR="${MIRROR:-${apt_mirror:-}}" SUITE="${SUITE:-${apt_suite:-}}"
+    [ -n "$MIRROR" ] && [ -n "$SUITE" ] \
+        || { echo "error: no Debian mirror found in /etc/apt; set MIRROR and SUITE" >&2; exit 1; }
+fi
 
 docker info >/dev/null 2>&1 || { echo "error: no Docker daemon answers (DOCKER_HOST=${DOCKER_HOST:-unset})" >&2; exit 1; }
 

@@ -1,7 +1,8 @@
 """Sandbox behaviour on well-behaved and simply failing code: statuses, sessions, formatting, tools, CLI.
 
 Hostile code (bombs, escapes, floods) lives in test_sandbox_adversarial.py. The shared logic runs
-here over bubblewrap and Docker (each where it works) and the plain subprocess backend (everywhere).
+here over bubblewrap and Docker (each where it works; in CI, which starts a daemon and sets
+AGENT_RL_REQUIRE_DOCKER, Docker must work) and the plain subprocess backend (everywhere).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pydantic
 import pytest
 
+from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
 from tools.base import Tool
 from tools.python_tool import PythonSessionTool, PythonTool
 from tools.sandbox import (
@@ -29,12 +33,14 @@ from tools.sandbox import (
 )
 from tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
 from tools.sandbox_docker import DockerBackend, container_config
-from tools.sandbox_docker import unavailable_reason as docker_missing
 from tools.sandbox_subprocess import SubprocessBackend
 
 pytestmark = pytest.mark.timeout(60)
 
 LIMITS = Limits(wall_s=2, cpu_s=5, memory_mb=512, output_bytes=4096)
+# Filling 512 MiB takes ~0.3 CPU s, but several seconds on a loaded 2-core machine: memory cases
+# get a deadline far beyond that, so what they check is the memory limit, not the clock.
+ROOMY = LIMITS.model_copy(update={"wall_s": 15})
 BWRAP_MISSING = unavailable_reason()
 
 
@@ -45,8 +51,7 @@ def backend(request):
             pytest.skip(f"bubblewrap unavailable: {BWRAP_MISSING}")
         return BwrapBackend(LIMITS)
     if request.param == "docker":
-        if reason := docker_missing():
-            pytest.skip(f"docker unavailable: {reason}")
+        docker_or_skip()
         return DockerBackend(LIMITS)
     return SubprocessBackend(LIMITS)
 
@@ -64,16 +69,25 @@ async def test_ok_error_timeout_memory_statuses(backend):
 
     slow = await backend.run("import time; print('started', flush=True); time.sleep(30)")
     assert (slow.status, slow.stdout) == ("timeout", "started\n")  # output before the kill is kept
-    assert LIMITS.wall_s <= slow.seconds < LIMITS.wall_s + 1.5
+    assert LIMITS.wall_s <= slow.seconds < LIMITS.wall_s + deadline_slack_s(backend)
 
-    mem = await backend.run("blocks = []\nwhile True: blocks.append(bytearray(10**7))")
+    mem = await type(backend)(ROOMY).run("blocks = []\nwhile True: blocks.append(bytearray(10**7))")
     assert mem.status == "memory" and "MemoryError" in mem.stderr
 
 
+async def test_memory_error_with_a_full_work_dir(backend):
+    """Files in the work dir (tmpfs: memory) must not turn running out of memory into a silent kill."""
+    fill = "for i in range(4):\n    open(f'fill{i}', 'wb').write(b'0' * (15 << 20))\n"
+    mem = await type(backend)(ROOMY).run(fill + "blocks = []\nwhile True: blocks.append(bytearray(10**7))")
+    assert (mem.status, mem.exit_code) == ("memory", 1) and mem.stderr.rstrip().endswith("MemoryError"), mem
+
+
 async def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock(backend):
-    busy = await type(backend)(Limits(wall_s=10, cpu_s=1)).run("while True: pass")
+    busy = await type(backend)(Limits(wall_s=40, cpu_s=1)).run("while True: pass")
     assert busy.status == "timeout"
-    assert busy.seconds < 4  # killed by RLIMIT_CPU at ~1 s, not by the 10 s deadline
+    # killed by RLIMIT_CPU after 1 CPU second, not by the 40 s deadline; the gap is wide because
+    # on a loaded 2-core machine a CPU second (and a container's start and removal) takes a while
+    assert busy.seconds < 20
 
 
 async def test_limits_and_identity_inside_the_sandbox(backend):
@@ -240,12 +254,13 @@ def test_docker_container_config_locks_the_container_down():
     config = container_config(LIMITS, "agent-rl-python", session=False)
     container = ContainerConfig("1.44", **{k: v for k, v in config.items() if k != "host_config"})
     assert container["Cmd"][-1] == "-" and container["StdinOnce"] is True  # the program arrives on stdin
-    assert container["User"] == "65534:65534"
+    assert container["User"] == "65534:65534" and container["Labels"]["agent-rl.pid"] == str(os.getpid())
     assert container["Env"] == [f"{k}={v}" for k, v in SANDBOX_ENV.items()]  # nothing of the host
     host = HostConfig(version="1.44", **config["host_config"])  # the SDK accepts every setting
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
-    assert host["Memory"] == host["MemorySwap"] == 512 << 20 and host["PidsLimit"] == LIMITS.nproc
+    # the cgroup holds one process at RLIMIT_AS, a full /tmp and /dev/shm (64 MiB each), 32 MiB of page cache
+    assert host["Memory"] == host["MemorySwap"] == (512 + 2 * 64 + 32) << 20 and host["PidsLimit"] == LIMITS.nproc
     assert {u["Name"]: u["Hard"] for u in host["Ulimits"]}["cpu"] == LIMITS.cpu_s
     assert host["Tmpfs"]["/tmp"].startswith("rw,nosuid,nodev,size=64m")
 
@@ -261,3 +276,15 @@ async def test_cancelled_session_call_kills_and_reports_lost_state(backend):
         after = await session.run("print('x' in globals())")
         assert (after.status, after.stdout, after.state_lost) == ("ok", "False\n", True)
         assert not (await session.run("pass")).state_lost
+
+
+def test_docker_cases_fail_instead_of_skipping_when_ci_requires_docker(tmp_path):
+    """.ci/run sets REQUIRE_DOCKER once its daemon is up: a Docker case that finds none must fail."""
+    case = f"{__file__}::test_ok_error_timeout_memory_statuses[docker]"
+    env = {**os.environ, REQUIRE_DOCKER: "1", "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", case],
+        cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1 and "1 error" in done.stdout, done.stdout[-2000:]  # failed in its fixture
+    assert f"docker unavailable although {REQUIRE_DOCKER} is set: no Docker daemon answers" in done.stdout

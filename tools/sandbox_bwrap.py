@@ -3,7 +3,7 @@
 Owns: the bwrap command line (`bwrap_argv`), the uid pool (`UidPool`), killing whatever runs as a
 sandbox uid (`kill_uid`), the "does bwrap work here" probe and `BwrapBackend`.
 Does not own: rlimits, pipes and output capping (`tools.sandbox_subprocess`), the session protocol
-and result types (`tools.sandbox`).
+and result types (`tools.sandbox_core`).
 
 What a sandbox gets: new user, pid, net (loopback only), ipc, uts and cgroup namespaces and no
 further user namespaces; a read-only root holding only /usr (and the /bin, /lib... links), a fresh
@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 
-from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 from tools.sandbox_subprocess import KillTree, LocalProc, host_tool, kill_group, limit_argv, spawn_local
 
 PYTHON = "/usr/bin/python3"

@@ -2,14 +2,18 @@
 
 Owns: the container settings (`container_config`), `DockerProc` (one container driven over its
 attach socket), the "does a daemon answer" probe and `DockerBackend`.
-Does not own: the session protocol, output cap and result types (`tools.sandbox`).
+Does not own: the session protocol, output cap and result types (`tools.sandbox_core`).
 
 Each call (or session) is one container: no network, read-only root, all capabilities dropped, no
 new privileges, user nobody, memory (no swap) and pids limits, CPU/file-size/open-file ulimits and
 a size-limited tmpfs on /tmp (the work dir). Code goes in over stdin, as with every backend.
 RLIMIT_AS (`Limits.memory_mb`, so Python raises MemoryError as under bubblewrap) is set by a `sh`
 wrapper that then execs python3: runc applies ulimits before loading seccomp, which an address-space
-limit makes fail, so Docker refuses an "as" ulimit. The cgroup memory limit stays as the backstop.
+limit makes fail, so Docker refuses an "as" ulimit. The cgroup memory limit is the backstop for the
+whole container (`cgroup_memory_mb`): room for what the limits let one process hold (its address
+space, a full /tmp and /dev/shm, which tmpfs charges to the cgroup) plus the page cache of the files
+it runs, so one process meets RLIMIT_AS and gets MemoryError, as under bubblewrap, rather than a
+cgroup OOM kill with no traceback, or a stall while the kernel evicts the interpreter's own code.
 
 The image needs /bin/sh and python3 with its standard library on PATH (python3-minimal is not
 enough: sessions need `resource`). Build it offline, without a registry (`.ci/docker-image.sh`):
@@ -26,13 +30,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import socket
 import time
 from typing import Any
 
-from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 
 IMAGE = "agent-rl-python"
+CHUNK = 64 * 1024
+PAGE_CACHE_MB = 32  # python3, its libraries and the stdlib modules a program imports, read into the cgroup
+
+
+def cgroup_memory_mb(limits: Limits) -> int:
+    """The container's memory (and memory+swap) limit in MiB: one process at RLIMIT_AS, both tmpfs
+    full and its page cache fit; several processes together do not get past it."""
+    return limits.memory_mb + 2 * limits.tmp_mb + PAGE_CACHE_MB
 
 
 def container_config(limits: Limits, image: str, session: bool, python: str = "python3") -> dict[str, Any]:
@@ -52,15 +65,15 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
         "user": "65534:65534",
         "working_dir": "/tmp",
         "environment": dict(SANDBOX_ENV),
-        "labels": {"agent-rl": "sandbox"},
+        "labels": {"agent-rl": "sandbox", "agent-rl.pid": str(os.getpid())},  # who to blame for a leftover
         "host_config": {
             "log_config": {"type": "none"},  # output reaches us over attach; the daemon keeps no copy
             "network_mode": "none",
             "read_only": True,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "mem_limit": f"{mib}m",
-            "memswap_limit": f"{mib}m",
+            "mem_limit": f"{cgroup_memory_mb(limits)}m",
+            "memswap_limit": f"{cgroup_memory_mb(limits)}m",  # no swap
             "pids_limit": limits.nproc,
             "ulimits": [
                 Ulimit(name="cpu", soft=limits.cpu_s, hard=cpu_hard),
@@ -75,35 +88,57 @@ def container_config(limits: Limits, image: str, session: bool, python: str = "p
 
 
 class DockerProc:
-    """One container, its stdin/stdout/stderr multiplexed over the attach socket."""
+    """One container, its stdin/stdout/stderr multiplexed over the attach socket.
+
+    The socket is driven by the event loop (non-blocking; Docker's 8-byte frame headers are parsed
+    here), so a sandbox waiting for output holds no thread: the SDK's blocking reads each held one
+    of the default executor's few threads (6 on 2 cores) for as long as the code ran.
+    """
 
     def __init__(self, container: Any, sock: Any):
         self._container, self._sock = container, sock
         self._raw = getattr(sock, "_sock", sock)  # docker-py hands back a SocketIO over the socket
+        self._raw.setblocking(False)
+        self._buf = bytearray()
         self._started = int(time.time())
         self._eof = False
         self._code: int | None = None
+        self._exited: int | None = None  # its exit status, once wait() has seen it
         self.oom_killed = False
 
     async def write(self, data: bytes, eof: bool = False) -> None:
-        await asyncio.to_thread(self._raw.sendall, data)
+        await asyncio.get_running_loop().sock_sendall(self._raw, data)
         if eof:
-            await asyncio.to_thread(self._raw.shutdown, socket.SHUT_WR)
+            self._raw.shutdown(socket.SHUT_WR)
 
-    def _read_frame(self) -> tuple[int, bytes]:
-        from docker.utils.socket import next_frame_header, read_exactly
-
-        stream, size = next_frame_header(self._sock)
-        if stream < 0:
-            self._eof = True
-            return 0, b""
-        return (2 if stream == 2 else 1), read_exactly(self._sock, size)
+    async def _take(self, size: int) -> bytes | None:
+        """Exactly `size` bytes from the socket, or None when it ends first."""
+        loop = asyncio.get_running_loop()
+        while len(self._buf) < size:
+            try:
+                chunk = await loop.sock_recv(self._raw, max(CHUNK, size - len(self._buf)))
+            except OSError:  # hung up by close(), or reset by the daemon
+                chunk = b""
+            if not chunk:
+                return None
+            self._buf += chunk
+        taken = bytes(self._buf[:size])
+        del self._buf[:size]
+        return taken
 
     async def read(self) -> tuple[int, bytes]:
-        return (0, b"") if self._eof else await asyncio.to_thread(self._read_frame)
+        while not self._eof:
+            header = await self._take(8)  # stream (1 stdout, 2 stderr), 3 zero bytes, size (big-endian)
+            payload = None if header is None else await self._take(int.from_bytes(header[4:], "big"))
+            if payload is None:
+                self._eof = True
+            elif payload:
+                return (2 if header[0] == 2 else 1), payload
+        return 0, b""
 
     async def wait(self) -> int:
-        return int((await asyncio.to_thread(self._container.wait))["StatusCode"])
+        self._exited = int((await asyncio.to_thread(self._container.wait))["StatusCode"])
+        return self._exited
 
     def _oom_event_logged(self) -> bool:
         """Whether the daemon logged an "oom" event for this container. Docker 20.10 can leave
@@ -131,13 +166,16 @@ class DockerProc:
             # Hang up first: a daemon blocked writing output we no longer read (a flood past the cap)
             # stalls kill, wait and remove. Shut down the socket itself, not only docker-py's SocketIO.
             self._hang_up()
-            with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
-                await asyncio.to_thread(self._container.kill)
-            self._code = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
-            await asyncio.to_thread(self._container.reload)
-            self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
-            if self._code == 128 + 9 and not self.oom_killed:
-                self.oom_killed = await asyncio.to_thread(self._oom_event_logged)
+            if self._exited is None:  # still running, or not yet seen to exit
+                with contextlib.suppress(docker.errors.APIError):  # 409: it has already exited
+                    await asyncio.to_thread(self._container.kill)
+                self._exited = int((await asyncio.to_thread(self._container.wait, timeout=10))["StatusCode"])
+            self._code = self._exited
+            if self._code == 128 + 9:  # SIGKILL: ours, the CPU limit's, or the cgroup OOM killer's
+                await asyncio.to_thread(self._container.reload)
+                self.oom_killed = bool(self._container.attrs.get("State", {}).get("OOMKilled"))
+                if not self.oom_killed:
+                    self.oom_killed = await asyncio.to_thread(self._oom_event_logged)
         finally:
             self._hang_up()
             with contextlib.suppress(docker.errors.APIError):
@@ -184,7 +222,7 @@ class DockerBackend:
         config = container_config(self.limits, self.image, session)
         host_config = self.client.api.create_host_config(**config.pop("host_config"))
         created = self.client.api.create_container(**config, host_config=host_config)
-        return self.client.containers.get(created["Id"])
+        return self.client.containers.prepare_model({"Id": created["Id"]})  # no inspect round trip
 
     async def _spawn(self, session: bool) -> DockerProc:
         container = await asyncio.to_thread(self._create, session)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Awaitable, Callable
 
-from tools.sandbox import SANDBOX_ENV, DriverSession, ExecResult, Limits, exit_code, python_argv, run_oneshot
+from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, exit_code, python_argv, run_oneshot
 
 CHUNK = 64 * 1024
 KillTree = Callable[[asyncio.subprocess.Process], Awaitable[None]]
