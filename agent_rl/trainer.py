@@ -15,6 +15,7 @@ checkpoints, so `resume=True` continues a killed run from its last complete step
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import time
@@ -154,9 +155,13 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             log.truncate_after(run.start)
             try:
                 final = await loop(run, sampler, sync, log, stages)
-            finally:
-                if hasattr(sync, "close"):
-                    sync.close()  # a RAM-backed folder of merged weights
+            except BaseException:
+                if hasattr(sync, "finish"):  # the run's own error is the one to report
+                    with contextlib.suppress(Exception):
+                        await sync.finish()
+                raise
+            if hasattr(sync, "finish"):
+                await sync.finish()  # merged weights: the servers' own base weights back
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
         run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
     return final

@@ -116,9 +116,9 @@ class TimedSync:
         self.probe.step = version + 1
         return seconds
 
-    def close(self):
-        if hasattr(self.sync, "close"):
-            self.sync.close()
+    async def finish(self):
+        if hasattr(self.sync, "finish"):
+            await self.sync.finish()
 
 
 def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):
