@@ -1,8 +1,8 @@
 """Run configuration: what to train, how to sample, which algorithm, and where to write.
 
-Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig`,
-`AlgorithmConfig`, `OptimConfig`, `RunConfig`, and for the cold start and evaluation `SFTConfig`,
-`EvalConfig`) gathered in `TrainConfig`; their bounds; reading a
+Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig` with its
+`EnvWeight`s, `AlgorithmConfig`, `OptimConfig`, `RunConfig`, `JudgeConfig`, and for the cold start and
+evaluation `SFTConfig`, `EvalConfig`) gathered in `TrainConfig`; their bounds; reading a
 YAML file plus `--set key=value` overrides (`load_config`) and writing it back (`dump_config`);
 the rule that every config mistake is one `ConfigError` line naming the field.
 Does not own: acting on the values (the trainer, sampler, policy), or knowing which environments
@@ -85,14 +85,44 @@ class SamplerConfig(_Section):
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
 
 
+class EnvWeight(_Section):
+    name: str = Field(..., min_length=1, description="built-in name, module name or .py file (core.registry)")
+    weight: float = Field(1.0, gt=0.0, description="share of the task slots this environment gets: weight / sum of weights")
+
+
 class RolloutConfig(_Section):
-    env: str = Field("calculator", min_length=1, description="built-in name, module name or .py file (core.registry)")
+    env: str | None = Field("calculator", min_length=1,
+                            description="built-in name, module name or .py file (core.registry); null with envs")
+    envs: list[EnvWeight] = Field(
+        default_factory=list, description="several environments in one run, as [{name, weight}, ...] or "
+                                          "{name: weight}; tasks are drawn in proportion to the weights")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
     max_tokens_per_turn: int = Field(128, ge=1, description="sampled tokens per assistant turn")
     max_total_tokens: int = Field(1024, ge=1, description="tokens per episode, prompt and tool output included")
     max_concurrent: int = Field(64, ge=1, description="episodes in flight at once across all servers")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _envs_replace_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("envs"), dict):  # {name: weight}
+            data = {**data, "envs": [{"name": k, "weight": v} for k, v in data["envs"].items()]}
+        if isinstance(data, dict) and data.get("envs") and "env" not in data:
+            data = {**data, "env": None}  # a list of environments, and no default one beside it
+        return data
+
+    @model_validator(mode="after")
+    def _env_or_envs(self) -> RolloutConfig:
+        if self.envs and self.env is not None:
+            raise ValueError(f"envs: give one environment (env) or a weighted list (envs), not both; set "
+                             f"rollout.env=null to use rollout.envs (got env: {self.env})")
+        if not self.envs and self.env is None:
+            raise ValueError("env: name an environment, or list several in rollout.envs (got null)")
+        names = [e.name for e in self.envs]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"envs: each environment once; give it a larger weight instead (got {', '.join(dup)} twice)")
+        return self
 
     @model_validator(mode="after")
     def _turn_fits_episode(self) -> RolloutConfig:
@@ -104,6 +134,11 @@ class RolloutConfig(_Section):
     @property
     def rollouts_per_step(self) -> int:
         return self.tasks_per_step * self.group_size
+
+    @property
+    def mixture(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of every environment of the run: `envs`, or `env` alone with weight 1."""
+        return tuple((e.name, e.weight) for e in self.envs) if self.envs else ((str(self.env), 1.0),)
 
 
 # what `loss` implies for the fields a config leaves out: DAPO's clip-higher for PPO; the GSPO paper's
@@ -188,6 +223,25 @@ class RunConfig(_Section):
     entropy_floor: float = Field(0.05, ge=0.0, description="warn when the mean policy entropy falls below this")
 
 
+class JudgeConfig(_Section):
+    url: str | None = Field(
+        None, description="an OpenAI-compatible server ranking each group's answers: 'run' (the run's own vLLM "
+                          "server) or a base URL (http://host:8000); null: no judge")
+    model: str = Field("base", min_length=1, description="the model name the judge server serves "
+                                                         "('base' on the run's own server)")
+    weight: float = Field(1.0, ge=0.0, description="reward += weight x judge score (best 1 .. worst 0); 0: a metric")
+    prompt: str | None = Field(None, description="file with the judge's prompt template ({question}, {answers}, "
+                                                 "{n}, {reference}); null: the built-in one")
+    reference: str | None = Field("answer", description="task column shown to the judge as the reference answer "
+                                                        "when a task has it; null: never")
+    max_tokens: int = Field(128, ge=1, description="tokens the judge may write")
+    temperature: float = Field(0.0, ge=0.0, description="the judge's sampling temperature")
+    timeout_s: float = Field(60.0, gt=0.0, le=100.0, description="seconds per judge request (below the 120 s "
+                                                                 "deadline of every environment call)")
+    api_key_env: str | None = Field(None, description="environment variable holding the server's API key "
+                                                      "(never the key itself: config.yaml is saved in the run)")
+
+
 class SFTConfig(_Section):
     demos: str = Field("runs/demos.jsonl", min_length=1, description="demonstrations file (`agent-rl demos` writes it)")
     num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
@@ -216,6 +270,7 @@ class TrainConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and the loss")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
     run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="an LLM judge as a group reward (off)")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="cold-start demonstrations and SFT")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
 

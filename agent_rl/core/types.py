@@ -72,6 +72,11 @@ class Reward:
     parts: dict[str, float] = field(default_factory=dict)
 
 
+# the name under which `Trajectory.reward_parts` keeps the episode's own reward once group-level rewards
+# (scored over a finished group: `rollout.runner`) are added to `Trajectory.reward`
+EPISODE_REWARD = "episode_reward"
+
+
 class StopReason(str, enum.Enum):
     """Why an episode ended."""
 
@@ -111,6 +116,7 @@ class Trajectory:
     error: str | None = None  # infrastructure error message when stop_reason == ERROR
     policy_version: int = 0  # the oldest policy version that sampled any turn
     reward_s: float = 0.0  # seconds spent scoring this episode (env.reward)
+    env: str = ""  # the environment that played it, in a run of several (the task's "env" tag)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
