@@ -178,7 +178,7 @@ class LLMJudge(SessionOwner):
 
     def _neutral(self, n: int, reason: str) -> Verdict:
         self.stats["failures"] += 1
-        log.warning("judge %s: %s; its group of %d answers scores %g each", self.name, reason, n, NEUTRAL)
+        log.warning("%s: %s; its group of %d answers scores %g each", self.name, reason, n, NEUTRAL)
         return Verdict([NEUTRAL] * n, False, reason)
 
 
