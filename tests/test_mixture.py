@@ -154,3 +154,12 @@ def test_eval_report_per_environment_by_hand():
     assert report["env/b/accuracy"] == 1.0 and report["env/b/pass@1"] == 1.0
     assert report["env/b/tool_use_rate"] == 0.5 and report["env/b/accuracy_with_tools"] == 1.0
     assert not any(k.startswith("env/") for k in eval_report(groups[:0]))
+
+
+async def test_demos_of_a_mixture_come_from_each_environments_solver(renderer):
+    from agent_rl.demos import make_demos
+
+    mix = load_mixture([("calculator", 1.0), ("math", 1.0)])
+    demos, stats = await make_demos(mix, renderer, 4, seed=0)
+    assert stats["demos"] == 4 and [t.env for t in demos] == ["calculator", "math", "calculator", "math"]
+    assert [t.reward for t in demos] == [1.0] * 4  # each solved by its own environment's solver
