@@ -3,8 +3,9 @@
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
 servers (started here or attached) with a sampler on them, as one async context; and `judging`: the
-session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another. `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open
-their run through these, so a model spec, a renderer name or a server URL means the same everywhere.
+session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
+`agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
+a model spec, a renderer name or a server URL means the same everywhere.
 Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight_sync`), metrics.
 """
 
@@ -76,7 +77,8 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
     prompt, key = _judge_inputs(j)
     url = urls[0] if j.url == "run" else j.url
     async with LLMJudge(url, j.model, prompt=prompt, out_dir=run_dir / "judge", reference=j.reference,
-                        max_tokens=j.max_tokens, temperature=j.temperature, timeout_s=j.timeout_s, api_key=key) as judge:
+                        max_tokens=j.max_tokens, temperature=j.temperature, timeout_s=j.timeout_s,
+                        api_key=key) as judge:
         hook = combine_group_rewards(session.env.group_reward, judge_group_reward(judge, j.weight))
         yield replace(session, env=replace(session.env, group_reward=hook))
 

@@ -91,9 +91,10 @@ def question_of(prompt: Messages) -> str:
 class LLMJudge(SessionOwner):
     """Ranks a group's answers with the chat model `model` served at `url` (a base URL; /v1/chat/completions)."""
 
-    def __init__(self, url: str, model: str = "base", *, prompt: str = DEFAULT_PROMPT, out_dir: str | Path | None = None,
-                 reference: str | None = "answer", max_tokens: int = 128, temperature: float = 0.0,
-                 timeout_s: float = 60.0, api_key: str | None = None, name: str = "judge", max_answer_chars: int = 2000):
+    def __init__(self, url: str, model: str = "base", *, prompt: str = DEFAULT_PROMPT,
+                 out_dir: str | Path | None = None, reference: str | None = "answer", max_tokens: int = 128,
+                 temperature: float = 0.0, timeout_s: float = 60.0, api_key: str | None = None, name: str = "judge",
+                 max_answer_chars: int = 2000):
         missing = [p for p in ("{question}", "{answers}") if p not in prompt]
         if missing:
             raise ValueError(f"judge prompt template lacks {' and '.join(missing)} (placeholders: {{question}}, "
@@ -113,7 +114,8 @@ class LLMJudge(SessionOwner):
     def name(self) -> str:
         return self.__name__
 
-    async def __call__(self, prompts: Sequence[Messages], completions: Sequence[Messages], **columns: Any) -> list[float]:
+    async def __call__(self, prompts: Sequence[Messages], completions: Sequence[Messages],
+                       **columns: Any) -> list[float]:
         """TRL-style group term: the G completions of one task (its columns repeated G times) -> G scores."""
         refs = columns.get(self.reference) if self.reference else None
         reference = None if not refs or refs[0] is None else str(refs[0])
@@ -152,7 +154,8 @@ class LLMJudge(SessionOwner):
         return text
 
     async def _ask(self, messages: list[dict[str, str]]) -> str:
-        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, "temperature": self.temperature}
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
+                "temperature": self.temperature}
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         endpoint = f"{self.url}/v1/chat/completions"
         try:

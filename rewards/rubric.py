@@ -18,8 +18,8 @@ must return exactly one number. The completion is every message after the prompt
 turns and the tool messages between them. A group term (`RewardTerm(fn, weight, name, group=True)`, an
 LLM judge that ranks answers, say) is called once per task with its G rows and returns G numbers;
 `Rubric.score` leaves it out, `Rubric.score_group` calls only the group terms (through
-`rewards.group.rubric_group_reward`, once the G episodes have ended). Sync functions run on the event loop: keep them fast,
-or write them `async` (as `rewards.answers.correct_answer` is).
+`rewards.group.rubric_group_reward`, once the G episodes have ended). Sync functions run on the
+event loop: keep them fast, or write them `async` (as `rewards.answers.correct_answer` is).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class Rubric:
             if reserved in columns:
                 raise RewardError(f"a dataset column may not be called {reserved!r} (TRL passes that argument itself)")
         n = len(completions)
-        kwargs = {"prompts": list(prompts), "completions": list(completions), **{k: [v] * n for k, v in columns.items()}}
+        kwargs = {"prompts": list(prompts), "completions": list(completions),
+                  **{k: [v] * n for k, v in columns.items()}}
         values = {term.name: await _call(term, kwargs, n) for term in terms}
         return [Score(sum(t.weight * values[t.name][i] for t in terms), {t.name: values[t.name][i] for t in terms})
                 for i in range(n)]

@@ -94,7 +94,8 @@ async def test_a_scripted_judge_ranks_and_is_asked_once_per_group(judge_server, 
     assert (tmp_path / "judge" / "prompt.txt").read_text() == DEFAULT_PROMPT
     # a resumed run reads the cache: the same group costs no request and gets the same scores
     async with LLMJudge(url, "judge-model", out_dir=tmp_path / "judge") as resumed:
-        assert (await resumed.judge("What is 6 * 7?", ["42", "41", "It is 42."], reference="42")).scores == verdict.scores
+        same = await resumed.judge("What is 6 * 7?", ["42", "41", "It is 42."], reference="42")
+    assert same.scores == verdict.scores and same.cached
     assert len(server.requests) == 1
 
 

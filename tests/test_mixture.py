@@ -37,7 +37,8 @@ def test_a_mixture_round_trips_through_the_saved_config(tmp_path):
     (["rollout.envs={toy: 1}", "rollout.env=toy"],
      "config error: rollout.envs: give one environment (env) or a weighted list (envs), not both; "
      "set rollout.env=null to use rollout.envs (got env: toy)"),
-    (["rollout.env=null"], "config error: rollout.env: name an environment, or list several in rollout.envs (got null)"),
+    (["rollout.env=null"],
+     "config error: rollout.env: name an environment, or list several in rollout.envs (got null)"),
     (["rollout.envs={toy: 0}"], "config error: rollout.envs.0.weight: Input should be greater than 0 (got 0)"),
     (["rollout.envs=[{name: toy}, {name: toy, weight: 2}]"],
      "config error: rollout.envs: each environment once; give it a larger weight instead (got toy twice)"),

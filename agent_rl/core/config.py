@@ -87,7 +87,7 @@ class SamplerConfig(_Section):
 
 class EnvWeight(_Section):
     name: str = Field(..., min_length=1, description="built-in name, module name or .py file (core.registry)")
-    weight: float = Field(1.0, gt=0.0, description="share of the task slots this environment gets: weight / sum of weights")
+    weight: float = Field(1.0, gt=0.0, description="share of the task slots it gets: weight / sum of weights")
 
 
 class RolloutConfig(_Section):
@@ -121,7 +121,8 @@ class RolloutConfig(_Section):
             raise ValueError("env: name an environment, or list several in rollout.envs (got null)")
         names = [e.name for e in self.envs]
         if dup := sorted({n for n in names if names.count(n) > 1}):
-            raise ValueError(f"envs: each environment once; give it a larger weight instead (got {', '.join(dup)} twice)")
+            raise ValueError(f"envs: each environment once; give it a larger weight instead "
+                             f"(got {', '.join(dup)} twice)")
         return self
 
     @model_validator(mode="after")

@@ -2,9 +2,10 @@
 
 Owns: one episode (`run_episode`) and G episodes per task for a batch of tasks, concurrently under a
 cap (`rollout_groups`), with the group-level reward of a task added once its G episodes have ended
-(`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`); the
-stop rules (no tool call, env done, max turns, max total tokens, a turn cut by `length`); the
-per-request sampling seeds (`request_seed`) and the episode limits (`EpisodeLimits`).
+(`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the token
+buffer, loss mask and log-probs of an episode (`TokenBuffer`); the stop rules (no tool call, env
+done, max turns, max total tokens, a turn cut by `length`); the per-request sampling seeds
+(`request_seed`) and the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env.
 
@@ -12,7 +13,7 @@ Failures are data: a sampler or environment exception ends that episode with Sto
 the message in `Trajectory.error`; the other episodes go on. A group reward that fails makes its
 group's trajectories infrastructure errors (kept out of the update), with the reason.
 
-A task's "id" names it; its "env", when a mixture of environments set one, is copied into `Trajectory.env`.
+A task's "id" names it; its "env", where a mixture of environments set one, goes to `Trajectory.env`.
 """
 
 from __future__ import annotations
