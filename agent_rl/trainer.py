@@ -179,7 +179,7 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         overlap = algo.overlap_rollouts and step + 1 < cfg.run.steps
         pending = asyncio.create_task(sample(step + 1)) if overlap else None
         trajs = [t for g in groups for t in g.trajectories]
-        # 2. score: rewards came back with each trajectory (env.reward); 3. advantages
+        # 2. score: rewards came back with each trajectory (env.reward, + group rewards); 3. advantages
         adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward)
         metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv)})
         t_train = time.perf_counter()
