@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config import load_config  # noqa: E402
+from agent_rl.core.config_file import load_config  # noqa: E402
 from agent_rl.learn.advantages import group_advantages, grpo_advantages  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
 from agent_rl.learn.update import policy_update  # noqa: E402
