@@ -13,10 +13,10 @@ import os
 import shutil
 
 import pytest
+from test_traces import HOSTILE, PLAN, play  # noqa: F401  (play: the fixture that plays PLAN)
 
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.runs import traces, view
-from test_traces import HOSTILE, PLAN, play  # noqa: F401  (play: the fixture that plays PLAN)
 
 
 def _no_browser() -> str | None:

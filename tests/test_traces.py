@@ -15,7 +15,7 @@ import pytest
 
 from agent_rl import cli
 from agent_rl.core.types import Message, StopReason, Trajectory, TrajectoryGroup
-from agent_rl.learn.advantages import grpo_advantages, group_advantages
+from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.runs import traces, view
 from agent_rl.runs.display import mask_runs
@@ -214,7 +214,7 @@ async def test_page_embeds_the_traces_and_model_text_cannot_close_its_script(tmp
     assert page.count("</script>") == 2 and "<img" not in page  # the data's `<`, `>` are escaped
     data = embedded(page)
     assert [s["step"] for s in data["steps"]] == [1, 2] and data["steps"][0]["metrics"] == {"reward_mean": 0.25}
-    hostile = [r for r in data["steps"][0]["trajectories"] if r["task_id"] == "t-cut" and r["index"] == 1][0]
+    hostile = next(r for r in data["steps"][0]["trajectories"] if r["task_id"] == "t-cut" and r["index"] == 1)
     assert hostile["messages"][-1]["content"] == HOSTILE and set(hostile["segments"][0]) == {"runs"}
     assert "http" not in page.split("<script")[0].replace('http-equiv="Content-Security-Policy"', "")
 

@@ -115,7 +115,7 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     monkeypatch.setattr(trainer, "save_checkpoint", original)
     # traces the killed timeline may have left after its checkpoint: replaced (step 3) or dropped (step 9)
     for stray in (3, 9):
-        traces.step_file(killed, stray).write_text('{"step": %d, "task_id": "abandoned"}\n' % stray)
+        traces.step_file(killed, stray).write_text(json.dumps({"step": stray, "task_id": "abandoned"}) + "\n")
     asyncio.run(trainer.train(config(vllm_server, killed, steps=4), resume=True))
 
     def rewards(run_dir):
