@@ -184,6 +184,10 @@ async def test_resume_drops_later_steps_and_reading_skips_a_torn_line(tmp_path, 
     assert traces.truncate_after(tmp_path, 0) == 0 and not traces.step_file(tmp_path, 1).exists()
 
 
+def test_spans():
+    assert traces.spans([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10" and traces.spans([4]) == "4" and traces.spans([]) == ""
+
+
 def test_read_traces_names_what_is_missing(tmp_path):
     with pytest.raises(traces.TraceError, match="is not a directory"):
         traces.read_traces(tmp_path / "nope")
