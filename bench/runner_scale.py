@@ -1,39 +1,25 @@
 """Runner at scale: the real async runner against simulated GPU servers, 256 to 8,192 episodes at once.
 
-Owns: a latency model of vLLM servers (`GpuModel`, `SimServer`, `SimCluster`), a sampler that
-answers through it with real token ids (`SimSampler`), a zero-overhead client of the same servers
-(`ideal_load`), and the measurement of both side by side (`measure_pair`).
-Does not own: the runner, the renderer, the environment or the tool: those are the real ones
-(`rollout_groups`, the SmolLM2 ChatML renderer, `envs.calculator` with its `calculator` tool).
+Owns: a sampler that answers through simulated servers with real token ids (`SimSampler`), a
+zero-overhead client of the same servers (`ideal_load`), and the measurement of both side by side
+(`measure_pair`) with the event loop's lag and the process's CPU time.
+Does not own: the server model (bench/sim_servers.py), nor the runner, renderer, environment or
+tool: those are the real ones (`rollout_groups`, the SmolLM2 ChatML renderer, `envs.calculator`).
 
 What runs for real: every episode is a `CalculatorEnv` played by `rollout_groups`; each reply is
 real token ids (filler "thinking" + a `<tool_call>` or an `<answer>`) that the runner parses, the
 env dispatches to the real tool, and the renderer continues; the sampler also does VLLMSampler's
 client-side work (JSON body of the prompt ids, `_completion`'s checks), not the socket I/O.
-What is simulated: the GPU servers. Each is a continuous-batching engine in closed form: all
-running sequences advance one token per decode step, a step takes `step_base + step_per_seq *
-batch` seconds, prefill of the prompt tokens not in the server's prefix cache stalls decoding for
-`tokens / prefill_tok_s`, at most `max_seqs` run at once (the rest wait), and a request pays
-`overhead` of latency (HTTP, scheduling) outside the GPU. Requests go to the server with the fewest
-outstanding requests, ties at random, as VLLMSampler routes them. Time is real time.
 
-Assumed numbers (a 7-8B model in bf16 on one H100 SXM with vLLM; change them with the flags):
-- step_base 7 ms: decode at batch 1 is memory-bound, 16 GB of weights / 3.35 TB/s = 4.8 ms;
-  LambdaLabsML/vllm-benchmark measured a median TPOT of 7.6 ms for Llama-3-8B-Instruct on 1xH100.
-- step_per_seq 0.053 ms: puts a full batch of 256 at 20.5 ms a step, 12,500 output tok/s, the
-  ~12.5k tok/s third-party benchmarks report for Llama-3.1-8B bf16 on 1xH100 with vLLM.
-- prefill 30,000 tok/s: 2 x 8e9 FLOP a token against 989 TFLOP/s dense bf16 at ~50% utilisation.
-- max_seqs 256: vLLM's max_num_seqs below H100 size (1,024 on an H100 is KV-bound anyway: 128 KiB
-  of KV a token for Llama-3-8B, ~50 GB free, ~400k tokens, i.e. ~300 sequences of ~1.3k tokens).
-- overhead 5 ms a request; prefix cache: the last context of each conversation a server served,
-  LRU over 400k tokens (least-outstanding routing moves conversations between servers: misses).
+Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
+no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
+window after a warm-up. Target: >= 0.95 and an event-loop lag under 50 ms at 4,096 concurrent
+episodes. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
+client with no think time at all keeps landing on the server it just left (the slot it freed is
+the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
+would then measure that, not the runner. `--routing least` shows what the rule costs.
 
-Share: the runner's sampled tokens/s over what a zero-overhead client (`ideal_load`: the same
-episodes' lengths, no tokenizer, no env, no tool) gets from identical servers at the same
-concurrency, both measured over the same window after a warm-up. Target: >= 0.95 and an event-loop
-lag under 50 ms at 4,096 concurrent episodes.
-
-    python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--window 20]
+    python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
 (progress on stderr, one JSON line on stdout)
 """
 
@@ -42,14 +28,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import heapq
-import itertools
 import json
 import random
 import resource
 import sys
 import time
-from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,30 +45,11 @@ from agent_rl.core.types import Message, ToolCall  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
 from agent_rl.rollout.sampler import Completion, SamplingParams, _completion  # noqa: E402
+from bench.sim_servers import GpuModel, SimCluster  # noqa: E402
 from envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks  # noqa: E402
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
           "tool helps, what arguments it needs, and how I will check the result before I answer. ")
-
-
-@dataclass(frozen=True)
-class GpuModel:
-    """One simulated GPU server (defaults: a 7-8B model in bf16 on an H100, see the module docstring)."""
-
-    step_base_s: float = 0.007
-    step_per_seq_s: float = 0.0000527
-    prefill_tok_s: float = 30_000.0
-    max_seqs: int = 256
-    overhead_s: float = 0.005
-    cache_tokens: int = 400_000
-
-    def step_s(self, batch: int) -> float:
-        return self.step_base_s + self.step_per_seq_s * batch
-
-    @property
-    def peak_tok_s(self) -> float:
-        """Output tokens/s of a full batch with no prefill: the most one server can give."""
-        return self.max_seqs / self.step_s(self.max_seqs)
 
 
 @dataclass(frozen=True)
@@ -96,110 +60,6 @@ class Workload:
     min_tokens: int = 96
     max_tokens: int = 416
     group_size: int = 8
-
-
-class SimServer:
-    """Continuous batching in closed form: progress is a decode-step counter `k` that grows at
-    1 / step_s(batch) per second; a request admitted at step k with n tokens ends at step k + n.
-    One timer per server, for its next completion; prefill pushes the counter's clock forward."""
-
-    def __init__(self, gpu: GpuModel, loop: asyncio.AbstractEventLoop):
-        self.gpu, self.loop = gpu, loop
-        self.k, self.t = 0.0, loop.time()
-        self.running: list[tuple[float, int, asyncio.Future]] = []
-        self.waiting: deque[tuple[int, int, asyncio.Future]] = deque()
-        self.timer: asyncio.TimerHandle | None = None
-        self.outstanding = 0
-        self.cache: OrderedDict[Any, tuple[int, int]] = OrderedDict()  # conversation -> (length, fingerprint)
-        self.cached = 0
-        self.seq = itertools.count()
-
-    def submit(self, new_tokens: int, out_tokens: int) -> asyncio.Future:
-        fut = self.loop.create_future()
-        self.waiting.append((new_tokens, out_tokens, fut))
-        self.update()
-        return fut
-
-    def update(self) -> None:
-        now, gpu, running = self.loop.time(), self.gpu, self.running
-        if now > self.t:
-            if running:
-                self.k += (now - self.t) / gpu.step_s(len(running))
-            self.t = now
-        while running and running[0][0] <= self.k + 1e-6:
-            fut = heapq.heappop(running)[2]
-            if not fut.done():
-                fut.set_result(None)
-        while self.waiting and len(running) < gpu.max_seqs:
-            new, out, fut = self.waiting.popleft()
-            if fut.done():
-                continue  # cancelled while waiting
-            self.t = max(self.t, now) + new / gpu.prefill_tok_s  # prefill stalls decoding
-            heapq.heappush(running, (self.k + out, next(self.seq), fut))
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if running:
-            when = self.t + (running[0][0] - self.k) * gpu.step_s(len(running))
-            self.timer = self.loop.call_at(when, self.update)
-
-    def cached_prefix(self, conv: Any, prompt_len: int, check: Any) -> int:
-        """Tokens of this prompt in the prefix cache: the conversation's last context on this server,
-        if the prompt still starts with it (`check(n)` fingerprints the prompt's first n tokens)."""
-        hit = self.cache.get(conv)
-        if hit is None or hit[0] > prompt_len or (check is not None and check(hit[0]) != hit[1]):
-            return 0
-        self.cache.move_to_end(conv)
-        return hit[0]
-
-    def remember(self, conv: Any, length: int, fingerprint: int) -> None:
-        old = self.cache.pop(conv, None)
-        self.cached += length - (old[0] if old else 0)
-        self.cache[conv] = (length, fingerprint)
-        while self.cached > self.gpu.cache_tokens:
-            self.cached -= self.cache.popitem(last=False)[1][0]
-
-    def close(self) -> None:
-        self.timer is not None and self.timer.cancel()
-
-
-class SimCluster:
-    """N servers, least-outstanding routing (VLLMSampler's rule), and what they served."""
-
-    def __init__(self, n: int, gpu: GpuModel, seed: int = 0):
-        loop = asyncio.get_running_loop()
-        self.servers = [SimServer(gpu, loop) for _ in range(n)]
-        self.rng = random.Random(seed)
-        self.requests = self.tokens = self.prefill = self.prompt_tokens = 0
-
-    def pick(self) -> SimServer:
-        low = min(s.outstanding for s in self.servers)
-        return self.rng.choice([s for s in self.servers if s.outstanding == low])
-
-    async def generate(self, conv: Any, prompt_len: int, out_len: int, check: Any = None, tail: int = 0) -> None:
-        """Serve one request of conversation `conv`; its context (prompt + output, whose last ids
-        fingerprint to `tail`) stays in that server's prefix cache for the conversation's next turn."""
-        server = self.pick()
-        server.outstanding += 1
-        try:
-            await asyncio.sleep(server.gpu.overhead_s)
-            known = server.cached_prefix(conv, prompt_len, check) if conv is not None else 0
-            await server.submit(prompt_len - known, out_len)
-            if conv is not None:
-                server.remember(conv, prompt_len + out_len, tail)
-        finally:
-            server.outstanding -= 1
-        self.requests += 1
-        self.tokens += out_len
-        self.prefill += prompt_len - known
-        self.prompt_tokens += prompt_len
-
-    def snapshot(self) -> tuple[int, int, int, int]:
-        return self.requests, self.tokens, self.prefill, self.prompt_tokens
-
-    def close(self) -> None:
-        for s in self.servers:
-            s.close()
 
 
 class SimSampler:
@@ -258,8 +118,9 @@ def workload_shape(renderer: Renderer) -> dict[str, int]:
     task = arithmetic_tasks(3)[2]
     env = CalculatorEnv(task)
     call = renderer.format_reply("", (ToolCall("calculator", {"expression": task["expression"]}),))
-    return {"prompt": len(renderer.render([Message("system", SYSTEM), Message("user", task["question"])],
-                                          env.tool_schemas)),
+    system = [Message("system", SYSTEM)]
+    return {"prompt": len(renderer.render([*system, Message("user", task["question"])], env.tool_schemas)),
+            "system": len(renderer.render(system, env.tool_schemas, add_generation_prompt=False)),
             "call": len(renderer.encode("\n" + call)) + 1,
             "answer": len(renderer.encode(f"\n<answer>{task['answer']}</answer>")) + 1,
             "continuation": len(renderer.continuation([Message("tool", str(task["answer"]), name="calculator")]))}
@@ -319,13 +180,14 @@ def episodes_needed(servers: int, concurrency: int, gpu: GpuModel, work: Workloa
 
 
 async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel, work: Workload,
-                       renderer: Renderer, warmup: float, window: float) -> dict[str, float]:
+                       renderer: Renderer, warmup: float, window: float, routing: str) -> dict[str, float]:
     """One side ("runner" or "ideal") at one scale: counters over `window` s after `warmup` s."""
     loop = asyncio.get_running_loop()
-    cluster, started, meter = SimCluster(servers, gpu), [0], LagMeter()
+    shape = workload_shape(renderer)
+    cluster, started, meter = SimCluster(servers, gpu, routing, shape["system"]), [0], LagMeter()
     episodes = episodes_needed(servers, concurrency, gpu, work, warmup + window)
     load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
-            else ideal_load(cluster, work, concurrency, workload_shape(renderer), started))
+            else ideal_load(cluster, work, concurrency, shape, started))
     tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
     try:
         await asyncio.sleep(warmup)
@@ -351,11 +213,11 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
 
 
 async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Workload, renderer: Renderer,
-                       warmup: float, window: float) -> dict[str, Any]:
+                       warmup: float, window: float, routing: str = "sticky") -> dict[str, Any]:
     """The runner and the ideal client at the same scale, one after the other; the runner's share."""
-    runner = await measure_side("runner", servers, concurrency, gpu, work, renderer, warmup, window)
+    runner = await measure_side("runner", servers, concurrency, gpu, work, renderer, warmup, window, routing)
     gc.collect()
-    ideal = await measure_side("ideal", servers, concurrency, gpu, work, renderer, warmup, window)
+    ideal = await measure_side("ideal", servers, concurrency, gpu, work, renderer, warmup, window, routing)
     gc.collect()
     r = lambda x: round(x, 3)  # noqa: E731
     return {"servers": servers, "concurrency": concurrency, "share": r(runner["tok_s"] / ideal["tok_s"]),
@@ -375,6 +237,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds before the window")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured, per side")
     ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer renders the episodes")
+    ap.add_argument("--routing", choices=["sticky", "least"], default="sticky")
     for name, value in asdict(GpuModel()).items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = ap.parse_args()
@@ -384,13 +247,14 @@ def main() -> None:
     rows = []
     for servers in args.servers:
         for concurrency in args.concurrency:
-            row = asyncio.run(measure_pair(servers, concurrency, gpu, work, renderer, args.warmup, args.window))
+            row = asyncio.run(measure_pair(servers, concurrency, gpu, work, renderer, args.warmup, args.window,
+                                                  args.routing))
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
     at_target = [row for row in rows if row["concurrency"] == 4096]
     print(json.dumps({
         "bench": "runner_scale", "gpu": asdict(gpu), "peak_tok_s_per_server": round(gpu.peak_tok_s),
-        "workload": asdict(work), "rows": rows, "target": "share >= 0.95 and max_lag_ms < 50 at 4096 episodes",
+        "workload": asdict(work), "routing": args.routing, "rows": rows, "target": "share >= 0.95 and max_lag_ms < 50 at 4096 episodes",
         "target_met": bool(at_target) and all(x["share"] >= 0.95 and x["max_lag_ms"] < 50 for x in at_target),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }))
