@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import json
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,20 +71,7 @@ class Tool:
         self.fn = fn
         self.name = name or fn.__name__
         self.timeout_s = timeout_s
-        self.description, arg_docs = _parse_docstring(fn.__doc__ or "")
-        sig = inspect.signature(fn)
-        hints = _type_hints(fn)
-        fields: dict[str, Any] = {}
-        for pname, param in sig.parameters.items():
-            if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                continue
-            if pname not in hints:
-                raise TypeError(f"tool {self.name}: parameter {pname!r} has no type annotation")
-            default = ... if param.default is param.empty else param.default
-            fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs.get(pname)))
-        self.params_model = pydantic.create_model(
-            f"{self.name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
-        )
+        self.description, self.params_model = _arguments_model(fn, self.name)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -128,6 +116,41 @@ class Tool:
             return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
         content = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
         return ToolResult(ok=True, content=content)
+
+
+# function -> {(name, bound): (description, arguments model)}; weak, so a function defined per
+# environment (a closure) takes its entry with it
+_MODELS: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], tuple[str, type[pydantic.BaseModel]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[str, type[pydantic.BaseModel]]:
+    """The description and pydantic arguments model of a tool function, built once per function:
+    pydantic's create_model costs ~2 ms, and every episode builds its environment's tools anew."""
+    target = fn.__func__ if inspect.ismethod(fn) else fn
+    if not inspect.isfunction(target):  # a callable object or a partial: built each time
+        return _build_arguments_model(fn, name)
+    models = _MODELS.setdefault(target, {})
+    key = (name, inspect.ismethod(fn))  # a bound method's signature leaves out its first parameter
+    if key not in models:
+        models[key] = _build_arguments_model(fn, name)
+    return models[key]
+
+
+def _build_arguments_model(fn: Callable[..., Any], name: str) -> tuple[str, type[pydantic.BaseModel]]:
+    description, arg_docs = _parse_docstring(fn.__doc__ or "")
+    sig = inspect.signature(fn)
+    hints = _type_hints(fn)
+    fields: dict[str, Any] = {}
+    for pname, param in sig.parameters.items():
+        if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if pname not in hints:
+            raise TypeError(f"tool {name}: parameter {pname!r} has no type annotation")
+        default = ... if param.default is param.empty else param.default
+        fields[pname] = (hints[pname], pydantic.Field(default, description=arg_docs.get(pname)))
+    model = pydantic.create_model(f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields)
+    return description, model
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
