@@ -171,12 +171,13 @@ def run_queue_s() -> float:
 
 
 def episodes_needed(servers: int, concurrency: int, gpu: GpuModel, work: Workload, seconds: float) -> int:
-    """Enough episodes for the runner to stay at full concurrency for `seconds` (1.5x the model's rate)."""
+    """Enough episodes for the runner to stay at full concurrency for `seconds`: 1.5x the servers' rate,
+    at most 2,000 a second (more than one event loop starts here; the bench says so if it runs dry)."""
     batch = max(1, min(gpu.max_seqs, concurrency // servers))
     tokens = (work.min_tokens + work.max_tokens) / 2 + 30
     turn_s = gpu.overhead_s + tokens * gpu.step_s(batch)
     rate = min(concurrency / turn_s, servers * batch / gpu.step_s(batch) / tokens) / work.turns
-    return int(concurrency + 1.5 * rate * seconds)
+    return int(concurrency + min(1.5 * rate, 2000) * seconds)
 
 
 async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel, work: Workload,
@@ -230,6 +231,20 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"])}
 
 
+INSTANT = GpuModel(step_base_s=1e-9, step_per_seq_s=0.0, prefill_tok_s=1e15, max_seqs=10**6, overhead_s=0.0)
+
+
+async def measure_ceiling(work: Workload, renderer: Renderer, seconds: float = 8.0) -> dict[str, float]:
+    """Both clients against servers that answer at once: the CPU cost of a turn, and the most turns a
+    second one runner process (one event loop) can drive on this machine, whatever the GPUs."""
+    runner = await measure_side("runner", 8, 512, INSTANT, work, renderer, seconds / 4, seconds, "sticky")
+    gc.collect()
+    ideal = await measure_side("ideal", 8, 512, INSTANT, work, renderer, seconds / 4, seconds, "sticky")
+    gc.collect()
+    return {"runner_turns_s": round(runner["turns_s"], 1), "runner_cpu_ms_per_turn": round(runner["cpu_ms_per_turn"], 3),
+            "ideal_cpu_ms_per_turn": round(ideal["cpu_ms_per_turn"], 3), "cpu_wait": round(runner["cpu_wait"], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", type=int, nargs="+", default=[8, 64])
@@ -244,6 +259,8 @@ def main() -> None:
     gpu = GpuModel(**{k: getattr(args, k) for k in asdict(GpuModel())})
     work = Workload()
     renderer = load_renderer(resolve_model(args.model))
+    ceiling = asyncio.run(measure_ceiling(work, renderer))
+    print(json.dumps({"ceiling": ceiling}), file=sys.stderr, flush=True)
     rows = []
     for servers in args.servers:
         for concurrency in args.concurrency:
@@ -254,7 +271,8 @@ def main() -> None:
     at_target = [row for row in rows if row["concurrency"] == 4096]
     print(json.dumps({
         "bench": "runner_scale", "gpu": asdict(gpu), "peak_tok_s_per_server": round(gpu.peak_tok_s),
-        "workload": asdict(work), "routing": args.routing, "rows": rows, "target": "share >= 0.95 and max_lag_ms < 50 at 4096 episodes",
+        "workload": asdict(work), "routing": args.routing, "ceiling": ceiling, "rows": rows,
+        "target": "share >= 0.95 and max_lag_ms < 50 at 4096 episodes",
         "target_met": bool(at_target) and all(x["share"] >= 0.95 and x["max_lag_ms"] < 50 for x in at_target),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }))
