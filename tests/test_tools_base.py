@@ -1,5 +1,6 @@
-"""tools/base.py: a tool's arguments model is built once per function and shared by every `Tool` of
-it (every episode builds its environment's tools anew), yet methods, closures and names stay apart."""
+"""tools/base.py: a tool's arguments model and schema are built once per function and shared by every
+`Tool` of it (every episode builds its environment's tools anew), yet methods, closures and names
+stay apart."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def test_tools_of_one_function_share_its_model_and_schema():
             "properties": {"a": {"type": "integer", "description": "The first."},
                            "b": {"type": "integer", "default": 1, "description": "The second."}}}},
     }
+    first.schema["function"]["name"] = "changed"  # each call hands out its own copy
+    assert first.schema["function"]["name"] == "add"
     assert Tool(add, name="plus").params_model is not first.params_model  # the name is in the model
     assert Tool(add, name="plus").schema["function"]["name"] == "plus"
 

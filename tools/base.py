@@ -13,6 +13,8 @@ too, as a tool failure, never raised out of the rollout loop.
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import inspect
 import json
 import re
@@ -75,15 +77,8 @@ class Tool:
 
     @property
     def schema(self) -> dict[str, Any]:
-        """OpenAI-style function schema, as put in the system prompt."""
-        params = self.params_model.model_json_schema()
-        params.pop("title", None)
-        for prop in params.get("properties", {}).values():
-            prop.pop("title", None)
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": params},
-        }
+        """OpenAI-style function schema, as put in the system prompt (a fresh copy each time)."""
+        return copy.deepcopy(_schema(self.params_model, self.name, self.description))
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Validated keyword arguments, or `ToolError` with a one-line reason."""
@@ -116,6 +111,17 @@ class Tool:
             return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
         content = out if isinstance(out, str) else json.dumps(out, ensure_ascii=False, default=str)
         return ToolResult(ok=True, content=content)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema(params_model: type[pydantic.BaseModel], name: str, description: str) -> dict[str, Any]:
+    """A tool's schema, built once: pydantic's model_json_schema costs ~0.4 ms, and every episode
+    renders its tools' schemas into its prompt."""
+    params = params_model.model_json_schema()
+    params.pop("title", None)
+    for prop in params.get("properties", {}).values():
+        prop.pop("title", None)
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
 
 
 # function -> {(name, bound): (description, arguments model)}; weak, so a function defined per
