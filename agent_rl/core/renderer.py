@@ -4,7 +4,7 @@ Owns: `Renderer`, the base every family's renderer implements (render a conversa
 schemas; the token delta appended after a sampled turn; parse sampled ids into an assistant
 `Message` with its tool calls and parse errors; stop tokens; how a reply with tool calls is
 written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
-never forge a turn boundary).
+never forge a turn boundary; `encode_cached` tokenises a repeated system prompt once).
 Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
@@ -30,6 +30,7 @@ class Renderer(abc.ABC):
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        self._encoded: dict[str, list[int]] = {}  # encode_cached's texts, oldest first
 
     # -- tokens ----------------------------------------------------------------------------------
     def special_id(self, token: str) -> int:
@@ -44,6 +45,16 @@ class Renderer(abc.ABC):
         if not text:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_cached(self, text: str) -> list[int]:
+        """`encode` for text that every episode repeats (a system prompt with its tool schemas, ~1 ms
+        to tokenise): tokenised once; the 256 texts added last are kept."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = self.encode(text)
+            if len(self._encoded) > 256:
+                del self._encoded[next(iter(self._encoded))]
+        return list(ids)
 
     def render_text(self, ids: Sequence[int]) -> str:
         """Any ids, special tokens shown, for humans and debugging."""
