@@ -144,22 +144,29 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
 async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
                          sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
                          group_size: int, max_concurrent: int = 64) -> list[TrajectoryGroup]:
-    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive."""
-    gate = asyncio.Semaphore(max_concurrent)
+    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive.
+
+    `max_concurrent` workers take the episodes in order, so only the episodes in play exist as
+    coroutines: 100k queued episodes cost 100k list slots, not 100k suspended tasks for every
+    garbage collection to walk through."""
+    total = len(tasks) * group_size
+    flat: list[Trajectory | None] = [None] * total
+    order = iter(range(total))  # shared by the workers: each takes the next episode
 
     async def one(task: dict[str, Any], index: int) -> Trajectory:
         task_id = str(task.get("id", ""))
-        async with gate:
-            try:
-                env = make_env(task)
-                async with env:
-                    return await run_episode(env, sampler, renderer, limits, task_id, index)
-            except Exception as e:  # the env could not even be built or entered
-                return _failed(task_id, f"environment could not start: {type(e).__name__}: {e}",
-                               sampler.policy_version)
+        try:
+            env = make_env(task)
+            async with env:
+                return await run_episode(env, sampler, renderer, limits, task_id, index)
+        except Exception as e:  # the env could not even be built or entered
+            return _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
 
-    per_task = [[one(task, j) for j in range(group_size)] for task in tasks]
-    flat = await asyncio.gather(*(c for group in per_task for c in group))
+    async def worker() -> None:
+        for k in order:
+            flat[k] = await one(tasks[k // group_size], k % group_size)
+
+    await asyncio.gather(*(worker() for _ in range(min(max(1, max_concurrent), total))))
     return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
             for i, task in enumerate(tasks)]
 

@@ -1,0 +1,51 @@
+"""rollout_groups under a concurrency cap: never more episodes alive than the cap, results in task
+and rollout order, and only the episodes in play exist as asyncio tasks (not one per queued episode)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_rl.core.types import Message
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from envs.base import Env, StepResult
+
+
+class SlowEnv(Env):
+    alive = peak = 0
+    tasks_seen = 0
+
+    def __init__(self, task):
+        self.task = task
+
+    async def __aenter__(self):
+        SlowEnv.alive += 1
+        SlowEnv.peak = max(SlowEnv.peak, SlowEnv.alive)
+        SlowEnv.tasks_seen = max(SlowEnv.tasks_seen, len(asyncio.all_tasks()))
+        return self
+
+    async def close(self):
+        SlowEnv.alive -= 1
+
+    async def initial_messages(self):
+        return [Message("user", f"task {self.task['id']}")]
+
+    async def step(self, reply, turn):
+        await asyncio.sleep(0.002)
+        return StepResult(done=True)
+
+    async def reward(self, messages):
+        return float(self.task["id"])
+
+
+async def test_the_cap_holds_and_results_keep_their_order(scripted):
+    sampler = scripted(lambda text: "ok")
+    tasks = [{"id": str(i)} for i in range(50)]
+    groups = await rollout_groups(tasks, SlowEnv, sampler, sampler.renderer, EpisodeLimits(max_turns=2),
+                                  group_size=3, max_concurrent=7)
+    assert SlowEnv.peak == 7 and SlowEnv.alive == 0
+    # the workers, each perhaps inside a wait_for (a task of its own), this test; none per queued episode
+    assert SlowEnv.tasks_seen <= 2 * 7 + 2
+    assert [g.task_id for g in groups] == [str(i) for i in range(50)]
+    assert all(len(g.trajectories) == 3 and {t.reward for t in g.trajectories} == {float(g.task_id)}
+               for g in groups)
+    assert len(sampler.calls) == 150
