@@ -1,9 +1,11 @@
 """rollout_groups under a concurrency cap: never more episodes alive than the cap, results in task
-and rollout order, and only the episodes in play exist as asyncio tasks (not one per queued episode)."""
+and rollout order, only the episodes in play exist as asyncio tasks (not one per queued episode),
+and the heap from before the rollout is frozen while it runs, and only then."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from agent_rl.core.types import Message
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
@@ -13,6 +15,7 @@ from envs.base import Env, StepResult
 class SlowEnv(Env):
     alive = peak = 0
     tasks_seen = 0
+    frozen: set[bool] = set()
 
     def __init__(self, task):
         self.task = task
@@ -21,6 +24,7 @@ class SlowEnv(Env):
         SlowEnv.alive += 1
         SlowEnv.peak = max(SlowEnv.peak, SlowEnv.alive)
         SlowEnv.tasks_seen = max(SlowEnv.tasks_seen, len(asyncio.all_tasks()))
+        SlowEnv.frozen.add(gc.get_freeze_count() > 0)
         return self
 
     async def close(self):
@@ -49,3 +53,14 @@ async def test_the_cap_holds_and_results_keep_their_order(scripted):
     assert all(len(g.trajectories) == 3 and {t.reward for t in g.trajectories} == {float(g.task_id)}
                for g in groups)
     assert len(sampler.calls) == 150
+    assert SlowEnv.frozen == {True} and gc.get_freeze_count() == 0  # frozen while it ran, not after
+
+
+async def test_a_callers_own_freeze_is_left_alone(scripted):
+    sampler = scripted(lambda text: "ok")
+    gc.freeze()
+    try:
+        await rollout_groups([{"id": "1"}], SlowEnv, sampler, sampler.renderer, EpisodeLimits(max_turns=2), 2)
+        assert gc.get_freeze_count() > 0  # the runner did not unfreeze what it had not frozen
+    finally:
+        gc.unfreeze()
