@@ -78,7 +78,7 @@ class ChatMLRenderer(Renderer):
         ids = list(ids)
         if ids and ids[-1] == self.im_end:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.decode_raw(ids)
 
     def _turn(self, role: str, text: str, cached: bool = False) -> list[int]:
         body = (self.encode_cached if cached else self.encode)(f"{role}\n{text}")
