@@ -196,13 +196,13 @@ def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path, micr
 
 def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
     """The agent-rl config's numbers that TRL's side must use too."""
-    from agent_rl.chat import ChatRenderer
-    from agent_rl.models import resolve_model
-    from agent_rl.types import Message
+    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.types import Message
+    from agent_rl.learn.models import resolve_model
     from tools.base import Tool
 
     r, a, o = cfg.rollout, cfg.algorithm, cfg.optim
-    renderer = ChatRenderer.from_pretrained(resolve_model(cfg.model.name))
+    renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer)
     schemas = [Tool(calculator).schema]
     longest_prompt = max(len(renderer.render([Message(m["role"], m["content"]) for m in row["prompt"]], schemas))
                          for row in bench_rows(r.tasks_per_step * steps))
@@ -218,16 +218,16 @@ def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
 def run_agent_rl(cfg: Any, overrides: list[str], out: Path, timeout_s: float) -> list[dict[str, Any]]:
     """`agent-rl train` of the work against a vLLM server started here, as the recipe's driver does: the
     server is stopped here whatever happens to the trainer (an OOM-killed trainer cannot stop it)."""
-    from agent_rl.models import resolve_model
-    from agent_rl.server import ServerError, VLLMServer
+    from agent_rl.learn.models import resolve_model
+    from agent_rl.rollout.server import ServerError, VLLMServer, max_lora_rank
 
     run_dir, steps = Path(cfg.run.run_dir), cfg.run.steps
     shutil.rmtree(run_dir, ignore_errors=True)  # this bench's own folder: metrics of this run only
     print(f"agent-rl: vLLM server start (~45 s, not timed), then {steps} GRPO steps...", file=sys.stderr, flush=True)
     try:
-        with VLLMServer(resolve_model(cfg.model.name), max_lora_rank=max(cfg.model.lora_rank, 8),
+        with VLLMServer(resolve_model(cfg.model.name), max_lora_rank=max_lora_rank(cfg.model),
                         kv_cache_gib=cfg.sampler.kv_cache_gib, max_model_len=cfg.sampler.max_model_len,
-                        seed=cfg.run.seed, log_path=out / "vllm.log") as server:
+                        seed=cfg.run.seed, log_path=out / "vllm.log", dev_mode=cfg.model.sync != "adapter") as server:
             sets = [x for o in [*overrides, f"sampler.server_urls=[{server.url}]"] for x in ("--set", o)]
             run_logged([sys.executable, "-m", "agent_rl.cli", "train", RECIPE, *sets], out / "agent_rl.log",
                        "agent-rl train", timeout_s, cwd=ROOT, env=_env())
@@ -282,7 +282,7 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per side; the first is warm-up when >= 2")
     p.add_argument("--adapter", help="start adapter of both sides (default: the recipe's SFT adapter, made if missing)")
@@ -296,11 +296,34 @@ def main() -> None:
     p.add_argument("--agent-rl-micro-batch-tokens", type=int, default=1024,
                    help="agent-rl padded tokens per forward/backward (optim.micro_batch_tokens; the recipe: 2048)")
     p.add_argument("--timeout-s", type=float, default=3600, help="deadline of each side's run")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def trl_result(python: Path, cfg: Any, adapter: Path, args: argparse.Namespace, work: dict[str, Any],
+               out: Path) -> dict[str, Any]:
+    """TRL's side: its steps summarised, and whether it saw agent-rl's questions in agent-rl's order."""
+    from agent_rl.learn.models import resolve_model
+
+    spec = {"model_dir": str(resolve_model(cfg.model.name)), "adapter": str(adapter), "steps": args.steps,
+            "seed": args.seed, "micro_batch_rows": args.trl_micro_batch_rows, "out_dir": str(out / "trl"),
+            "work": work}
+    load, cpu = os.getloadavg()[0], _children_cpu_s()
+    trl = run_trl(python, spec, out, args.timeout_s)
+    n = work["prompts_per_step"]
+    questions = [r["prompt"][-1]["content"] for r in bench_rows(n * args.steps)]
+    expected = [questions[i * n:(i + 1) * n] for i in range(args.steps)]
+    return {**summarise(trl["steps"]), "generation": trl["backend"], "versions": trl["versions"],
+            "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected,
+            "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}
+
+
+def main() -> None:
+    args = parse_args()
     if args.steps < 1:
         raise BenchError(f"--steps must be >= 1 (got {args.steps})")
-    from agent_rl.config import ConfigError, load_config
-    from agent_rl.models import resolve_model
+    from agent_rl.core.config import ConfigError
+    from agent_rl.core.config_file import load_config
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -327,17 +350,7 @@ def main() -> None:
         wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
     if args.only != "agent-rl":
         t = time.perf_counter()
-        spec = {"model_dir": str(resolve_model(cfg.model.name)), "adapter": str(adapter), "steps": args.steps,
-                "seed": args.seed, "micro_batch_rows": args.trl_micro_batch_rows, "out_dir": str(out / "trl"),
-                "work": work}
-        load, cpu = os.getloadavg()[0], _children_cpu_s()
-        trl = run_trl(python, spec, out, args.timeout_s)
-        expected = [[r["prompt"][-1]["content"] for r in bench_rows(work["prompts_per_step"] * args.steps)][
-            i * work["prompts_per_step"]:(i + 1) * work["prompts_per_step"]] for i in range(args.steps)]
-        result["trl"] = {**summarise(trl["steps"]), "generation": trl["backend"], "versions": trl["versions"],
-                         "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected,
-                         "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
-                         "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}
+        result["trl"] = trl_result(python, cfg, adapter, args, work, out)
         wall["trl_s"] = round(time.perf_counter() - t, 1)
     if "agent_rl" in result and "trl" in result:
         a, b = result["agent_rl"], result["trl"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.types import Message
+from agent_rl.core.env import as_reward
+from agent_rl.core.types import Message
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is scripts, not an installed package
@@ -44,7 +45,7 @@ def test_reward_through_agent_rl_env():
     env = make_env(task)
 
     async def play(*replies: Message) -> float:
-        return await env.reward([*await env.initial_messages(), *replies])
+        return as_reward(await env.reward([*await env.initial_messages(), *replies])).value
 
     call = Message("assistant", '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 * 12"}}\n'
                                 '</tool_call>')
