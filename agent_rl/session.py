@@ -31,8 +31,10 @@ class Session:
 
 
 def open_session(cfg: Any) -> Session:
-    """Resolve `model.name` and `rollout.env`; a bad one raises ModelError / ValueError (one line)."""
-    env = load_env(cfg.rollout.env)  # cheap, so it fails before the model is fetched or converted
+    """Resolve `model.name` and `rollout.env` (with `rollout.env_args` bound into its `load_tasks`); a bad
+    one raises ModelError / ValueError (one line)."""
+    # cheap, so it fails before the model is fetched or converted
+    env = load_env(cfg.rollout.env).with_task_args(cfg.rollout.env_args)
     model_dir = resolve_model(cfg.model.name)
     return Session(cfg, model_dir, load_renderer(model_dir), env)
 

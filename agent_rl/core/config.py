@@ -87,6 +87,9 @@ class SamplerConfig(_Section):
 
 class RolloutConfig(_Section):
     env: str = Field("calculator", min_length=1, description="built-in name, module name or .py file (core.registry)")
+    env_args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the environment's load_tasks, e.g. {levels: [1, 2]} "
+                                          "for gui, {empty_results: bare} for kg_qa")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
@@ -193,11 +196,21 @@ class SFTConfig(_Section):
     num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
     direct_share: float = Field(0.3, ge=0.0, le=1.0,
                                 description="share of demonstrations that answer without a tool")
+    imperfect_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of demonstrations with one recoverable mistake (the environment's "
+                                         "`mistake`, then the solver's fix); disjoint from direct_share")
     epochs: int = Field(2, ge=1, description="passes over the demonstrations")
     batch_size: int = Field(16, ge=1, description="demonstrations per optimizer step")
     lr: float = Field(2.0e-4, gt=0.0, description="AdamW learning rate of the SFT (warm-up from optim.warmup_steps)")
     run_dir: str = Field("runs/sft", min_length=1,
                          description="SFT outputs: metrics, checkpoints, and adapter/ (the GRPO run's init_adapter)")
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> SFTConfig:
+        if self.direct_share + self.imperfect_share > 1.0:
+            raise ValueError(f"imperfect_share: direct_share + imperfect_share must be <= 1 (got {self.direct_share} "
+                             f"+ {self.imperfect_share})")
+        return self
 
 
 class EvalConfig(_Section):
