@@ -79,12 +79,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}
     t_start = time.perf_counter()
-    with recipe_server(out, max_model_len=3072) as server:
-        common = [CONFIG, "--set", f"sampler.server_urls=[{server.url}]", "--set", f"sft.demos={out}/demos.jsonl",
-                  *[x for s in args.set for x in ("--set", s)]]
-        wall["server_start"] = time.perf_counter() - t_start
-        wall["demos"] = step(out / "demos.jsonl", "demos", *common)
-        wall["sft"] = step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft")
+    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
+    wall["demos"] = step(out / "demos.jsonl", "demos", *common)
+    wall["sft"] = step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft")
+    t_server = time.perf_counter()
+    with recipe_server(out, max_model_len=3072) as server:  # only the sampling steps need it
+        common += ["--set", f"sampler.server_urls=[{server.url}]"]
+        wall["server_start"] = time.perf_counter() - t_server
         after = {}
         for seed in args.seeds:
             run_dir = out / f"grpo-seed{seed}"
