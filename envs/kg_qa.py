@@ -28,7 +28,7 @@ import re
 import threading
 from typing import Any, Sequence
 
-from agent_rl.core.types import Message
+from agent_rl.core.types import Message, Reward
 from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
 from tools.kg import EMPTY_RESULTS, KGClient
 from tools.kg_service import DEFAULT_DB, start_kg_service
@@ -94,6 +94,12 @@ class KGQAEnv(CountryQAEnv):
         # every request has this deadline
         self.client = KGClient(url or local_kg_url(), timeout_s=timeout_s, empty_results=empty)
         super().__init__(task, self.client.tools())
+
+    async def reward(self, messages: Sequence[Message]) -> Reward:
+        """The country question's reward, plus `empty_lookups`: calls that found nothing (an unknown
+        entity or relation, a search with only close names), told or not."""
+        reward = await super().reward(messages)
+        return Reward(reward.value, {**reward.parts, "empty_lookups": float(self.client.empty_lookups)})
 
     async def close(self) -> None:
         await self.client.close()

@@ -21,6 +21,7 @@ wall times). Its last line on stdout is summary.json. A step whose output exists
 Definitions. Tool-use rate: rollouts with at least one tool call. Tool-grounded answer rate: rollouts
 whose final answer names a candidate and every name it gives appears in a successful tool result of
 the episode (reward part `grounded`, envs/search_qa.py). Accuracy: the right answer and no other.
+Empty lookups per rollout: calls that found nothing (reward part `empty_lookups`, counted in both arms).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from recipe_steps import alarm_steps, per_step, plot_panels, recipe_server, seed
 CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
 SCRIPT = "examples/collapse_study.py"
 ARMS = {"explain": "explain", "bare": "bare"}  # arm -> rollout.env_args.empty_results
-FIGURES = ("accuracy", "tool_use_rate", "grounded_rate", "tool_failure_rate", "tool_calls_per_traj")
+FIGURES = ("accuracy", "tool_use_rate", "grounded_rate", "tool_failure_rate", "tool_calls_per_traj",
+           "empty_lookups_per_traj")
 CURVES = (("tool-use rate", "tool_use_rate"), ("tool-grounded answer rate", "reward/grounded"),
           ("accuracy", "reward/correct"), ("tool-call failure rate", "tool_failure_rate"))
 STYLES = {"explain": {"color": "tab:blue"}, "bare": {"color": "tab:red"}}
@@ -45,13 +47,15 @@ DASHES = ("-", "--", ":", "-.")
 def figures(result: dict) -> dict[str, float]:
     return {"accuracy": result["accuracy"], "tool_use_rate": result["tool_use_rate"],
             "grounded_rate": result["reward/grounded"], "tool_failure_rate": result["tool_failure_rate"],
-            "tool_calls_per_traj": result["tool_calls_per_traj"]}
+            "tool_calls_per_traj": result["tool_calls_per_traj"],
+            "empty_lookups_per_traj": result["reward/empty_lookups"]}
 
 
 def run_record(run_dir: Path) -> dict:
     """A run's curves and the steps where each alarm was up."""
     curves = {name: per_step(run_dir, key) for name, key in
-              (*CURVES, ("zero_variance_group_share", "zero_variance_group_share"), ("entropy", "entropy"))}
+              (*CURVES, ("zero_variance_group_share", "zero_variance_group_share"), ("entropy", "entropy"),
+               ("empty_lookups_per_traj", "reward/empty_lookups"))}
     return {"per_step": curves, "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
             "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}
 

@@ -94,10 +94,11 @@ def test_gui_recipe_figures_gains_and_spread_by_hand(tmp_path, monkeypatch):
 def test_collapse_study_summary_per_arm_by_hand(tmp_path, monkeypatch):
     study = _example("collapse_study", monkeypatch)
     result = lambda acc, tools, grounded: {"accuracy": acc, "tool_use_rate": tools, "reward/grounded": grounded,  # noqa: E731
-                                           "tool_failure_rate": 0.1, "tool_calls_per_traj": 2 * tools}
+                                           "tool_failure_rate": 0.1, "tool_calls_per_traj": 2 * tools,
+                                           "reward/empty_lookups": 0.5}
     curve = lambda tools: {"tool_use_rate": tools, "reward/grounded": tools / 2, "reward/correct": 0.3,  # noqa: E731
                            "tool_failure_rate": 0.1, "zero_variance_group_share": 0.5, "entropy": 0.5,
-                           "alarm/tool_collapse": float(tools < 0.4)}
+                           "reward/empty_lookups": 0.25, "alarm/tool_collapse": float(tools < 0.4)}
     runs = {"explain": {0: str(_metrics_file(tmp_path / "e0", [curve(0.8), curve(0.9)]))},
             "bare": {0: str(_metrics_file(tmp_path / "b0", [curve(0.8), curve(0.3)]))}}
     reports = {"explain": {"results": {"sft": result(0.3, 0.7, 0.3), runs["explain"][0]: result(0.5, 0.9, 0.5)}},
@@ -108,3 +109,4 @@ def test_collapse_study_summary_per_arm_by_hand(tmp_path, monkeypatch):
     assert bare["grounded_rate_min_gain"] == pytest.approx(-0.2) and bare["accuracy_seed_spread"] == 0.0
     assert bare["runs"][0]["tool_collapse_alarm_steps"] == [2] and explain["runs"][0]["tool_collapse_alarm_steps"] == []
     assert bare["runs"][0]["per_step"]["tool-use rate"] == [0.8, 0.3]
+    assert bare["gain"][0]["empty_lookups_per_traj"] == 0.0 and bare["runs"][0]["per_step"]["empty_lookups_per_traj"] == [0.25] * 2

@@ -35,7 +35,8 @@ async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, s
         assert env.client._session is not None  # the env's client talked to the service...
     assert env.client._session is None  # ...and leaving the env closed it
     assert traj.reward == 1.0 and traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0,
-                                                        "tool_calls": 2.0, "tool_errors": 0.0, "grounded": 1.0}
+                                                        "tool_calls": 2.0, "tool_errors": 0.0, "grounded": 1.0,
+                                                        "empty_lookups": 0.0}
     first, second = (m.tool_calls[0] for m in traj.messages if m.tool_calls)
     assert first.arguments == {"entity": "Lesotho", "relation": "borders"}
     assert traj.messages[3].content == "Lesotho borders: South Africa [country]"
@@ -79,6 +80,7 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, 
     assert errors[2].startswith("Error: invalid arguments for follow: relation: Field required")
     assert errors[3].startswith("Error: No entity named 'Lesoto'. Closest names: Lesotho [country]")
     assert traj.reward == 1.0 and traj.reward_parts["tool_errors"] == 4.0 and traj.reward_parts["tool_calls"] == 6.0
+    assert traj.reward_parts["empty_lookups"] == 1.0  # only 'Lesoto' reached the graph and found nothing
 
 
 @pytest.mark.parametrize("change, message", [
@@ -114,15 +116,17 @@ async def test_empty_results_arm_goes_from_load_tasks_to_the_tool(rows, scripted
         load_tasks(2, empty_results="silent")
     task = rows["What is the capital of the only country that borders Lesotho?"]
     typo = ['<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesoto", "relation": "borders"}}\n</tool_call>']
-    said, reward = {}, {}
+    said, reward, empty = {}, {}, {}
     for arm in ("explain", "bare"):
         async with KGQAEnv({**task, "kg_empty_results": arm}) as env:
             traj = await run_episode(env, scripted_calls(typo, lambda m: solve(task, m)), renderer, LIMITS, task["id"])
         said[arm], reward[arm] = [m.content for m in traj.messages if m.role == "tool"], traj.reward
+        empty[arm] = traj.reward_parts["empty_lookups"]
     # the error says what went wrong and the solver retries; `[]` is a successful answer with
     # nothing in it, and the same solver concludes there is nothing to find
     assert said["explain"][0].startswith("Error: No entity named 'Lesoto'. Closest names: Lesotho [country]")
     assert said["bare"] == ["[]"] and reward == {"explain": 1.0, "bare": 0.0}
+    assert empty == {"explain": 1.0, "bare": 1.0}  # counted in both arms, whatever the model was told
 
 
 async def test_grounded_answers_name_only_what_a_tool_result_said(rows, scripted, renderer):

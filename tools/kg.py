@@ -48,6 +48,7 @@ class KGClient(SessionOwner):
         self.timeout_s = timeout_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.empty_results = empty_results
+        self.empty_lookups = 0  # lookups that found nothing, whatever the mode told the model
 
     def tools(self) -> list[Tool]:
         return [Tool(self.search_entities), Tool(self.get_relations), Tool(self.follow)]
@@ -60,8 +61,10 @@ class KGClient(SessionOwner):
             raise ToolError(f"the knowledge graph at {self.url} did not answer within {self.timeout_s:g} s") from None
         except (aiohttp.ClientError, ValueError) as e:
             raise ToolError(f"the knowledge graph at {self.url} is unreachable ({type(e).__name__}: {e})") from None
-        if self.empty_results == "bare" and _empty(resp.status, body):
-            return BARE_EMPTY
+        if _empty(resp.status, body):
+            self.empty_lookups += 1
+            if self.empty_results == "bare":
+                return BARE_EMPTY
         if resp.status != 200 or not isinstance(body, dict) or "message" not in body:
             error = body.get("error", body) if isinstance(body, dict) else body
             raise ToolError(str(error) if resp.status < 500 else f"knowledge graph error {resp.status}: {error}")
