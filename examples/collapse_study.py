@@ -31,7 +31,7 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import alarm_steps, per_step, plot_panels, recipe_server, seed_summary, step
+from recipe_steps import alarm_steps, attempts, note, per_step, plot_panels, recipe_server, seed_summary, step
 
 CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
 SCRIPT = "examples/collapse_study.py"
@@ -70,6 +70,37 @@ def summarise(reports: dict[str, dict], before: str, runs: dict[str, dict[int, s
     return out
 
 
+def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str, dict[int, str]], dict[str, dict]]:
+    """Steps 1-4 (each skipped when done); returns arm -> seed -> run folder, and arm -> eval report."""
+    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
+    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
+    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    t_server = time.perf_counter()
+    with recipe_server(out, max_model_len=2048) as server:  # only the sampling steps need it
+        common += ["--set", f"sampler.server_urls=[{server.url}]"]
+        note(wall, "server_start", time.perf_counter() - t_server)
+        runs: dict[str, dict[int, str]] = {arm: {} for arm in ARMS}
+        for seed in args.seeds:  # seed-major: a cut-short study still has both arms of its first seeds
+            for arm, empty in ARMS.items():
+                run_dir = out / f"{arm}-seed{seed}"
+                arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
+                note(wall, f"{arm}_seed{seed}", step(
+                    run_dir / "adapter", "train", *common, *arm_args, "--resume", "--set",
+                    f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
+                    server=server))
+                runs[arm][seed] = str(run_dir)
+        reports = {}
+        for arm, empty in ARMS.items():
+            path = out / f"eval-{arm}.json"
+            path.unlink(missing_ok=True)  # always evaluate what is there now
+            adapters = [x for a in [str(out / "sft"), *runs[arm].values()] for x in ("--adapter", a)]
+            arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
+            note(wall, f"eval_{arm}", step(path, "eval", *common, *arm_args, *adapters, "--out", str(path),
+                                           server=server))
+            reports[arm] = json.loads(path.read_text())
+    return runs, reports
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="runs/collapse_study")
@@ -80,30 +111,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}
     t_start = time.perf_counter()
-    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
-    wall["demos"] = step(out / "demos.jsonl", "demos", *common)
-    wall["sft"] = step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft")
-    t_server = time.perf_counter()
-    with recipe_server(out, max_model_len=2048, kv_cache_gib=1) as server:  # only the sampling steps need it
-        common += ["--set", f"sampler.server_urls=[{server.url}]"]
-        wall["server_start"] = time.perf_counter() - t_server
-        runs: dict[str, dict[int, str]] = {arm: {} for arm in ARMS}
-        for seed in args.seeds:  # seed-major: a cut-short study still has both arms of its first seeds
-            for arm, empty in ARMS.items():
-                run_dir = out / f"{arm}-seed{seed}"
-                wall[f"{arm}_seed{seed}"] = step(
-                    run_dir / "adapter", "train", *common, "--set", f"rollout.env_args={{empty_results: {empty}}}",
-                    "--set", f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}",
-                    "--set", f"run.seed={seed}", server=server)
-                runs[arm][seed] = str(run_dir)
-        reports = {}
-        for arm, empty in ARMS.items():
-            path = out / f"eval-{arm}.json"
-            path.unlink(missing_ok=True)  # always evaluate what is there now
-            adapters = [x for a in [str(out / "sft"), *runs[arm].values()] for x in ("--adapter", a)]
-            wall[f"eval_{arm}"] = step(path, "eval", *common, "--set", f"rollout.env_args={{empty_results: {empty}}}",
-                                       *adapters, "--out", str(path), server=server)
-            reports[arm] = json.loads(path.read_text())
+    runs, reports = attempts(lambda: pipeline(args, out, wall))
     labels = {f"{arm} seed {s}": Path(d) for arm in ARMS for s, d in runs[arm].items()}
     styles = {f"{arm} seed {s}": {**STYLES[arm], "linestyle": DASHES[i % len(DASHES)]}
               for arm in ARMS for i, s in enumerate(runs[arm])}

@@ -29,7 +29,8 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import alarm_steps, finite, mean, per_step, plot_panels, ratio, recipe_server, seed_summary, step
+from recipe_steps import (alarm_steps, attempts, finite, mean, note, per_step, plot_panels, ratio, recipe_server,
+                          seed_summary, step)
 
 CONFIG = str(Path(__file__).with_name("gui_recipe.yaml"))
 SCRIPT = "examples/gui_recipe.py"
@@ -69,6 +70,30 @@ def summarise(report: dict, before: str, after: dict[int, str], wall: dict) -> d
     return out
 
 
+def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
+    """Steps 1-4 (each skipped when done); returns seed -> GRPO run folder."""
+    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
+    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
+    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    t_server = time.perf_counter()
+    with recipe_server(out, max_model_len=3072) as server:  # only the sampling steps need it
+        common += ["--set", f"sampler.server_urls=[{server.url}]"]
+        note(wall, "server_start", time.perf_counter() - t_server)
+        after = {}
+        for seed in args.seeds:
+            run_dir = out / f"grpo-seed{seed}"
+            note(wall, f"grpo_seed{seed}", step(run_dir / "adapter", "train", *common, "--resume",
+                                                "--set", f"model.init_adapter={out}/sft/adapter",
+                                                "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
+                                                server=server))
+            after[seed] = str(run_dir)
+        adapters = [x for a in [str(out / "sft"), *after.values()] for x in ("--adapter", a)]
+        (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
+        note(wall, "eval", step(out / "eval.json", "eval", *common, *adapters, "--out", str(out / "eval.json"),
+                                server=server))
+    return after
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="runs/gui_recipe")
@@ -79,23 +104,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}
     t_start = time.perf_counter()
-    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
-    wall["demos"] = step(out / "demos.jsonl", "demos", *common)
-    wall["sft"] = step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft")
-    t_server = time.perf_counter()
-    with recipe_server(out, max_model_len=3072) as server:  # only the sampling steps need it
-        common += ["--set", f"sampler.server_urls=[{server.url}]"]
-        wall["server_start"] = time.perf_counter() - t_server
-        after = {}
-        for seed in args.seeds:
-            run_dir = out / f"grpo-seed{seed}"
-            wall[f"grpo_seed{seed}"] = step(run_dir / "adapter", "train", *common,
-                                            "--set", f"model.init_adapter={out}/sft/adapter",
-                                            "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}", server=server)
-            after[seed] = str(run_dir)
-        adapters = [x for a in [str(out / "sft"), *after.values()] for x in ("--adapter", a)]
-        (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
-        wall["eval"] = step(out / "eval.json", "eval", *common, *adapters, "--out", str(out / "eval.json"), server=server)
+    after = attempts(lambda: pipeline(args, out, wall))
     plot_panels({f"seed {s}": Path(d) for s, d in after.items()}, CURVES, out / "curves.png", SCRIPT,
                 f"GUI recipe: GRPO from the SFT adapter, {len(after)} seed(s)")
     wall["total"] = time.perf_counter() - t_start

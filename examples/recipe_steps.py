@@ -1,10 +1,11 @@
 """What the multi-seed recipes in examples/ share: steps as `agent-rl` processes, their server, their figures.
 
-Owns: `step` (one `agent-rl` command in its own process, skipped when its output exists), `recipe_server`
-(the one vLLM server a recipe's steps share) and `restore_base` (its weights back to the base model's), `seed_summary` (after - before per seed, the smallest
-gain and the spread over seeds), `per_step` and `alarm_steps` (a run's training curves as lists, read
-from its metrics.jsonl), `plot_panels` (a PNG with a panel per metric and a line per run, which names
-the script that drew it).
+Owns: `step` (one `agent-rl` command in its own process, skipped when its output exists), `attempts`
+(a recipe retried after a failed step, resuming where it stopped), `recipe_server` (the one vLLM
+server a recipe's sampling steps share) and `restore_base` (its weights back to the base model's),
+`seed_summary` (after - before per seed, the smallest gain and the spread over seeds), `per_step` and
+`alarm_steps` (a run's training curves as lists, read from its metrics.jsonl), `plot_panels` (a PNG
+with a panel per metric and a line per run, which names the script that drew it).
 Does not own: what a recipe runs or reports (`gui_recipe.py`, `collapse_study.py`), the commands
 themselves (`agent_rl.cli`), metrics files (`agent_rl.runs.runlog`).
 
@@ -26,8 +27,24 @@ from urllib.request import Request, urlopen
 from agent_rl.runs.runlog import read_metrics
 
 
+class StepFailed(RuntimeError):
+    """An `agent-rl` step exited with an error (or was killed, e.g. by the kernel's OOM killer)."""
+
+
+def attempts(pipeline: Callable[[], Any], tries: int = 3) -> Any:
+    """Run `pipeline` until it gets through without a failed step, at most `tries` times. Each try
+    skips the steps already done and resumes a killed SFT or GRPO run from its last checkpoint
+    (`--resume`), and starts its own server: on a shared machine the OOM killer may take any process."""
+    for i in range(1, tries + 1):
+        try:
+            return pipeline()
+        except StepFailed as e:
+            print(f"\n{e} (try {i} of {tries})", file=sys.stderr, flush=True)
+    sys.exit(f"recipe stopped: a step failed {tries} times")
+
+
 def step(done: Path, *argv: str, server: Any = None) -> float | None:
-    """`agent-rl ARGV` in its own process, unless `done` exists; stops the recipe on failure.
+    """`agent-rl ARGV` in its own process, unless `done` exists; raises StepFailed on failure.
     Returns its wall time in seconds (None: skipped). Its own process: a trainer's memory (several GB)
     is back before the next step starts. `server`: a step that samples on it gets the base weights
     back first (`restore_base`)."""
@@ -40,11 +57,11 @@ def step(done: Path, *argv: str, server: Any = None) -> float | None:
     print("\n$ agent-rl " + " ".join(argv), file=sys.stderr, flush=True)
     code = subprocess.run([sys.executable, "-m", "agent_rl.cli", *argv]).returncode
     if code:
-        sys.exit(f"recipe stopped: `agent-rl {' '.join(argv)}` exited with {code}")
+        raise StepFailed(f"`agent-rl {' '.join(argv)}` exited with {code}")
     return time.perf_counter() - t0
 
 
-def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 2):
+def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1):
     """One vLLM server of SmolLM2-135M for every step of a recipe: LoRA adapters are hot-loaded under
     unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters never collide.
     Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they sample faster,
@@ -75,7 +92,13 @@ def restore_base(server: Any, timeout_s: float = 600.0) -> None:
     except OSError as e:
         with contextlib.suppress(OSError):
             post("/resume", None)  # never leave the server paused
-        sys.exit(f"recipe stopped: restoring the base weights on {server.url} failed at {path}: {e}")
+        raise StepFailed(f"restoring the base weights on {server.url} failed at {path}: {e}") from None
+
+
+def note(wall: dict[str, float | None], key: str, seconds: float | None) -> None:
+    """Record a step's wall time; a later try that skipped the step (None) keeps the time measured."""
+    if seconds is not None or key not in wall:
+        wall[key] = seconds
 
 
 def finite(x: float | None) -> float | None:
