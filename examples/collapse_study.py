@@ -86,8 +86,8 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str,
                 arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
                 note(wall, f"{arm}_seed{seed}", step(
                     run_dir / "adapter", "train", *common, *arm_args, "--resume", "--set",
-                    f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
-                    server=server))
+                    f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}",
+                    "--set", f"run.seed={seed}", server=server))
                 runs[arm][seed] = str(run_dir)
         reports = {}
         for arm, empty in ARMS.items():
