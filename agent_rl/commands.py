@@ -154,7 +154,7 @@ def demos(args: argparse.Namespace) -> int:
     with errors_as_lines():
         session = open_session(cfg)
         made, stats = asyncio.run(make_demos(session.env, session.renderer, s.num_demos, seed=cfg.run.seed,
-                                             direct_share=s.direct_share,
+                                             direct_share=s.direct_share, imperfect_share=s.imperfect_share,
                                              limits=EpisodeLimits.from_config(cfg.rollout)))
     if not made:
         raise CLIError(f"the {session.env.name!r} solver solved none of {s.num_demos} tasks within the rollout limits")

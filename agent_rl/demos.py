@@ -1,7 +1,8 @@
 """Demonstrations for a cold-start SFT: an environment's scripted solver played through the real runner.
 
 Owns: `make_demos` (play `solve` episodes with a `ScriptedSampler` over messages, keep the solved ones), the mix of
-tool-using and direct-answer demonstrations, `Demo` (what SFT trains on: ids and loss mask), and
+tool-using, direct-answer and imperfect demonstrations (one recoverable mistake: the environment's
+`mistake` at a random early turn, then `solve` repairs it), `Demo` (what SFT trains on: ids and loss mask), and
 the JSONL file they live in (`write_demos`, `read_demos`).
 Does not own: the solvers (each environment's `solve`), rendering (`core.renderer`), training on
 them (`sft`).
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.types import Trajectory
+from agent_rl.core.types import Message, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.scripted import ScriptedSampler
 
@@ -36,29 +37,61 @@ class Demo:
     loss_mask: tuple[int, ...]
 
 
+MISTAKE_TURNS = 3  # an imperfect demonstration errs at one of its first three assistant turns
+
+
+class _Script:
+    """The solver's next reply, except at assistant turn `mistake_at`, where the environment's `mistake`
+    answers instead (once; a turn where no mistake fits passes the chance to the next one)."""
+
+    def __init__(self, spec: EnvSpec, task: dict[str, Any], direct: bool, mistake_at: int | None, rng: random.Random):
+        self.spec, self.task, self.direct, self.mistake_at, self.rng = spec, task, direct, mistake_at, rng
+        self.erred = False
+
+    def __call__(self, messages: Sequence[Message]) -> Message:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        if self.mistake_at is not None and not self.erred and turn >= self.mistake_at:
+            reply = self.spec.mistake(self.task, messages, self.rng)
+            if reply is not None:
+                self.erred = True
+                return reply
+        return self.spec.solve(self.task, messages, self.direct)
+
+
+def _check_shares(spec: EnvSpec, direct_share: float, imperfect_share: float) -> None:
+    if spec.solve is None:
+        raise ValueError(f"environment {spec.name!r} has no scripted solver (a module-level solve function)")
+    for name, share in (("direct_share", direct_share), ("imperfect_share", imperfect_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must be within [0, 1] (got {share})")
+    if direct_share + imperfect_share > 1.0:
+        raise ValueError(f"direct_share + imperfect_share must be <= 1 (got {direct_share} + {imperfect_share})")
+    if imperfect_share and spec.mistake is None:
+        raise ValueError(f"imperfect_share needs a mistake function in environment {spec.name!r} (none defined)")
+
+
 async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0, direct_share: float = 0.0,
-                     split: str = "train", limits: EpisodeLimits | None = None,
+                     imperfect_share: float = 0.0, split: str = "train", limits: EpisodeLimits | None = None,
                      min_reward: float = 1.0) -> tuple[list[Trajectory], dict[str, float]]:
-    """Solve `n` tasks of `split`; round(n * direct_share) of them, picked at random, answer directly.
+    """Solve `n` tasks of `split`; round(n * direct_share) of them, picked at random, answer directly,
+    and round(n * imperfect_share) others make one mistake the solver then repairs.
 
     Returns the demonstrations whose reward reached `min_reward` (a solver that fails is a bug worth
     seeing, so the count of dropped ones is reported, not hidden) and a few counts.
     """
-    if spec.solve is None:
-        raise ValueError(f"environment {spec.name!r} has no scripted solver (a module-level solve function)")
-    if not 0.0 <= direct_share <= 1.0:
-        raise ValueError(f"direct_share must be within [0, 1] (got {direct_share})")
+    _check_shares(spec, direct_share, imperfect_share)
     tasks = spec.load_tasks(n, seed=seed, split=split)
     rng = random.Random(seed)
     direct_ids = {str(t["id"]) for t in rng.sample(tasks, round(len(tasks) * direct_share))}
+    rest = [t for t in tasks if str(t["id"]) not in direct_ids]
+    imperfect_ids = {str(t["id"]) for t in rng.sample(rest, min(len(rest), round(len(tasks) * imperfect_share)))}
     limits = limits or EpisodeLimits(max_turns=8, max_tokens_per_turn=1024, max_total_tokens=8192)
     demos: list[Trajectory] = []
-    dropped = 0
+    dropped = erred = 0
     for task in tasks:
-        direct = str(task["id"]) in direct_ids
-        def script(messages, task=task, direct=direct):
-            return spec.solve(task, messages, direct)
-
+        tid = str(task["id"])
+        script = _Script(spec, task, tid in direct_ids, rng.randrange(MISTAKE_TURNS) if tid in imperfect_ids else None,
+                         random.Random(f"{seed}-{tid}"))
         sampler = ScriptedSampler(renderer, script, logprob=0.0, on_messages=True)
         [group] = await rollout_groups([task], spec.make_env, sampler, renderer, limits, group_size=1)
         traj = group.trajectories[0]
@@ -66,8 +99,10 @@ async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0
             dropped += 1
             continue
         demos.append(traj)
+        erred += script.erred
     direct_kept = sum(1 for t in demos if t.task_id in direct_ids)
     stats = {"demos": float(len(demos)), "dropped": float(dropped), "direct_share": direct_kept / max(len(demos), 1),
+             "imperfect_share": erred / max(len(demos), 1),
              "tool_use_rate": sum(1 for t in demos if t.used_tools) / max(len(demos), 1),
              "tokens_mean": sum(t.num_tokens for t in demos) / max(len(demos), 1)}
     return demos, stats

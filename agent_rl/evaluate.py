@@ -47,8 +47,8 @@ def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.
 
     accuracy = solved rollouts / rollouts (= mean pass@1); pass@K per task, averaged; tool-use and
     per-tool rates, turns and lengths from `rollout_metrics`; accuracy split by whether the rollout
-    used a tool; with tasks of several environments, the main figures of each (`env/<name>/...`).
-    Infrastructure errors are counted and left out of every rate.
+    used a tool; tool calls per solved rollout; with tasks of several environments, the main figures of
+    each (`env/<name>/...`). Infrastructure errors are counted and left out of every rate.
     """
     return {**_figures(groups, success_threshold), **_per_env(groups, success_threshold)}
 
@@ -71,6 +71,9 @@ def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
     without = [s for t, s in zip(ok, solved) if not t.used_tools]
     report["accuracy_with_tools"] = fmean(with_tools) if with_tools else 0.0
     report["accuracy_without_tools"] = fmean(without) if without else 0.0
+    # how long the solved ones took: tool calls per solved rollout (failed calls included); NaN when none
+    report["tool_calls_per_solved"] = fmean([len(t.tool_calls) for t, s in zip(ok, solved) if s]) if any(solved) \
+        else math.nan
     metrics = rollout_metrics(trajs)
     metrics.pop("rollouts", None)
     return {**report, **metrics}
@@ -184,7 +187,7 @@ def format_report(report: dict[str, Any]) -> str:
     labels = list(results)
     keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
                         "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "tool_calls_per_traj",
-                        "tool_failure_rate", "turns_mean", "sampled_tokens_mean", "truncation_rate",
+                        "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean", "truncation_rate",
                         "infra_error_rate") if k in results[labels[0]]]
     keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
     keys += [k for k in results[labels[0]] if k.startswith("env/") and not k.endswith(("/tasks", "/rollouts"))]

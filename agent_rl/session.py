@@ -38,11 +38,15 @@ class Session:
 
 def env_of(cfg: Any) -> EnvSpec:
     """`rollout.env`, or the environments of `rollout.envs` as one (`core.mixture`)."""
-    return load_env(cfg.rollout.env) if cfg.rollout.env is not None else load_mixture(cfg.rollout.mixture)
+    r = cfg.rollout
+    if r.env is not None:
+        return load_env(r.env).with_task_args(r.env_args)
+    return load_mixture(r.mixture, [e.args for e in r.envs])
 
 
 def open_session(cfg: Any) -> Session:
-    """Resolve `model.name` and `rollout.env(s)`; a bad one raises ModelError / ValueError (one line)."""
+    """Resolve `model.name` and `rollout.env(s)` (with their `env_args` bound into `load_tasks`); a bad one
+    raises ModelError / ValueError (one line)."""
     env = env_of(cfg)  # cheap, so it fails before the model is fetched or converted
     _judge_inputs(cfg.judge)
     model_dir = resolve_model(cfg.model.name)

@@ -3,13 +3,17 @@
 Owns: the tasks ("Turn on dark mode, set the font size to 16 and grant the Camera permission, then
 save."), generated per seed in three levels (1 to 3 changes, levels 2 and 3 need a scroll), the
 four tools (`click`, `type`, `select`, `scroll`: each returns a one-line account and the updated
-tree), the `GuiEnv` episode, its reward, and `solve`, the scripted demonstration.
+tree), the `GuiEnv` episode, its reward, `solve`, the scripted demonstration, and `mistake`, the
+recoverable slips imperfect demonstrations are made of.
 Does not own: the page itself (`envs.gui_app`), tool-call parsing and errors (`envs.base.ToolEnv`).
 
 Reward: 1.0 when the *saved* settings equal the goal exactly (the initial settings with the asked
 changes), else 0.0: unsaved edits count for nothing and touching an unrelated setting fails the
 task. Weight-free metrics: `progress` (share of the asked changes saved), `unrelated_changes`,
-`unsaved_changes`. The episode ends when the model answers without a tool call (e.g. "done").
+`unsaved_changes`, `actions` (well-formed calls of the four tools that reached the page) and
+`invalid_actions` (those the page refused: an unknown or hidden element, the wrong action for it, a
+disabled control); their ratio is the invalid-action rate. The episode ends when the model answers
+without a tool call (e.g. "done").
 
 Splits: a task lands in "eval" when a hash of its settings and changes says so, else in "train";
 so the two splits never share a task, whatever the seeds.
@@ -98,14 +102,16 @@ def _split_of(initial: dict[str, Value], changes: dict[str, Value]) -> str:
     return "eval" if hashlib.blake2b(key, digest_size=4).digest()[0] % 4 == 0 else "train"
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-    """`n` tasks of `split`, levels cycling 1, 2, 3; deterministic per (seed, split)."""
+def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int] = (1, 2, 3)) -> list[dict[str, Any]]:
+    """`n` tasks of `split`, cycling through `levels` (e.g. [1, 2]); deterministic per (seed, split, levels)."""
     if split not in SPLITS:
         raise ValueError(f"gui tasks have splits {', '.join(SPLITS)} (got {split!r})")
+    if not levels or any(lv not in (1, 2, 3) for lv in levels):
+        raise ValueError(f"gui task levels must be a non-empty list of 1, 2 and 3 (got {list(levels)!r})")
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     while len(rows) < n:
-        level = len(rows) % 3 + 1
+        level = levels[len(rows) % len(levels)]
         initial, changes = _draw(rng, level)
         layout = rng.randrange(2**31)
         if _split_of(initial, changes) == split:
@@ -158,6 +164,7 @@ class GuiEnv(ToolEnv):
         self.task = check_task(task)
         self.app: Any = SettingsApp(task["initial"], task["layout"])
         self.goal = {**task["initial"], **task["changes"]}
+        self.actions = self.invalid_actions = 0
         super().__init__([self.click, self.type, self.select, self.scroll])
 
     async def _page(self, method: str, *args: str) -> Any:
@@ -165,9 +172,11 @@ class GuiEnv(ToolEnv):
         return await out if inspect.isawaitable(out) else out
 
     async def _act(self, method: str, *args: str) -> str:
+        self.actions += 1
         try:
             done = await self._page(method, *args)
         except ActionError as e:
+            self.invalid_actions += 1
             raise ToolError(str(e)) from None
         return f"{done}\n{await self._page('tree')}"
 
@@ -218,6 +227,8 @@ class GuiEnv(ToolEnv):
             "progress": sum(saved[k] == v for k, v in changes.items()) / len(changes),
             "unrelated_changes": float(sum(saved[k] != initial[k] for k in BY_NAME if k not in changes)),
             "unsaved_changes": float(sum(draft[k] != saved[k] for k in BY_NAME)),
+            "actions": float(self.actions),
+            "invalid_actions": float(self.invalid_actions),
         })
 
 
@@ -246,7 +257,8 @@ def _act(name: str, **arguments: Any) -> Message:
 
 def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a scripted agent that reads the trees its messages show: one action per turn
-    (scroll until the row is on screen, then click / select / type it), Save, then "done".
+    (scroll until the row is on screen, then click / select / type it), Save, then "done". A setting
+    outside the task that the trees show changed (a slip, see `mistake`) is set back the same way.
 
     What it knows of a setting is the last tree line that showed it (a value only changes when the
     agent acts on a visible element, and the tree returned then shows it). `direct=True` raises
@@ -262,10 +274,11 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     latest = trees[-1]
     on_screen = _read(latest[latest.rfind('page "Settings"'):])
     top_row = min((BY_NAME[n].row for n in on_screen if n in BY_NAME and BY_NAME[n].row is not None), default=0)
+    goal = {**task["initial"], **task["changes"]}
     for control in CONTROLS:
-        if control.name not in task["changes"]:
-            continue
-        want = task["changes"][control.name]
+        if control.name not in task["changes"] and control.name not in known:
+            continue  # never on screen, so never touched
+        want = goal[control.name]
         if control.name in known and _shows(known[control.name][1], want):
             continue
         if control.name not in on_screen:
@@ -280,3 +293,31 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     if "disabled" not in rest.split():
         return _act("click", element=element)
     return Message("assistant", "done")
+
+
+def mistake(task: dict[str, Any], messages: Sequence[Message], rng: random.Random) -> Message | None:
+    """A slip of a careless agent that `solve` then repairs, drawn with `rng` from those that fit here:
+    click an unrelated switch or checkbox on screen (solve sets it back), use the wrong tool on the
+    element solve would act on next (the page refuses: "cannot click e12 (combobox ...); use select"),
+    or click an element id the page does not have. None when the solver's next move is "done" and
+    no unrelated control is on screen."""
+    check_task(task)
+    trees = [m.content for m in messages if m.role in ("user", "tool") and 'page "Settings"' in m.content]
+    if not trees:
+        return None
+    latest = trees[-1]
+    on_screen = _read(latest[latest.rfind('page "Settings"'):])
+    slips: list[Message] = []
+    unrelated = [eid for name, (eid, rest) in on_screen.items() if name in BY_NAME and name not in task["changes"]
+                 and BY_NAME[name].role in ("switch", "checkbox") and "disabled" not in rest.split()]
+    if unrelated:
+        slips.append(_act("click", element=rng.choice(sorted(unrelated))))
+    nxt = solve(task, messages).tool_calls
+    if nxt and nxt[0].name in ("click", "select", "type") and nxt[0].arguments["element"] != on_screen[SAVE][0]:
+        element = nxt[0].arguments["element"]
+        slips.append(_act("click", element=element) if nxt[0].name != "click" else
+                     _act("select", element=element, option=rng.choice(["on", "yes", "checked"])))
+    if nxt:
+        used = {eid for eid, _ in on_screen.values()}
+        slips.append(_act("click", element=rng.choice([f"e{k}" for k in range(10, 100) if f"e{k}" not in used])))
+    return rng.choice(slips) if slips else None

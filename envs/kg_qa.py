@@ -13,6 +13,11 @@ A thread rather than the caller's loop because one process plays many loops (eac
 of the CLI, the trainer, a test session) and the service must outlive all of them; it also keeps
 request handling off the rollout loop. The first env of a process waits for the start (the graph
 file is built once, ~1 s, then reopened in ~0.1 s). Each env owns one `KGClient` and closes it.
+
+What an empty lookup returns: a row's `kg_empty_results` column, "explain" (the default: the
+service's explanation, e.g. the closest names) or "bare" (a plain `[]`; see `tools.kg`).
+`load_tasks(..., empty_results="bare")` writes that column into every row, so a config sets it with
+`rollout.env_args: {empty_results: bare}` (the collapse study's second arm).
 """
 
 from __future__ import annotations
@@ -23,17 +28,9 @@ import re
 import threading
 from typing import Any, Sequence
 
-from agent_rl.core.types import Message
-from envs.search_qa import (
-    CountryQAEnv,
-    answer_text,
-    call,
-    hop_path,
-    qa_dataset,
-    say,
-    tool_responses,
-)
-from tools.kg import KGClient
+from agent_rl.core.types import Message, Reward
+from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
+from tools.kg import EMPTY_RESULTS, KGClient
 from tools.kg_service import DEFAULT_DB, start_kg_service
 
 SYSTEM = ("Answer the question about countries with the knowledge-graph tools. follow(entity, relation) reads "
@@ -90,8 +87,19 @@ class KGQAEnv(CountryQAEnv):
         if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
             raise ValueError(f"kg_qa task {task.get('id', '?')!r}: column 'kg_url' must be an http(s) URL, "
                              f"got {url!r}"[:300])
-        self.client = KGClient(url or local_kg_url(), timeout_s=timeout_s)  # every request has this deadline
+        empty = task.get("kg_empty_results", "explain")
+        if empty not in EMPTY_RESULTS:
+            raise ValueError(f"kg_qa task {task.get('id', '?')!r}: column 'kg_empty_results' must be one of "
+                             f"{', '.join(EMPTY_RESULTS)}, got {empty!r}"[:300])
+        # every request has this deadline
+        self.client = KGClient(url or local_kg_url(), timeout_s=timeout_s, empty_results=empty)
         super().__init__(task, self.client.tools())
+
+    async def reward(self, messages: Sequence[Message]) -> Reward:
+        """The country question's reward, plus `empty_lookups`: calls that found nothing (an unknown
+        entity or relation, a search with only close names), told or not."""
+        reward = await super().reward(messages)
+        return Reward(reward.value, {**reward.parts, "empty_lookups": float(self.client.empty_lookups)})
 
     async def close(self) -> None:
         await self.client.close()
@@ -101,12 +109,15 @@ def make_env(task: dict[str, Any]) -> KGQAEnv:
     return KGQAEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-    """`n` two-hop questions of `split` (train and eval ask about disjoint countries), shuffled by `seed`."""
+def load_tasks(n: int, seed: int = 0, split: str = "train", empty_results: str = "explain") -> list[dict[str, Any]]:
+    """`n` two-hop questions of `split` (train and eval ask about disjoint countries), shuffled by `seed`;
+    `empty_results` ("explain" or "bare") goes into every row's `kg_empty_results` column."""
+    if empty_results not in EMPTY_RESULTS:
+        raise ValueError(f"kg_qa empty_results must be one of {', '.join(EMPTY_RESULTS)} (got {empty_results!r})")
     ds = qa_dataset(split, hops=2, prefix="kg-qa")
     if not 0 <= n <= len(ds):
         raise ValueError(f"asked for {n} tasks but the {split} split has {len(ds)} two-hop questions")
-    return ds.shuffle(seed=seed).select(range(n)).to_list()
+    return [{**row, "kg_empty_results": empty_results} for row in ds.shuffle(seed=seed).select(range(n)).to_list()]
 
 
 # --- the scripted solver ---

@@ -23,11 +23,11 @@ import functools
 import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 from agent_rl.core.types import Message, Reward, ToolCall
 from envs.base import ToolEnv
-from rewards.qa import judge_answer, mentions, normalize
+from rewards.qa import final_answer, judge_answer, mentions, normalize
 from tools.base import Tool, ToolError
 from tools.countries import (
     INVERSE_SUFFIX,
@@ -166,6 +166,16 @@ def check_task(task: dict[str, Any], env: str) -> None:
         raise ValueError(f"{row}: column 'hops' must be a positive integer, got {task['hops']!r}"[:300])
 
 
+def grounded(final: str, accepted: Sequence[str], candidates: Collection[str], tool_messages: Sequence[Message]) -> bool:
+    """Tool-grounded answer: the final answer names at least one known name (an accepted one or a
+    candidate of the answer's type) and every name it gives appears, as whole words, in a successful
+    tool result of the episode. Right or wrong alike: a grounded wrong answer read the wrong fact; an
+    ungrounded right one was a guess (or memory) the tools did not back."""
+    said = mentions(final_answer(final), [*accepted, *candidates])
+    results = [m.content for m in tool_messages if not m.content.startswith("Error:")]
+    return bool(said) and all(any(mentions(r, [name]) for r in results) for name in said)
+
+
 class CountryQAEnv(ToolEnv):
     """One question; the episode ends when the model answers without a tool call. Reward 1 for the answer."""
 
@@ -193,6 +203,7 @@ class CountryQAEnv(ToolEnv):
             "hops": float(self.task.get("hops", 1)),
             "tool_calls": float(len(tool_messages)),
             "tool_errors": float(sum(m.content.startswith("Error:") for m in tool_messages)),
+            "grounded": float(grounded(final, self.accepted, self.candidates, tool_messages)),
         })
 
 

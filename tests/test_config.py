@@ -223,8 +223,28 @@ def load_config_text(text: str):
      "config error: model.init_adapter: a LoRA adapter cannot start a full fine-tune"),
     (["model.lora_dropout=0.1", "algorithm.mini_batches=2"],
      "config error: model.lora_dropout: must be 0 with several optimizer steps per batch"),
+    (["sft.direct_share=0.6", "sft.imperfect_share=0.5"],
+     "config error: sft.imperfect_share: direct_share + imperfect_share must be <= 1 (got 0.6 + 0.5)"),
 ])
 def test_settings_that_cannot_work_together_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_env_args_reach_load_tasks_and_a_wrong_name_is_one_line():
+    """rollout.env_args is bound into the environment's load_tasks by the session (every command)."""
+    from agent_rl.core.registry import load_env
+
+    cfg = load_config(None, ["rollout.env=gui", "rollout.env_args={levels: [2]}"])
+    spec = load_env(cfg.rollout.env).with_task_args(cfg.rollout.env_args)
+    assert [t["level"] for t in spec.load_tasks(3, seed=0)] == [2, 2, 2]
+    assert spec.load_tasks(3, seed=0, split="eval") == load_env("gui").load_tasks(3, seed=0, split="eval", levels=[2])
+    assert load_env("gui").with_task_args({}) == load_env("gui")  # nothing bound: the same spec
+    with pytest.raises(ValueError, match=r"^rollout.env_args: 'gui' load_tasks takes no argument 'level' "
+                                         r"\(it takes: levels\)$"):
+        load_env("gui").with_task_args({"level": [2]})
+    with pytest.raises(ValueError, match=r"'seed' is set by each command \(n, seed and split are\), not by env_args"):
+        load_env("calculator").with_task_args({"seed": 3})
+    with pytest.raises(ValueError, match=r"takes no argument 'levels' \(it takes: none besides n, seed and split\)"):
+        load_env("calculator").with_task_args({"levels": [1]})

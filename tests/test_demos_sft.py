@@ -16,7 +16,7 @@ from agent_rl.sft import nll_step, sft
 
 async def test_demos_have_the_rollout_format_and_mask(renderer):
     demos, stats = await make_demos(load_env("calculator"), renderer, 10, seed=1, direct_share=0.3)
-    assert stats == {"demos": 10.0, "dropped": 0.0, "direct_share": 0.3, "tool_use_rate": 0.7,
+    assert stats == {"demos": 10.0, "dropped": 0.0, "direct_share": 0.3, "imperfect_share": 0.0, "tool_use_rate": 0.7,
                      "tokens_mean": pytest.approx(sum(len(d.token_ids) for d in demos) / 10)}
     tool_demo = next(d for d in demos if d.used_tools)
     task = next(t for t in load_env("calculator").load_tasks(10, seed=1) if t["id"] == tool_demo.task_id)
@@ -58,6 +58,29 @@ async def test_demos_need_a_solver_and_a_valid_share(renderer):
         await make_demos(load_env("toy"), renderer, 2)
     with pytest.raises(ValueError, match=r"direct_share must be within \[0, 1\]"):
         await make_demos(load_env("calculator"), renderer, 2, direct_share=1.5)
+    with pytest.raises(ValueError, match=r"direct_share \+ imperfect_share must be <= 1 \(got 0.6 \+ 0.5\)"):
+        await make_demos(load_env("gui"), renderer, 2, direct_share=0.6, imperfect_share=0.5)
+    with pytest.raises(ValueError, match="imperfect_share needs a mistake function in environment 'calculator'"):
+        await make_demos(load_env("calculator"), renderer, 2, imperfect_share=0.5)
+
+
+async def test_imperfect_demos_make_one_mistake_and_recover(renderer):
+    """imperfect_share of the gui demonstrations slip once (the env's `mistake`) and the solver repairs it:
+    every one is still solved, and only those have a refused action or an extra pair of clicks."""
+    spec = load_env("gui").with_task_args({"levels": [1]})
+    clean, clean_stats = await make_demos(spec, renderer, 20, seed=4)
+    demos, stats = await make_demos(spec, renderer, 20, seed=4, imperfect_share=0.4)
+    assert stats["demos"] == 20.0 and stats["dropped"] == 0.0 and stats["imperfect_share"] == 0.4
+    assert clean_stats["imperfect_share"] == 0.0 and all(t.reward == 1.0 for t in demos)
+    by_id = {t.task_id: t for t in clean}
+    slipped = [t for t in demos if t.messages != by_id[t.task_id].messages]
+    assert len(slipped) == 8  # round(20 * 0.4), each one longer than its clean twin by its slip (and fix)
+    for t in slipped:
+        extra = len(t.tool_calls) - len(by_id[t.task_id].tool_calls)
+        refused = t.reward_parts["invalid_actions"]
+        assert (refused, extra) in {(1.0, 1), (0.0, 2)}, (refused, extra)  # refused, or a toggle set back
+    again, _ = await make_demos(spec, renderer, 20, seed=4, imperfect_share=0.4)
+    assert [t.token_ids for t in again] == [t.token_ids for t in demos]  # seeded
 
 
 async def test_demos_cut_by_the_rollout_limits_are_dropped_and_counted(renderer):

@@ -67,6 +67,7 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
     assert r["accuracy_with_tools"] == 2 / 6 and r["accuracy_without_tools"] == 1 / 2
     assert r["tool/calculator/calls_per_traj"] == 6 / 8 and r["tool/calculator/failure_rate"] == 4 / 6
     assert r["turns_mean"] == (2 * 2 + 1 + 1 + 2 * 4) / 8 and r["infra_error_rate"] == 0.0
+    assert r["tool_calls_per_solved"] == (1 + 1 + 0) / 3  # task 0 twice with one call, task 1 once with none
 
 
 def test_resolve_policy(tmp_path):

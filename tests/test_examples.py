@@ -43,3 +43,70 @@ def test_recipe_summary_gains_and_seed_spread_by_hand():
     assert out["accuracy_min_gain"] == 0.25 and out["accuracy_seed_spread"] == 0.25
     assert out["tool_use_rate_min_gain"] == pytest.approx(0.5) and out["tool_use_rate_seed_spread"] == pytest.approx(0.3)
     assert out["before"]["accuracy"] == 0.25 and out["wall_s"] == {"eval": 60.0}
+
+
+def _example(name: str, monkeypatch):
+    import importlib.util
+
+    folder = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(folder))  # the recipes import recipe_steps from their own folder
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics_file(run_dir: Path, records: list[dict]) -> Path:
+    import json
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **r}) + "\n" for i, r in enumerate(records)))
+    return run_dir
+
+
+def test_gui_recipe_figures_gains_and_spread_by_hand(tmp_path, monkeypatch):
+    recipe = _example("gui_recipe", monkeypatch)
+    result = lambda acc, per_solved, refused: {  # noqa: E731  (an `agent-rl eval` result, the keys read)
+        "accuracy": acc, "tool_calls_per_solved": per_solved, "reward/actions": 4.0, "reward/invalid_actions": refused,
+        "tool_failure_rate": 0.25, "truncation_rate": 0.0}
+    runs = {s: str(_metrics_file(tmp_path / f"grpo-seed{s}", [
+        {"reward/solved": 0.25, "reward/actions": 4.0, "reward/invalid_actions": 1.0, "zero_variance_group_share": 0.5,
+         "truncation_rate": 0.0, "entropy": 0.4, "alarm/tool_collapse": 0.0},
+        {"reward/solved": 0.75, "reward/actions": 2.0, "reward/invalid_actions": 0.0, "zero_variance_group_share": 0.25,
+         "truncation_rate": 0.5, "entropy": 0.3, "alarm/tool_collapse": 1.0}])) for s in (0, 1)}
+    report = {"results": {"sft": result(0.25, 4.0, 1.0), runs[0]: result(0.75, 3.0, 0.0),
+                          runs[1]: result(0.5, float("nan"), 2.0)}}
+    out = recipe.summarise(report, "sft", runs, {"eval": 1.0})
+    assert out["before"] == {"success": 0.25, "actions_per_solved": 4.0, "invalid_action_rate": 0.25,
+                             "tool_failure_rate": 0.25, "truncation_rate": 0.0}
+    assert out["gain"][0]["success"] == 0.5 and out["gain"][1]["success"] == 0.25
+    assert out["success_min_gain"] == 0.25 and out["success_seed_spread"] == 0.25
+    assert out["gain"][0]["actions_per_solved"] == -1.0 and out["gain"][1]["actions_per_solved"] is None  # NaN: none
+    assert out["invalid_action_rate_min_gain"] == -0.25 and out["invalid_action_rate_seed_spread"] == 0.5
+    d = out["diagnostics"][0]
+    assert d["per_step"]["invalid_action_rate"] == [0.25, 0.0] and d["zero_variance_group_share_mean"] == 0.375
+    assert d["truncation_rate_mean"] == 0.25 and d["tool_collapse_alarm_steps"] == [2]
+    assert out["wall_s"] == {"eval": 1.0}
+    png = recipe.plot_panels({"seed 0": Path(runs[0])}, recipe.CURVES, tmp_path / "c.png", recipe.SCRIPT, "t")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_collapse_study_summary_per_arm_by_hand(tmp_path, monkeypatch):
+    study = _example("collapse_study", monkeypatch)
+    result = lambda acc, tools, grounded: {"accuracy": acc, "tool_use_rate": tools, "reward/grounded": grounded,  # noqa: E731
+                                           "tool_failure_rate": 0.1, "tool_calls_per_traj": 2 * tools,
+                                           "reward/empty_lookups": 0.5}
+    curve = lambda tools: {"tool_use_rate": tools, "reward/grounded": tools / 2, "reward/correct": 0.3,  # noqa: E731
+                           "tool_failure_rate": 0.1, "zero_variance_group_share": 0.5, "entropy": 0.5,
+                           "reward/empty_lookups": 0.25, "alarm/tool_collapse": float(tools < 0.4)}
+    runs = {"explain": {0: str(_metrics_file(tmp_path / "e0", [curve(0.8), curve(0.9)]))},
+            "bare": {0: str(_metrics_file(tmp_path / "b0", [curve(0.8), curve(0.3)]))}}
+    reports = {"explain": {"results": {"sft": result(0.3, 0.7, 0.3), runs["explain"][0]: result(0.5, 0.9, 0.5)}},
+               "bare": {"results": {"sft": result(0.2, 0.7, 0.2), runs["bare"][0]: result(0.1, 0.2, 0.0)}}}
+    out = study.summarise(reports, "sft", runs, {})
+    explain, bare = out["arms"]["explain"], out["arms"]["bare"]
+    assert explain["gain"][0]["accuracy"] == pytest.approx(0.2) and bare["gain"][0]["tool_use_rate"] == pytest.approx(-0.5)
+    assert bare["grounded_rate_min_gain"] == pytest.approx(-0.2) and bare["accuracy_seed_spread"] == 0.0
+    assert bare["runs"][0]["tool_collapse_alarm_steps"] == [2] and explain["runs"][0]["tool_collapse_alarm_steps"] == []
+    assert bare["runs"][0]["per_step"]["tool-use rate"] == [0.8, 0.3]
+    assert bare["gain"][0]["empty_lookups_per_traj"] == 0.0 and bare["runs"][0]["per_step"]["empty_lookups_per_traj"] == [0.25] * 2

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from agent_rl.core.types import StopReason
+from agent_rl.core.types import Message, StopReason
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.gui import GuiEnv, check_task, load_tasks, make_env, solve
+from envs.gui import GuiEnv, check_task, load_tasks, make_env, mistake, solve
 from envs.gui_app import APPS, BY_NAME, CONTROLS, VISIBLE_ROWS, ActionError, SettingsApp
 
 LIMITS = EpisodeLimits(max_turns=12, max_total_tokens=8192)
@@ -110,6 +110,16 @@ def test_tasks_are_deterministic_levelled_and_the_splits_disjoint():
         load_tasks(1, split="test")
 
 
+def test_levels_pick_which_tasks_cycle():
+    tasks = load_tasks(12, seed=3, levels=[1, 2])
+    assert [t["level"] for t in tasks] == [1, 2] * 6 and all(len(t["changes"]) == t["level"] for t in tasks)
+    assert [t["level"] for t in load_tasks(3, seed=3, levels=[3])] == [3, 3, 3]
+    assert load_tasks(9, seed=3, levels=(1, 2, 3)) == load_tasks(9, seed=3)  # the default
+    for bad in ([], [0], [1, 4]):
+        with pytest.raises(ValueError, match="gui task levels must be a non-empty list of 1, 2 and 3"):
+            load_tasks(2, levels=bad)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.pop("changes"), "gui task 't': column 'changes': missing"),
     (lambda t: t.update(layout="7"), "gui task 't': column 'layout': must be int"),
@@ -147,7 +157,8 @@ async def test_scripted_demonstration_earns_full_reward(scripted, renderer):
                        call("scroll", direction="down"), call("scroll", direction="down"),
                        call("click", element="e21"), call("click", element="e40"), "done"]
     assert traj.reward == 1.0 and traj.stop_reason is StopReason.NO_TOOL_CALL
-    assert traj.reward_parts == {"solved": 1.0, "progress": 1.0, "unrelated_changes": 0.0, "unsaved_changes": 0.0}
+    assert traj.reward_parts == {"solved": 1.0, "progress": 1.0, "unrelated_changes": 0.0, "unsaved_changes": 0.0,
+                                 "actions": 6.0, "invalid_actions": 0.0}
     assert "Turn on dark mode" in traj.messages[1].content and TREE in traj.messages[1].content
     assert traj.messages[-2].content.startswith("Saved 3 changes.\npage \"Settings\" (all changes saved)")
     for task in load_tasks(6, seed=1) + load_tasks(3, seed=1, split="eval"):
@@ -162,16 +173,20 @@ async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
 
     traj = await play(scripted, renderer, TASK, unsaved)
     assert traj.reward == 0.0
-    assert traj.reward_parts == {"solved": 0.0, "progress": 0.0, "unrelated_changes": 0.0, "unsaved_changes": 3.0}
+    assert traj.reward_parts == {"solved": 0.0, "progress": 0.0, "unrelated_changes": 0.0, "unsaved_changes": 3.0,
+                                 "actions": 5.0, "invalid_actions": 0.0}
+
+    believes_robin = {**TASK, "initial": {**PLAIN, "Display name": "Robin"}}  # so the solver keeps the rename
 
     def also_renames(messages):  # the asked changes plus a new display name, all saved
         if not any("Display name is now" in m.content for m in messages):
             return call("type", element="e19", text="Robin")
-        return solve(TASK, messages, False)
+        return solve(believes_robin, messages, False)
 
     traj = await play(scripted, renderer, TASK, also_renames)
     assert traj.reward == 0.0
-    assert traj.reward_parts == {"solved": 0.0, "progress": 1.0, "unrelated_changes": 1.0, "unsaved_changes": 0.0}
+    assert traj.reward_parts == {"solved": 0.0, "progress": 1.0, "unrelated_changes": 1.0, "unsaved_changes": 0.0,
+                                 "actions": 7.0, "invalid_actions": 0.0}
     traj = await play(scripted, renderer, TASK, lambda p: "done")
     assert traj.reward == 0.0 and traj.tool_calls == ()
 
@@ -196,6 +211,50 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(script
     assert errors[4] == "Error: e40 (Save) is disabled: nothing to save"
     assert [r.ok for r in traj.tool_calls][:6] == [False] * 5 + [True]
     assert traj.reward == 1.0
+    # of the five, only the disabled Save reached the page: the others failed before (parse, tool, arguments)
+    assert traj.reward_parts["invalid_actions"] == 1.0 and traj.reward_parts["actions"] == 1.0 + 6.0
+
+
+async def test_slips_are_refused_or_set_back_and_the_task_is_still_solved(scripted, renderer):
+    import random
+
+    kinds = set()
+    for task in [TASK, *load_tasks(12, seed=2)]:
+        for at in range(3):  # a slip at the first, second or third turn
+            rng = random.Random(f"{task['id']}-{at}")
+            slipped = []
+
+            def script(messages, task=task, at=at, rng=rng, slipped=slipped):
+                if not slipped and sum(m.role == "assistant" for m in messages) >= at:
+                    reply = mistake(task, messages, rng)
+                    if reply is not None:
+                        slipped.append(reply.tool_calls[0])
+                        return reply
+                return solve(task, messages, False)
+
+            traj = await play(scripted, renderer, task, script)
+            assert slipped and traj.reward == 1.0, (task["id"], at, [m.content for m in traj.messages[-4:]])
+            kind = "refused" if traj.reward_parts["invalid_actions"] == 1.0 else "set back"
+            assert traj.reward_parts["invalid_actions"] == (kind == "refused")
+            kinds.add((kind, slipped[0].name))
+    # the three slips: an unrelated toggle (set back later), the wrong tool or an unknown id (refused)
+    assert {("set back", "click"), ("refused", "click"), ("refused", "select")} <= kinds
+
+
+def test_a_slip_on_this_page():
+    import random
+
+    messages = [Message("system", "s"), Message("user", TASK["instruction"] + "\n" + TREE)]
+    seen = {(c.name, json.dumps(c.arguments)) for k in range(40)
+            for c in mistake(TASK, messages, random.Random(k)).tool_calls}
+    unrelated = {"e29", "e78", "e22", "e56", "e84"}  # on screen, enabled, not in the task
+    toggles = {a for n, a in seen if n == "click" and json.loads(a)["element"] in unrelated}
+    wrong_tool = {a for n, a in seen if n == "select" and json.loads(a)["element"] == "e51"}  # Dark mode is clicked
+    unknown_ids = {a for n, a in seen if n == "click" and json.loads(a)["element"] not in unrelated | {"e51"}}
+    assert toggles and wrong_tool and unknown_ids
+    assert all(json.loads(a)["element"] not in TREE for a in unknown_ids)
+    assert len(seen) == len(toggles) + len(wrong_tool) + len(unknown_ids)
+    assert mistake(TASK, [Message("user", "no page here")], random.Random(0)) is None
 
 
 def test_direct_solving_is_refused_with_a_reason():

@@ -123,6 +123,9 @@ async def test_unknown_entity_suggests_close_names(url, http):
     assert body["error"].startswith("No entity named 'Frnace'. Closest names: France [country]")
     status, body = await get(http, url, "/entities", name="Germny")
     assert status == 200 and body["entities"][0]["name"] == "Germany" and "closest names" in body["message"]
+    assert body["matched"] is False  # close names are not a match
+    status, body = await get(http, url, "/entities", name="Germa")
+    assert body["matched"] is True and "Germany" in [e["name"] for e in body["entities"]]
     status, body = await get(http, url, "/entities", name="qqxqqz")
     assert status == 200 and body["entities"] == [] and "none is close" in body["message"]
     assert "Entity types: city, country" in body["message"]
@@ -205,6 +208,32 @@ async def test_client_tools_read_the_graph(url):
         assert not result.ok and "Closest names: France [country]" in result.content
         result = await tools["follow"].call({"entity": "France", "relation": "mayor"})
         assert not result.ok and "Its relations are: alt_name" in result.content
+
+
+async def test_bare_mode_answers_empty_lookups_with_a_bare_list(url):
+    """The collapse study's switch: empty lookups give `[]` (a successful call), found ones read the same."""
+    async with KGClient(url, timeout_s=5) as explain, KGClient(url, timeout_s=5, empty_results="bare") as bare:
+        ex, ba = ({t.name: t for t in c.tools()} for c in (explain, bare))
+        empty = [("follow", {"entity": "Frnace", "relation": "capital"}),  # no such entity (close names exist)
+                 ("follow", {"entity": "France", "relation": "mayor"}),  # no such relation
+                 ("get_relations", {"entity": "qqxqqz"}),  # no such entity, nothing close
+                 ("search_entities", {"name": "Germny"}),  # only close names
+                 ("search_entities", {"name": "qqxqqz"}),  # nothing at all
+                 ("search_entities", {"name": "Paris", "entity_type": "country"})]  # the name, not the type
+        for name, args in empty:
+            said, got = await ex[name].call(args), await ba[name].call(args)
+            assert got.ok and got.content == "[]", (name, args, got)
+            assert said.content != "[]" and len(said.content) > 30  # today's explanation
+        found = [("follow", {"entity": "France", "relation": "capital"}), ("get_relations", {"entity": "Paris"}),
+                 ("search_entities", {"name": "Buenos", "entity_type": "city"})]
+        for name, args in found:
+            said, got = await ex[name].call(args), await ba[name].call(args)
+            assert said.ok and got.ok and said.content == got.content and got.content != "[]"
+        for c in (ex, ba):  # a bad request is not an empty lookup: an error in both modes
+            result = await c["search_entities"].call({"name": "Fr", "entity_type": "nation"})
+            assert not result.ok and "unknown entity type 'nation'" in result.content
+    with pytest.raises(ValueError, match="empty_results must be one of explain, bare"):
+        KGClient(url, empty_results="none")
 
 
 async def test_client_turns_connection_errors_into_tool_errors():

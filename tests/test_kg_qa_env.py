@@ -35,7 +35,8 @@ async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, s
         assert env.client._session is not None  # the env's client talked to the service...
     assert env.client._session is None  # ...and leaving the env closed it
     assert traj.reward == 1.0 and traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0,
-                                                        "tool_calls": 2.0, "tool_errors": 0.0}
+                                                        "tool_calls": 2.0, "tool_errors": 0.0, "grounded": 1.0,
+                                                        "empty_lookups": 0.0}
     first, second = (m.tool_calls[0] for m in traj.messages if m.tool_calls)
     assert first.arguments == {"entity": "Lesotho", "relation": "borders"}
     assert traj.messages[3].content == "Lesotho borders: South Africa [country]"
@@ -79,6 +80,7 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, 
     assert errors[2].startswith("Error: invalid arguments for follow: relation: Field required")
     assert errors[3].startswith("Error: No entity named 'Lesoto'. Closest names: Lesotho [country]")
     assert traj.reward == 1.0 and traj.reward_parts["tool_errors"] == 4.0 and traj.reward_parts["tool_calls"] == 6.0
+    assert traj.reward_parts["empty_lookups"] == 1.0  # only 'Lesoto' reached the graph and found nothing
 
 
 @pytest.mark.parametrize("change, message", [
@@ -86,6 +88,8 @@ async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(rows, 
     ({"answer": 7}, "kg_qa task 'bad-2': column 'answer' must be a non-empty string, got 7"),
     ({"answer_type": ""}, "kg_qa task 'bad-2': column 'answer_type' must be a non-empty string, got ''"),
     ({"kg_url": "localhost:8090"}, "kg_qa task 'bad-2': column 'kg_url' must be an http(s) URL, got 'localhost:8090'"),
+    ({"kg_empty_results": "empty"}, "kg_qa task 'bad-2': column 'kg_empty_results' must be one of explain, bare, "
+                                    "got 'empty'"),
 ])
 def test_malformed_row_names_the_row_and_the_column(rows, change, message):
     task = {**rows["Which subregion is the country whose capital is Ashgabat in?"], "id": "bad-2", **change}
@@ -100,6 +104,54 @@ def test_train_and_eval_tasks_are_two_hop_and_disjoint():
     assert not {t["facts"][0][0] for t in train} & {t["facts"][0][0] for t in eval_}
     with pytest.raises(ValueError, match="but the eval split has .* two-hop questions"):
         load_tasks(10_000, split="eval")
+
+
+async def test_empty_results_arm_goes_from_load_tasks_to_the_tool(rows, scripted_calls, renderer):
+    """`load_tasks(empty_results="bare")` (what `rollout.env_args` sets) reaches the episode's tools: a
+    misspelt entity gets `[]`, where the default arm gets the explanation."""
+    default, bare = load_tasks(2, seed=1), load_tasks(2, seed=1, empty_results="bare")
+    assert [t["kg_empty_results"] for t in default] == ["explain"] * 2 and [t["kg_empty_results"] for t in bare] == ["bare"] * 2
+    assert [{**t, "kg_empty_results": "explain"} for t in bare] == default  # the same questions otherwise
+    with pytest.raises(ValueError, match="kg_qa empty_results must be one of explain, bare"):
+        load_tasks(2, empty_results="silent")
+    task = rows["What is the capital of the only country that borders Lesotho?"]
+    typo = ['<tool_call>\n{"name": "follow", "arguments": {"entity": "Lesoto", "relation": "borders"}}\n</tool_call>']
+    said, reward, empty = {}, {}, {}
+    for arm in ("explain", "bare"):
+        async with KGQAEnv({**task, "kg_empty_results": arm}) as env:
+            traj = await run_episode(env, scripted_calls(typo, lambda m: solve(task, m)), renderer, LIMITS, task["id"])
+        said[arm], reward[arm] = [m.content for m in traj.messages if m.role == "tool"], traj.reward
+        empty[arm] = traj.reward_parts["empty_lookups"]
+    # the error says what went wrong and the solver retries; `[]` is a successful answer with
+    # nothing in it, and the same solver concludes there is nothing to find
+    assert said["explain"][0].startswith("Error: No entity named 'Lesoto'. Closest names: Lesotho [country]")
+    assert said["bare"] == ["[]"] and reward == {"explain": 1.0, "bare": 0.0}
+    assert empty == {"explain": 1.0, "bare": 1.0}  # counted in both arms, whatever the model was told
+
+
+async def test_grounded_answers_name_only_what_a_tool_result_said(rows, scripted, renderer):
+    """reward part `grounded`: the answer's names all appear in a successful tool result of the episode."""
+    task = rows["What is the capital of the only country that borders Lesotho?"]
+    cases = [  # (what the model says after the calls, grounded)
+        ("<answer>Pretoria</answer>", 1.0),  # read off the second result
+        ("The capital is Pretoria.", 1.0),  # a sentence around it is fine
+        ("<answer>South Africa</answer>", 0.0),  # a tool said it, but it is no city: it names no candidate
+        ("<answer>Maseru</answer>", 0.0),  # a city no tool said
+        ("<answer>Pretoria or Maseru</answer>", 0.0),  # one name not from the tools
+        ("<answer>I do not know</answer>", 0.0),  # names nothing
+    ]
+    for final, expected in cases:
+        def script(messages, final=final):
+            reply = solve(task, messages)
+            return reply if reply.tool_calls else Message("assistant", final)
+
+        async with KGQAEnv(task) as env:
+            traj = await run_episode(env, scripted(script, on_messages=True), renderer, LIMITS, task["id"])
+        assert traj.reward_parts["grounded"] == expected, final
+    async with KGQAEnv(task) as env:  # the right answer with no tool call is not grounded
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True), renderer,
+                                 LIMITS, task["id"])
+    assert traj.reward == 1.0 and traj.reward_parts["grounded"] == 0.0
 
 
 async def test_without_a_url_every_env_shares_the_process_service(scripted, renderer):

@@ -25,6 +25,16 @@ def test_envs_as_a_list_or_a_mapping_replace_the_single_env():
     assert load_config(None, []).rollout.mixture == (("calculator", 1.0),)  # one env: weight 1
 
 
+def test_each_environment_of_a_mixture_takes_its_own_env_args():
+    cfg = load_config(None, ["rollout.envs=[{name: gui, weight: 1, args: {levels: [2]}}, {name: toy}]"])
+    tasks = env_of(cfg).load_tasks(4, seed=0)
+    assert [t["level"] for t in tasks if t["env"] == "gui"] == [2, 2]
+    with pytest.raises(ConfigError, match=r"env_args: for rollout.env alone; give each of rollout.envs its own args"):
+        load_config(None, ["rollout.envs={gui: 1, toy: 1}", "rollout.env_args={levels: [2]}"])
+    with pytest.raises(ValueError, match=r"^rollout.env_args: 'toy' load_tasks takes no argument 'levels'"):
+        env_of(load_config(None, ["rollout.envs=[{name: gui}, {name: toy, args: {levels: [1]}}]"]))
+
+
 def test_a_mixture_round_trips_through_the_saved_config(tmp_path):
     from agent_rl.core.config_file import dump_config
 

@@ -126,7 +126,7 @@ async def test_two_hop_episode_reads_the_country_from_the_first_search(rows, ind
         traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
     assert traj.reward == 1.0, traj.messages[-1]
     assert traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0, "tool_calls": 2.0,
-                                 "tool_errors": 0.0}
+                                 "tool_errors": 0.0, "grounded": 1.0}  # "Europe" stands in the second search's result
     first, second = (m.tool_calls[0] for m in traj.messages if m.tool_calls)
     assert first.arguments["query"] == "capital Paris" and "Its **capital** is **Paris**" in traj.messages[3].content
     assert second.arguments == {"query": "France is a country in", "k": 3}  # France: read off the first result

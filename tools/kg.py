@@ -5,12 +5,19 @@ Owns: `KGClient`, which holds one aiohttp session (use it as an async context ma
 `tools()` wraps them as `Tool`s. Every request has a deadline; connection failures, timeouts and
 4xx answers become `ToolError` with the service's explanation (closest names, existing relations).
 Does not own: the data, the store or the server (`tools.kg_service`).
+
+`empty_results`: what an empty lookup gives the model. "explain" (the default) passes the service's
+explanation on (an error naming the closest entities or the relations that exist; a search listing
+only close names says so). "bare" answers such a lookup with a plain `[]`, as many real APIs do: a
+successful call with nothing in it. Found results read the same in both modes; bad requests (400)
+and infrastructure failures stay errors. The bare mode exists to measure what explanations are worth
+(`examples/collapse_study.py`): it is never the better choice for training.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -18,13 +25,30 @@ from agent_rl.core.http import SessionOwner
 from tools.base import Tool, ToolError
 
 
+EMPTY_RESULTS = ("explain", "bare")
+BARE_EMPTY = "[]"
+
+
+def _empty(status: int, body: Any) -> bool:
+    """An empty lookup: no such entity (404 with suggestions) or relation (404 with the relations that
+    exist), or a search whose listing holds only close names (matched false)."""
+    if not isinstance(body, dict):
+        return False
+    return (status == 404 and ("suggestions" in body or "relations" in body)) or \
+        (status == 200 and body.get("matched") is False)
+
+
 class KGClient(SessionOwner):
     """Knowledge-graph tools over a running service at `url`."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0):
+    def __init__(self, url: str, timeout_s: float = 10.0, empty_results: Literal["explain", "bare"] = "explain"):
+        if empty_results not in EMPTY_RESULTS:
+            raise ValueError(f"empty_results must be one of {', '.join(EMPTY_RESULTS)} (got {empty_results!r})")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.empty_results = empty_results
+        self.empty_lookups = 0  # lookups that found nothing, whatever the mode told the model
 
     def tools(self) -> list[Tool]:
         return [Tool(self.search_entities), Tool(self.get_relations), Tool(self.follow)]
@@ -37,6 +61,10 @@ class KGClient(SessionOwner):
             raise ToolError(f"the knowledge graph at {self.url} did not answer within {self.timeout_s:g} s") from None
         except (aiohttp.ClientError, ValueError) as e:
             raise ToolError(f"the knowledge graph at {self.url} is unreachable ({type(e).__name__}: {e})") from None
+        if _empty(resp.status, body):
+            self.empty_lookups += 1
+            if self.empty_results == "bare":
+                return BARE_EMPTY
         if resp.status != 200 or not isinstance(body, dict) or "message" not in body:
             error = body.get("error", body) if isinstance(body, dict) else body
             raise ToolError(str(error) if resp.status < 500 else f"knowledge graph error {resp.status}: {error}")

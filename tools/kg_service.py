@@ -11,7 +11,9 @@ Endpoints (GET with query parameters, or POST with a JSON object; JSON out):
   /relations entity                 the relations an entity has, with how many values each
   /follow    entity, relation, limit?  the values of one relation
 Every answer carries a `message` written for a language model; an empty result says what was asked
-and what exists nearby, never a bare `[]`. Bad requests get 4xx and `{"error": "..."}`.
+and what exists nearby, never a bare `[]`. Bad requests get 4xx and `{"error": "..."}`. An /entities
+answer says with `matched` whether any name contained the query (false: what it lists are only the
+closest names), so a client can tell an empty lookup from a found one (`tools.kg`'s bare mode).
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ class KGStore:
         what = f"{type} " if type else ""
         if found and not hits:  # the name exists, just not with that type
             others = ", ".join(self._label(k) for k in found[:5])
-            return self._entities_answer(name, type, [], f"No {what}entity matches {name!r}, but these do: {others}.")
+            return self._entities_answer(name, type, [], f"No {what}entity matches {name!r}, but these do: {others}.",
+                                         matched=False)
         if hits:
             head = f"{len(hits)} {what}{'entity matches' if len(hits) == 1 else 'entities match'} {name!r}"
             head += f" (showing {limit})" if len(hits) > limit else ""
@@ -164,16 +167,17 @@ class KGStore:
         if not hits:
             msg = (f"No {what}entity name contains {name!r} and none is close. Entity types: "
                    f"{', '.join(self.types)}. Try a shorter part of the name, or a country such as 'France'.")
-            return self._entities_answer(name, type, [], msg)
+            return self._entities_answer(name, type, [], msg, matched=False)
         hits = hits[:limit]
         lines = [f"- {self._label(k)}: {self.entities[k][2]} fact{'s' * (self.entities[k][2] > 1)}" for k in hits]
         msg = f"{head}:\n" + "\n".join(lines) + "\nAsk for the relations of one of these names to see what is known."
-        return self._entities_answer(name, type, hits, msg)
+        return self._entities_answer(name, type, hits, msg, matched=bool(found))
 
-    def _entities_answer(self, name: str, type: str | None, keys: list[str], message: str) -> dict[str, Any]:
+    def _entities_answer(self, name: str, type: str | None, keys: list[str], message: str,
+                         matched: bool) -> dict[str, Any]:
         entities = [{"name": self.entities[k][0], "types": self.entities[k][1], "facts": self.entities[k][2]}
                     for k in keys]
-        return {"name": name, "type": type, "entities": entities, "message": message}
+        return {"name": name, "type": type, "entities": entities, "matched": matched, "message": message}
 
     def relations(self, entity: str) -> dict[str, Any]:
         key = self._resolve(entity)

@@ -101,6 +101,7 @@ class SamplerConfig(_Section):
 class EnvWeight(_Section):
     name: str = Field(..., min_length=1, description="built-in name, module name or .py file (core.registry)")
     weight: float = Field(1.0, gt=0.0, description="share of the task slots it gets: weight / sum of weights")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of its load_tasks")
 
 
 class RolloutConfig(_Section):
@@ -109,6 +110,9 @@ class RolloutConfig(_Section):
     envs: list[EnvWeight] = Field(
         default_factory=list, description="several environments in one run, as [{name, weight}, ...] or "
                                           "{name: weight}; tasks are drawn in proportion to the weights")
+    env_args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the environment's load_tasks, e.g. {levels: [1, 2]} "
+                                          "for gui, {empty_results: bare} for kg_qa (with envs: each entry's args)")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
@@ -132,6 +136,9 @@ class RolloutConfig(_Section):
                              f"rollout.env=null to use rollout.envs (got env: {self.env})")
         if not self.envs and self.env is None:
             raise ValueError("env: name an environment, or list several in rollout.envs (got null)")
+        if self.envs and self.env_args:
+            raise ValueError("env_args: for rollout.env alone; give each of rollout.envs its own args "
+                             "([{name, weight, args}, ...])")
         names = [e.name for e in self.envs]
         if dup := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"envs: each environment once; give it a larger weight instead "
@@ -265,11 +272,21 @@ class SFTConfig(_Section):
     num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
     direct_share: float = Field(0.3, ge=0.0, le=1.0,
                                 description="share of demonstrations that answer without a tool")
+    imperfect_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of demonstrations with one recoverable mistake (the environment's "
+                                         "`mistake`, then the solver's fix); disjoint from direct_share")
     epochs: int = Field(2, ge=1, description="passes over the demonstrations")
     batch_size: int = Field(16, ge=1, description="demonstrations per optimizer step")
     lr: float = Field(2.0e-4, gt=0.0, description="AdamW learning rate of the SFT (warm-up from optim.warmup_steps)")
     run_dir: str = Field("runs/sft", min_length=1,
                          description="SFT outputs: metrics, checkpoints, and adapter/ (the GRPO run's init_adapter)")
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> SFTConfig:
+        if self.direct_share + self.imperfect_share > 1.0:
+            raise ValueError(f"imperfect_share: direct_share + imperfect_share must be <= 1 (got {self.direct_share} "
+                             f"+ {self.imperfect_share})")
+        return self
 
 
 class EvalConfig(_Section):

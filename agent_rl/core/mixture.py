@@ -95,6 +95,11 @@ class Mixture:
         assert spec.solve is not None  # as_spec offers solve only when every environment has one
         return spec.solve(untagged(task), messages, direct)
 
+    def mistake(self, task: dict[str, Any], messages: Sequence[Message], rng: Any) -> Message | None:
+        """The task's environment's mistake; None (no mistake fits) where it has none."""
+        hook = self.spec_of(task).mistake
+        return None if hook is None else hook(untagged(task), messages, rng)
+
     async def group_reward(self, task: dict[str, Any], trajectories: Sequence[Any]) -> Any:
         """The group reward of the task's environment; None (nothing added) where it has none."""
         hook = self.spec_of(task).group_reward
@@ -106,16 +111,19 @@ class Mixture:
     def as_spec(self) -> EnvSpec:
         return EnvSpec(self.name, self.make_env, self.load_tasks,
                        self.solve if all(s.solve for s in self.specs) else None,
-                       self.group_reward if any(s.group_reward for s in self.specs) else None)
+                       self.group_reward if any(s.group_reward for s in self.specs) else None,
+                       self.mistake if any(s.mistake for s in self.specs) else None)
 
 
-def load_mixture(entries: Sequence[tuple[str, float]]) -> EnvSpec:
-    """The environments `entries` names, (name, weight > 0) each, as one `EnvSpec`; a bad name fails here."""
+def load_mixture(entries: Sequence[tuple[str, float]], args: Sequence[dict[str, Any]] = ()) -> EnvSpec:
+    """The environments `entries` names, (name, weight > 0) each, as one `EnvSpec`, with `args[i]` bound
+    into the i-th one's `load_tasks` (`EnvSpec.with_task_args`); a bad name or argument fails here."""
     labels = [env_label(name) for name, _ in entries]
     if dup := sorted({label for label in labels if labels.count(label) > 1}):
         raise ValueError(f"the mixture names {', '.join(dup)} twice (environments are told apart by module "
                          f"or file name)")
     if not entries or any(w <= 0 for _, w in entries):
         raise ValueError(f"a mixture needs environments with weights > 0 (got {list(entries)})")
-    specs = tuple(load_env(name) for name, _ in entries)
+    args = list(args) + [{}] * (len(entries) - len(args))
+    specs = tuple(load_env(name).with_task_args(a) for (name, _), a in zip(entries, args))
     return Mixture(specs, tuple(float(w) for _, w in entries), tuple(labels)).as_spec()

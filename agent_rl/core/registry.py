@@ -13,12 +13,18 @@ make, which the renderer writes in the model's format; with `direct` it answers 
 tool. It may also expose a group-level reward, `group_reward(task, trajectories) -> list[float | Reward]`
 (sync or async): called once the G episodes of a task have ended, with the finished trajectories (those
 without an infrastructure error), one reward per trajectory, added to its own (`rollout.runner`).
+It may also expose `mistake(task, messages, rng) -> Message | None`: a plausible wrong next
+reply from which `solve` recovers (what imperfect demonstrations are made of; None: no mistake fits
+here). `EnvSpec.with_task_args` binds keyword arguments of `load_tasks` (`rollout.env_args`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -41,6 +47,25 @@ class EnvSpec:
     load_tasks: Callable[..., list[dict[str, Any]]]
     solve: Callable[[dict[str, Any], Sequence[Message], bool], Message] | None = None
     group_reward: Callable[..., Any] | None = None  # (task, trajectories) -> one float or Reward each
+    mistake: Callable[..., Message | None] | None = None  # (task, messages, rng) -> a wrong reply or None
+
+    def with_task_args(self, args: dict[str, Any]) -> EnvSpec:
+        """This spec with `args` bound into every `load_tasks` call (e.g. {"levels": [1, 2]});
+        a name `load_tasks` does not take is a ValueError naming it and the names it does take."""
+        if not args:
+            return self
+        params = inspect.signature(self.load_tasks).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        fixed = {"n", "seed", "split"}
+        for key in args:
+            if key in fixed:
+                raise ValueError(f"rollout.env_args: {key!r} is set by each command (n, seed and split are), "
+                                 "not by env_args")
+            if key not in params and not takes_any:
+                extra = [p for p in params if p not in fixed and params[p].kind is not params[p].VAR_KEYWORD]
+                raise ValueError(f"rollout.env_args: {self.name!r} load_tasks takes no argument {key!r} "
+                                 f"(it takes: {', '.join(extra) or 'none besides n, seed and split'})")
+        return dataclasses.replace(self, load_tasks=functools.partial(self.load_tasks, **args))
 
 
 def load_env(name: str) -> EnvSpec:
@@ -48,9 +73,9 @@ def load_env(name: str) -> EnvSpec:
     missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
     if missing:
         raise ValueError(f"environment module {module.__name__!r} lacks {' and '.join(missing)}")
-    solve, group_reward = getattr(module, "solve", None), getattr(module, "group_reward", None)
+    solve, group_reward, mistake = (getattr(module, f, None) for f in ("solve", "group_reward", "mistake"))
     return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None,
-                   group_reward if callable(group_reward) else None)
+                   group_reward if callable(group_reward) else None, mistake if callable(mistake) else None)
 
 
 def _import_env(name: str) -> ModuleType:

@@ -1,0 +1,127 @@
+"""The tool-use collapse, measured: GRPO on `kg_qa` in two arms that differ only in what an empty lookup
+returns, today's explanation ("No entity named 'Lesoto'. Closest names: Lesotho [country] ...") or a
+bare `[]` (`rollout.env_args: {empty_results: bare}`; see tools/kg.py).
+
+    python examples/collapse_study.py --seeds 0 1 2      # what `make collapse-study` runs
+    python examples/collapse_study.py --seeds 0 --set run.steps=2 --run-dir runs/collapse_try
+
+Steps (each an ordinary `agent-rl` command in its own process, all on one vLLM server):
+  1. agent-rl demos   scripted-solver demonstrations (explanatory arm; the solver never hits an empty
+                      lookup, so both arms would get the same ones), sft.direct_share answering at once
+  2. agent-rl sft     one LoRA adapter: the same start for both arms     -> RUN/sft/adapter
+  3. agent-rl train   GRPO from it, per arm and seed                    -> RUN/{arm}-seed{S}/adapter
+  4. agent-rl eval    per arm: the SFT adapter and the arm's GRPO adapters, in the arm's environment,
+                      on the same held-out questions and sampling seeds
+Outputs in RUN (default runs/collapse_study): eval-{arm}.json, curves.png (tool-use rate,
+tool-grounded answer rate, accuracy, tool-call failure rate per step; a line per arm and seed; red
+triangles where the collapse alarm fired), summary.json (per arm: held-out figures of SFT and each seed,
+gains, smallest gain, seed spread; per run: the curves and the steps where `alarm/tool_collapse` was up;
+wall times). Its last line on stdout is summary.json. A step whose output exists is skipped.
+
+Definitions. Tool-use rate: rollouts with at least one tool call. Tool-grounded answer rate: rollouts
+whose final answer names a candidate and every name it gives appears in a successful tool result of
+the episode (reward part `grounded`, envs/search_qa.py). Accuracy: the right answer and no other.
+Empty lookups per rollout: calls that found nothing (reward part `empty_lookups`, counted in both arms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from recipe_steps import alarm_steps, attempts, note, per_step, plot_panels, recipe_server, seed_summary, step
+
+CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
+SCRIPT = "examples/collapse_study.py"
+ARMS = {"explain": "explain", "bare": "bare"}  # arm -> rollout.env_args.empty_results
+FIGURES = ("accuracy", "tool_use_rate", "grounded_rate", "tool_failure_rate", "tool_calls_per_traj",
+           "empty_lookups_per_traj")
+CURVES = (("tool-use rate", "tool_use_rate"), ("tool-grounded answer rate", "reward/grounded"),
+          ("accuracy", "reward/correct"), ("tool-call failure rate", "tool_failure_rate"))
+STYLES = {"explain": {"color": "tab:blue"}, "bare": {"color": "tab:red"}}
+DASHES = ("-", "--", ":", "-.")
+
+
+def figures(result: dict) -> dict[str, float]:
+    return {"accuracy": result["accuracy"], "tool_use_rate": result["tool_use_rate"],
+            "grounded_rate": result["reward/grounded"], "tool_failure_rate": result["tool_failure_rate"],
+            "tool_calls_per_traj": result["tool_calls_per_traj"],
+            "empty_lookups_per_traj": result["reward/empty_lookups"]}
+
+
+def run_record(run_dir: Path) -> dict:
+    """A run's curves and the steps where each alarm was up."""
+    curves = {name: per_step(run_dir, key) for name, key in
+              (*CURVES, ("zero_variance_group_share", "zero_variance_group_share"), ("entropy", "entropy"),
+               ("empty_lookups_per_traj", "reward/empty_lookups"))}
+    return {"per_step": curves, "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
+            "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}
+
+
+def summarise(reports: dict[str, dict], before: str, runs: dict[str, dict[int, str]], wall: dict) -> dict:
+    out: dict = {"arms": {}, "wall_s": wall}
+    for arm, report in reports.items():
+        res = report["results"]
+        summary = seed_summary(figures(res[before]), {s: figures(res[d]) for s, d in runs[arm].items()}, FIGURES)
+        summary["runs"] = {s: run_record(Path(d)) for s, d in runs[arm].items()}
+        out["arms"][arm] = summary
+    return out
+
+
+def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str, dict[int, str]], dict[str, dict]]:
+    """Steps 1-4 (each skipped when done); returns arm -> seed -> run folder, and arm -> eval report."""
+    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
+    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
+    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    t_server = time.perf_counter()
+    with recipe_server(out, max_model_len=2048) as server:  # only the sampling steps need it
+        common += ["--set", f"sampler.server_urls=[{server.url}]"]
+        note(wall, "server_start", time.perf_counter() - t_server)
+        runs: dict[str, dict[int, str]] = {arm: {} for arm in ARMS}
+        for seed in args.seeds:  # seed-major: a cut-short study still has both arms of its first seeds
+            for arm, empty in ARMS.items():
+                run_dir = out / f"{arm}-seed{seed}"
+                arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
+                note(wall, f"{arm}_seed{seed}", step(
+                    run_dir / "adapter", "train", *common, *arm_args, "--resume", "--set",
+                    f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}",
+                    "--set", f"run.seed={seed}", server=server))
+                runs[arm][seed] = str(run_dir)
+        reports = {}
+        for arm, empty in ARMS.items():
+            path = out / f"eval-{arm}.json"
+            path.unlink(missing_ok=True)  # always evaluate what is there now
+            adapters = [x for a in [str(out / "sft"), *runs[arm].values()] for x in ("--adapter", a)]
+            arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
+            note(wall, f"eval_{arm}", step(path, "eval", *common, *arm_args, *adapters, "--out", str(path),
+                                           server=server))
+            reports[arm] = json.loads(path.read_text())
+    return runs, reports
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", default="runs/collapse_study")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one GRPO run per arm and seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every step")
+    args = p.parse_args()
+    out = Path(args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wall: dict[str, float | None] = {}
+    t_start = time.perf_counter()
+    runs, reports = attempts(lambda: pipeline(args, out, wall))
+    labels = {f"{arm} seed {s}": Path(d) for arm in ARMS for s, d in runs[arm].items()}
+    styles = {f"{arm} seed {s}": {**STYLES[arm], "linestyle": DASHES[i % len(DASHES)]}
+              for arm in ARMS for i, s in enumerate(runs[arm])}
+    plot_panels(labels, CURVES, out / "curves.png", SCRIPT, "Tool-use collapse study on kg_qa: explanatory "
+                "errors vs bare [] for empty lookups (red triangles: collapse alarm)", styles, "alarm/tool_collapse")
+    wall["total"] = time.perf_counter() - t_start
+    summary = summarise(reports, str(out / "sft"), runs, wall)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

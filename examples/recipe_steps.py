@@ -1,0 +1,174 @@
+"""What the multi-seed recipes in examples/ share: steps as `agent-rl` processes, their server, their figures.
+
+Owns: `step` (one `agent-rl` command in its own process, skipped when its output exists), `attempts`
+(a recipe retried after a failed step, resuming where it stopped), `recipe_server` (the one vLLM
+server a recipe's sampling steps share) and `restore_base` (its weights back to the base model's),
+`seed_summary` (after - before per seed, the smallest gain and the spread over seeds), `per_step` and
+`alarm_steps` (a run's training curves as lists, read from its metrics.jsonl), `plot_panels` (a PNG
+with a panel per metric and a line per run, which names the script that drew it).
+Does not own: what a recipe runs or reports (`gui_recipe.py`, `collapse_study.py`), the commands
+themselves (`agent_rl.cli`), metrics files (`agent_rl.runs.runlog`).
+
+Used by `examples/gui_recipe.py` and `examples/collapse_study.py`, which import it from their own folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+from urllib.request import Request, urlopen
+
+from agent_rl.runs.runlog import read_metrics
+
+
+class StepFailed(RuntimeError):
+    """An `agent-rl` step exited with an error (or was killed, e.g. by the kernel's OOM killer)."""
+
+
+def attempts(pipeline: Callable[[], Any], tries: int = 3) -> Any:
+    """Run `pipeline` until it gets through without a failed step, at most `tries` times. Each try
+    skips the steps already done and resumes a killed SFT or GRPO run from its last checkpoint
+    (`--resume`), and starts its own server: on a shared machine the OOM killer may take any process."""
+    for i in range(1, tries + 1):
+        try:
+            return pipeline()
+        except StepFailed as e:
+            print(f"\n{e} (try {i} of {tries})", file=sys.stderr, flush=True)
+    sys.exit(f"recipe stopped: a step failed {tries} times")
+
+
+def step(done: Path, *argv: str, server: Any = None) -> float | None:
+    """`agent-rl ARGV` in its own process, unless `done` exists; raises StepFailed on failure.
+    Returns its wall time in seconds (None: skipped). Its own process: a trainer's memory (several GB)
+    is back before the next step starts. `server`: a step that samples on it gets the base weights
+    back first (`restore_base`)."""
+    if done.exists():
+        print(f"\n(skipped: {done} exists) agent-rl {argv[0]}", file=sys.stderr, flush=True)
+        return None
+    t0 = time.perf_counter()
+    if server is not None:
+        restore_base(server)
+    print("\n$ agent-rl " + " ".join(argv), file=sys.stderr, flush=True)
+    code = subprocess.run([sys.executable, "-m", "agent_rl.cli", *argv]).returncode
+    if code:
+        raise StepFailed(f"`agent-rl {' '.join(argv)}` exited with {code}")
+    return time.perf_counter() - t0
+
+
+def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1):
+    """One vLLM server of SmolLM2-135M for every step of a recipe: LoRA adapters are hot-loaded under
+    unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters never collide.
+    Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they sample faster,
+    ~3x on this CPU); evaluation loads each adapter as it is."""
+    from agent_rl.learn.models import resolve_model
+    from agent_rl.rollout.server import VLLMServer
+
+    return VLLMServer(resolve_model("smollm2-135m"), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
+                      max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log")
+
+
+def restore_base(server: Any, timeout_s: float = 600.0) -> None:
+    """Reload the base model's weights into the shared server, in place (its dev endpoints, as
+    `FullWeightSync` does). A GRPO run that pushed merged weights leaves its last policy as the
+    server's weights; the next run and the evaluation load LoRA adapters, which must sit on the base."""
+    calls = [("/pause?mode=wait", None),
+             ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(server.model_dir)}}),
+             ("/reset_prefix_cache", None), ("/resume", None)]
+    def post(path: str, body: dict | None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        request = Request(server.url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+        with urlopen(request, timeout=timeout_s):  # a status other than 2xx raises
+            pass
+
+    try:
+        for path, body in calls:
+            post(path, body)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            post("/resume", None)  # never leave the server paused
+        raise StepFailed(f"restoring the base weights on {server.url} failed at {path}: {e}") from None
+
+
+def note(wall: dict[str, float | None], key: str, seconds: float | None) -> None:
+    """Record a step's wall time; a later try that skipped the step (None) keeps the time measured."""
+    if seconds is not None or key not in wall:
+        wall[key] = seconds
+
+
+def finite(x: float | None) -> float | None:
+    """A JSON-safe number: NaN and infinities become None."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def seed_summary(before: Mapping[str, float], after: Mapping[int, Mapping[str, float]],
+                 keys: Sequence[str]) -> dict[str, Any]:
+    """Per seed: after - before of each figure; over seeds: the smallest gain and the spread (max - min
+    of the after figure). A figure that is None (e.g. actions per solved task when none was solved)
+    gives None for the gains it enters."""
+    out: dict[str, Any] = {"before": {k: before.get(k) for k in keys},
+                           "after": {s: {k: a.get(k) for k in keys} for s, a in after.items()}, "gain": {}}
+    for seed, a in after.items():
+        out["gain"][seed] = {k: None if a.get(k) is None or before.get(k) is None else a[k] - before[k] for k in keys}
+    for k in keys:
+        gains = [g[k] for g in out["gain"].values() if g[k] is not None]
+        afters = [a[k] for a in out["after"].values() if a[k] is not None]
+        out[f"{k}_min_gain"] = min(gains) if gains else None
+        out[f"{k}_seed_spread"] = max(afters) - min(afters) if afters else None
+    return out
+
+
+def per_step(run_dir: Path, key: str | Callable[[dict], float | None]) -> list[float | None]:
+    """One value per step of a run: a metrics.jsonl key, or a function of the step's record."""
+    by_step = {r["step"]: r for r in read_metrics(run_dir)}  # a resumed run: the last record of a step wins
+    get = key if callable(key) else (lambda r: r.get(key))
+    return [finite(get(by_step[s])) for s in sorted(by_step)]
+
+
+def ratio(num: str, den: str) -> Callable[[dict], float | None]:
+    """A per-step rate from two per-rollout means, e.g. refused actions / actions."""
+    return lambda r: r[num] / r[den] if r.get(num) is not None and r.get(den) else None
+
+
+def alarm_steps(run_dir: Path, key: str = "alarm/tool_collapse") -> list[int]:
+    """The steps at which an alarm flag was up."""
+    return [r["step"] for r in read_metrics(run_dir) if r.get(key) == 1.0]
+
+
+def mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def plot_panels(runs: Mapping[str, Path], panels: Sequence[tuple[str, str | Callable]], path: Path, script: str,
+                title: str, styles: Mapping[str, dict] | None = None, alarm: str | None = None) -> Path:
+    """A PNG with one panel per (title, metric) and one line per run; the figure names `script`, the
+    command that drew it. `styles`: matplotlib keyword arguments per run label; `alarm`: a 0/1 key
+    marked with red triangles on the first panel where it fired."""
+    from matplotlib.figure import Figure
+
+    cols = 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(5.2 * cols, 2.9 * rows + 0.5), layout="constrained")
+    fig.suptitle(f"{title}\n(drawn by {script})", fontsize=10)
+    for i, (name, key) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for label, run_dir in runs.items():
+            ys = [math.nan if y is None else y for y in per_step(run_dir, key)]
+            ax.plot(range(1, len(ys) + 1), ys, marker=".", label=label, **(styles or {}).get(label, {}))
+            if alarm and i == 0 and (fired := alarm_steps(run_dir, alarm)):
+                ax.plot(fired, [0.0] * len(fired), "rv", clip_on=False)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("GRPO step", fontsize=8)
+        ax.set_ylim(-0.03, 1.03)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=6, loc="best")
+    fig.savefig(path, dpi=80)
+    return path
