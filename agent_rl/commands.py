@@ -44,7 +44,7 @@ def errors_as_lines() -> Iterator[None]:
 
 def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
     """The YAML file `args.config` (or the defaults) with `--set` overrides, then `extra` ones."""
-    from agent_rl.core.config import load_config
+    from agent_rl.core.config_file import load_config
 
     with errors_as_lines():
         return load_config(args.config, [*(args.set or []), *extra])
@@ -82,7 +82,8 @@ def rollout(args: argparse.Namespace) -> int:
 
     async def run():
         async with sampling(cfg, session.model_dir) as sampler:
-            return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits, args.group_size)
+            return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits, args.group_size,
+                                        group_reward=session.env.group_reward)
 
     announce_server(cfg)
     with errors_as_lines():
@@ -156,7 +157,7 @@ def demos(args: argparse.Namespace) -> int:
                                              direct_share=s.direct_share,
                                              limits=EpisodeLimits.from_config(cfg.rollout)))
     if not made:
-        raise CLIError(f"the {cfg.rollout.env!r} solver solved none of {s.num_demos} tasks within the rollout limits")
+        raise CLIError(f"the {session.env.name!r} solver solved none of {s.num_demos} tasks within the rollout limits")
     write_demos(out, made)
     print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
     return 0

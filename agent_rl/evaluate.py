@@ -1,6 +1,7 @@
 """Held-out evaluation: accuracy, pass@k and tool use of one or more policies on the same tasks.
 
-Owns: `eval_report` (a pure function from rollout groups to figures), `pass_at_k` (the unbiased
+Owns: `eval_report` (a pure function from rollout groups to figures, and the same figures per
+environment, `env/<name>/...`, when the tasks came from a mixture of several), `pass_at_k` (the unbiased
 estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
 model, a LoRA adapter, or the full weights of a full fine-tune), and
 `evaluate` (serve each adapter, play the held-out tasks, report; two adapters side by side) and
@@ -26,7 +27,7 @@ from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import VLLMSampler
 from agent_rl.rollout.weight_sync import AdapterSync
-from agent_rl.runs.metrics import rollout_metrics
+from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
 from agent_rl.session import Session
 
 BASE = "base"
@@ -46,8 +47,13 @@ def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.
 
     accuracy = solved rollouts / rollouts (= mean pass@1); pass@K per task, averaged; tool-use and
     per-tool rates, turns and lengths from `rollout_metrics`; accuracy split by whether the rollout
-    used a tool. Infrastructure errors are counted and left out of every rate.
+    used a tool; with tasks of several environments, the main figures of each (`env/<name>/...`).
+    Infrastructure errors are counted and left out of every rate.
     """
+    return {**_figures(groups, success_threshold), **_per_env(groups, success_threshold)}
+
+
+def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     ok = [t for t in trajs if not t.infra_error]
     solved = [t.reward >= success_threshold for t in ok]
@@ -68,6 +74,17 @@ def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.
     metrics = rollout_metrics(trajs)
     metrics.pop("rollouts", None)
     return {**report, **metrics}
+
+
+def _per_env(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dict[str, float]:
+    """The headline figures of `eval_report` for each environment of a mixture (none for one environment)."""
+    envs = sorted({g.trajectories[0].env for g in groups if g.trajectories} - {""})
+    out: dict[str, float] = {}
+    for name in envs:
+        mine = _figures([g for g in groups if g.trajectories and g.trajectories[0].env == name], success_threshold)
+        out.update({f"env/{name}/{k}": v for k, v in mine.items() if k in ENV_FIGURES or k.startswith("pass@")
+                    or k in ("tasks", "accuracy_with_tools", "accuracy_without_tools")})
+    return out
 
 
 @dataclass(frozen=True)
@@ -154,7 +171,7 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
     if groups_out is not None:
         groups_out.update({p.label: groups[p.label] for p in policies})
     results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}
-    out: dict[str, Any] = {"eval": {"env": rollout.env, "model": cfg.model.name, **settings.model_dump()},
+    out: dict[str, Any] = {"eval": {"env": session.env.name, "model": cfg.model.name, **settings.model_dump()},
                            "results": results}
     if len(results) >= 2:
         out["delta"] = compare(results)
@@ -170,6 +187,7 @@ def format_report(report: dict[str, Any]) -> str:
                         "tool_failure_rate", "turns_mean", "sampled_tokens_mean", "truncation_rate",
                         "infra_error_rate") if k in results[labels[0]]]
     keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
+    keys += [k for k in results[labels[0]] if k.startswith("env/") and not k.endswith(("/tasks", "/rollouts"))]
     head = [""] + [_short(lb) for lb in labels] + (["delta"] if "delta" in report else [])
     rows = [head] + [[k] + [f"{results[lb].get(k, float('nan')):.3f}" for lb in labels]
                      + ([f"{report['delta'].get(k, float('nan')):+.3f}"] if "delta" in report else []) for k in keys]

@@ -1,25 +1,31 @@
 """Opening a session: what every command needs from a config, built one way.
 
-Owns: `Session` (the config, the model folder, its renderer and the environment) from
-`open_session`, and `sampling`: the run's vLLM servers (started here or attached) with a sampler on
-them, as one async context. `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open
-their run through these, so a model spec, a renderer name or a server URL means the same everywhere.
+Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
+weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
+servers (started here or attached) with a sampler on them, as one async context; and `judging`: the
+session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
+`agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
+a model spec, a renderer name or a server URL means the same everywhere.
 Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight_sync`), metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
+from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.sampler import VLLMSampler
 from agent_rl.rollout.server import serve_or_attach
+from rewards.group import combine_group_rewards, judge_group_reward
+from rewards.judge import DEFAULT_PROMPT, LLMJudge
 
 
 @dataclass(frozen=True)
@@ -30,11 +36,51 @@ class Session:
     env: EnvSpec
 
 
+def env_of(cfg: Any) -> EnvSpec:
+    """`rollout.env`, or the environments of `rollout.envs` as one (`core.mixture`)."""
+    return load_env(cfg.rollout.env) if cfg.rollout.env is not None else load_mixture(cfg.rollout.mixture)
+
+
 def open_session(cfg: Any) -> Session:
-    """Resolve `model.name` and `rollout.env`; a bad one raises ModelError / ValueError (one line)."""
-    env = load_env(cfg.rollout.env)  # cheap, so it fails before the model is fetched or converted
+    """Resolve `model.name` and `rollout.env(s)`; a bad one raises ModelError / ValueError (one line)."""
+    env = env_of(cfg)  # cheap, so it fails before the model is fetched or converted
+    _judge_inputs(cfg.judge)
     model_dir = resolve_model(cfg.model.name)
     return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer), env)
+
+
+def _judge_inputs(judge: Any) -> tuple[str, str | None]:
+    """The judge's prompt template and API key, read where the config points; a missing one is one line."""
+    prompt = DEFAULT_PROMPT
+    if judge.prompt is not None:
+        if not Path(judge.prompt).is_file():
+            raise ValueError(f"judge.prompt: no file {judge.prompt!r}")
+        prompt = Path(judge.prompt).read_text()
+        if "{question}" not in prompt or "{answers}" not in prompt:
+            raise ValueError(f"judge.prompt: {judge.prompt!r} lacks the {{question}} and {{answers}} placeholders")
+    key = None
+    if judge.api_key_env is not None:
+        key = os.environ.get(judge.api_key_env)
+        if not key:
+            raise ValueError(f"judge.api_key_env: the environment variable {judge.api_key_env} is not set")
+    return prompt, key
+
+
+@contextlib.asynccontextmanager
+async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> AsyncIterator[Session]:
+    """`session` with `cfg.judge`'s LLM judge added to its group rewards (`judge.url: run`: the first of
+    `urls`, the run's own servers), writing its prompt and cache to `run_dir/judge`; as it is without one."""
+    j = session.cfg.judge
+    if j.url is None:
+        yield session
+        return
+    prompt, key = _judge_inputs(j)
+    url = urls[0] if j.url == "run" else j.url
+    async with LLMJudge(url, j.model, prompt=prompt, out_dir=run_dir / "judge", reference=j.reference,
+                        max_tokens=j.max_tokens, temperature=j.temperature, timeout_s=j.timeout_s,
+                        api_key=key) as judge:
+        hook = combine_group_rewards(session.env.group_reward, judge_group_reward(judge, j.weight))
+        yield replace(session, env=replace(session.env, group_reward=hook))
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import torch
 
-from agent_rl.core.config import TrainConfig, dump_config
+from agent_rl.core.config import TrainConfig
+from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
 from agent_rl.core.renderers import load_renderer
 from agent_rl.demos import Demo, read_demos

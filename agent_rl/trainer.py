@@ -15,16 +15,19 @@ checkpoints, so `resume=True` continues a killed run from its last complete step
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from agent_rl.core.config import TrainConfig, dump_config
+from agent_rl.core.config import TrainConfig
+from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.learn.advantages import (
@@ -44,14 +47,15 @@ from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
-from agent_rl.session import Session, open_session, sampling
+from agent_rl.session import Session, judging, open_session, sampling
 
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
 @dataclass
 class TaskStream:
-    """Tasks in a fixed shuffled order; `position` is what a checkpoint saves."""
+    """Tasks in a fixed shuffled order; `position` is what a checkpoint saves. A mixture of environments
+    is one list too (`core.mixture`, slot order), so its position is one number as well."""
 
     tasks: list[dict[str, Any]]
     position: int = 0
@@ -60,6 +64,13 @@ class TaskStream:
         out = [self.tasks[(self.position + i) % len(self.tasks)] for i in range(n)]
         self.position += n
         return out
+
+    def positions(self, position: int) -> dict[str, float]:
+        """`data_position`, and in a mixture how many tasks each environment has given before it."""
+        tags = [t.get("env") if isinstance(t.get("env"), str) else None for t in self.tasks]
+        taken = Counter(tags[i % len(tags)] for i in range(position)) if tags else Counter()
+        return {"data_position": float(position),
+                **{f"data_position/{e}": float(taken[e]) for e in sorted(set(tags) - {None})}}
 
 
 async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Any,
@@ -74,7 +85,7 @@ async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sa
     async def play(tasks: list[dict[str, Any]], batch: int) -> list[TrajectoryGroup]:
         seeded = replace(limits, seed=(cfg.run.seed * 1_000_003 + step) * 101 + batch)
         return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, seeded,
-                                    rollout.group_size, rollout.max_concurrent)
+                                    rollout.group_size, rollout.max_concurrent, session.env.group_reward)
 
     groups = await play(stream.take(rollout.tasks_per_step), 0)
     extra = 0
@@ -145,7 +156,9 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     if not dist.main:
         await follow(run, stages)
         return {}
-    async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler:
+    # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
+    async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler, \
+            judging(run.session, [r.url for r in sampler.replicas], run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
         sync = await stages.sync(cfg, run.run_dir, sampler, run.policy.model, run.start)
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=cfg.run.tensorboard,
@@ -154,9 +167,13 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             log.truncate_after(run.start)
             try:
                 final = await loop(run, sampler, sync, log, stages)
-            finally:
-                if hasattr(sync, "close"):
-                    sync.close()  # a RAM-backed folder of merged weights
+            except BaseException:
+                if hasattr(sync, "finish"):  # the run's own error is the one to report
+                    with contextlib.suppress(Exception):
+                        await sync.finish()
+                raise
+            if hasattr(sync, "finish"):
+                await sync.finish()  # merged weights: the servers' own base weights back
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
         run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
     return final
@@ -177,9 +194,9 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         overlap = algo.overlap_rollouts and step + 1 < cfg.run.steps
         pending = asyncio.create_task(sample(step + 1)) if overlap else None
         trajs = [t for g in groups for t in g.trajectories]
-        # 2. score: rewards came back with each trajectory (env.reward); 3. advantages
+        # 2. score: rewards came back with each trajectory (env.reward, + group rewards); 3. advantages
         adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward)
-        metrics.update({**rollout_metrics(trajs), **group_metrics(groups, adv)})
+        metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv)})
         t_train = time.perf_counter()
         # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step
         pad = run.session.renderer.pad_token_id
@@ -192,7 +209,7 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
         metrics["lr"] = run.policy.scheduler.get_last_lr()[0]
-        metrics["data_position"] = float(position)
+        metrics.update(run.stream.positions(position))
         final = log.log(step + 1, metrics)
         if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps:
             policy = run.policy

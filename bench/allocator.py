@@ -43,7 +43,7 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
         assert ctypes.CDLL(None).mallopt(-3, 1 << 20) == 1, "no glibc mallopt here"
     import torch
 
-    from agent_rl.core.config import load_config
+    from agent_rl.core.config_file import load_config
     from agent_rl.core.renderers import load_renderer
     from agent_rl.demos import read_demos
     from agent_rl.learn.allocator import release_freed_memory

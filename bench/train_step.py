@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config import load_config  # noqa: E402
+from agent_rl.core.config_file import load_config  # noqa: E402
 from agent_rl.learn.advantages import group_advantages, grpo_advantages  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
 from agent_rl.learn.update import policy_update  # noqa: E402
@@ -116,9 +116,9 @@ class TimedSync:
         self.probe.step = version + 1
         return seconds
 
-    def close(self):
-        if hasattr(self.sync, "close"):
-            self.sync.close()
+    async def finish(self):
+        if hasattr(self.sync, "finish"):
+            await self.sync.finish()
 
 
 def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):

@@ -76,8 +76,9 @@ def main() -> None:
     model_dir = resolve_model("smollm2-135m")
     # one server for every step: LoRA adapters are hot-loaded under unique names, so the SFT
     # adapter, each GRPO run's versions and the evaluated adapters never collide
+    # dev mode: GRPO pushes merged weights where that pays (model.sync auto) and restores the base ones after
     with VLLMServer(model_dir, max_lora_rank=16, max_loras=4, kv_cache_gib=2, max_model_len=1024,
-                    log_path=out / "vllm.log") as server:
+                    log_path=out / "vllm.log", dev_mode=True) as server:
         common = ["--set", f"sampler.server_urls=[{server.url}]", *[x for s in args.set for x in ("--set", s)]]
         wall["server_start"] = time.perf_counter() - t_start
         wall["demos"] = run(out / "demos.jsonl", "demos", CONFIG, *common, "--set", f"sft.demos={out}/demos.jsonl")

@@ -13,9 +13,8 @@ from agent_rl.core.config import (
     ModelConfig,
     RolloutConfig,
     TrainConfig,
-    dump_config,
-    load_config,
 )
+from agent_rl.core.config_file import dump_config, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator_grpo.yaml"
 

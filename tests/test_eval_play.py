@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from agent_rl.cli import main
-from agent_rl.core.config import load_config
+from agent_rl.core.config_file import load_config
 from agent_rl.core.registry import load_env
 from agent_rl.evaluate import (
     PolicySpec,

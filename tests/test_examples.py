@@ -1,4 +1,4 @@
-"""Every config in examples/ is runnable as written: it loads, names a registered environment whose
+"""Every config in examples/ is runnable as written: it loads, names registered environments whose
 tasks load, and its episode budget fits its server's context."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.core.config import load_config
-from agent_rl.core.registry import load_env
+from agent_rl.core.config_file import load_config
+from agent_rl.session import env_of
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 
 
 def test_there_is_a_config_per_environment():
-    envs = {load_config(str(p)).rollout.env for p in CONFIGS}
+    envs = {name for p in CONFIGS for name, _ in load_config(str(p)).rollout.mixture}
     assert {"calculator", "envs.math", "envs.coding", "envs.search_qa", "envs.kg_qa", "envs.gui"} <= \
         envs | {f"envs.{e}" for e in envs}
 
@@ -22,7 +22,7 @@ def test_there_is_a_config_per_environment():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_example_config_loads_and_its_env_has_tasks(path):
     cfg = load_config(str(path))
-    spec = load_env(cfg.rollout.env)
+    spec = env_of(cfg)  # rollout.env, or the mixture of rollout.envs
     tasks = spec.load_tasks(2, seed=cfg.run.seed, split="train")
     assert len(tasks) == 2 and len({t["id"] for t in tasks}) == 2
     assert spec.solve is not None  # a cold start is possible for every example environment

@@ -12,7 +12,8 @@ import torch
 from test_rollout_tokens import AddEnv
 
 from agent_rl.core import renderers
-from agent_rl.core.config import ConfigError, load_config
+from agent_rl.core.config import ConfigError
+from agent_rl.core.config_file import load_config
 from agent_rl.core.generic import GenericRenderer
 from agent_rl.core.renderers import GENERIC_NOTICE, detect, get_renderer
 from agent_rl.core.types import Message, Segment, StopReason, ToolCall, Trajectory

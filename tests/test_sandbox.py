@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pydantic
 import pytest
-
 from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
+
 from tools.base import Tool
 from tools.python_tool import PythonSessionTool, PythonTool
 from tools.sandbox import (

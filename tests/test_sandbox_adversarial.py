@@ -16,8 +16,8 @@ import socket
 import tempfile
 
 import pytest
-
 from conftest import deadline_slack_s, docker_or_skip
+
 from tools.sandbox import Limits
 from tools.sandbox_bwrap import BwrapBackend, shared_pool
 from tools.sandbox_bwrap import unavailable_reason as bwrap_missing

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from agent_rl import trainer
-from agent_rl.core.config import load_config
+from agent_rl.core.config_file import load_config
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import load_causal_lm
 
@@ -70,22 +70,44 @@ def test_two_steps_then_server_matches_trainer(tmp_path, vllm_server, renderer):
 
 def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path, dev_server, renderer):
     """model.sync merged: the server samples from plain weights = base + the trained LoRA, reloaded in
-    place each step; the adapter the run leaves (adapter/) scores exactly what the server serves."""
+    place each step; the adapter the run leaves (adapter/) scores exactly what the server served at the
+    end of training, and once the run is over the server serves its own base weights again."""
+    from agent_rl.rollout.merged import start_weight_sync
+
+    ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same on both sides.")
+    served_last = []
+
+    class Watched:  # the trainer's own sync; what the server serves is read just before it is restored
+        def __init__(self, sync):
+            self.sync = sync
+
+        async def push(self, model, version):
+            return await self.sync.push(model, version)
+
+        async def finish(self):
+            served_last.append(server_logprobs(dev_server.url, "base", ids))
+            await self.sync.finish()
+
+    async def watched_sync(*args):
+        return Watched(await start_weight_sync(*args))
+
     run_dir = tmp_path / "run"
-    final = asyncio.run(trainer.train(config(dev_server, run_dir, steps=2, **{"model.sync": "merged"})))
+    cfg = config(dev_server, run_dir, steps=2, **{"model.sync": "merged"})
+    final = asyncio.run(trainer.train(cfg, stages=trainer.Stages(sync=watched_sync)))
     assert final["train_tokens"] > 0 and final["time/sync_s"] < 10.0
     assert not (run_dir / "adapters").exists()  # no adapter versions were pushed
     from peft import PeftModel
 
     model = PeftModel.from_pretrained(load_causal_lm(str(dev_server.model_dir)), str(run_dir / "adapter")).eval()
-    ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same on both sides.")
     with torch.no_grad():
         ours = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
         with model.disable_adapter():
             before = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
-    theirs = server_logprobs(dev_server.url, "base", ids)
+    [theirs] = served_last
     assert (ours - theirs).abs().max().item() < LOGPROB_TOL
     assert (before - theirs).abs().mean().item() > 1e-3
+    restored = server_logprobs(dev_server.url, "base", ids)
+    assert (before - restored).abs().max().item() < LOGPROB_TOL  # the base model again
 
 
 def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, monkeypatch):

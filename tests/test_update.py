@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from agent_rl.core.config import load_config
+from agent_rl.core.config_file import load_config
 from agent_rl.learn.batching import collate
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import build_policy, trainable_parameters

@@ -1,12 +1,12 @@
 """Run configuration: what to train, how to sample, which algorithm, and where to write.
 
-Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig`,
-`AlgorithmConfig`, `OptimConfig`, `RunConfig`, and for the cold start and evaluation `SFTConfig`,
-`EvalConfig`) gathered in `TrainConfig`; their bounds; reading a
-YAML file plus `--set key=value` overrides (`load_config`) and writing it back (`dump_config`);
-the rule that every config mistake is one `ConfigError` line naming the field.
-Does not own: acting on the values (the trainer, sampler, policy), or knowing which environments
-or models exist (`core.registry`, `learn.models`): a bad name fails where it is resolved.
+Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig` with its
+`EnvWeight`s, `AlgorithmConfig`, `OptimConfig`, `RunConfig`, `JudgeConfig`, and for the cold start and
+evaluation `SFTConfig`, `EvalConfig`) gathered in `TrainConfig`; their bounds and the combinations
+that cannot work together; `ConfigError`, the one line naming the field that every mistake becomes.
+Does not own: reading YAML and `--set` overrides, or writing a config back (`core.config_file`);
+acting on the values (the trainer, sampler, policy), or knowing which environments or models exist
+(`core.registry`, `learn.models`): a bad name fails where it is resolved.
 
 Every field is validated where it is declared, with `extra="forbid"` so a typo such as
 `rollout.group_sise` is an error instead of a silently ignored key. Values that follow from
@@ -15,15 +15,12 @@ others are properties, never fields, so they cannot disagree.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -101,14 +98,45 @@ class SamplerConfig(_Section):
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
 
 
+class EnvWeight(_Section):
+    name: str = Field(..., min_length=1, description="built-in name, module name or .py file (core.registry)")
+    weight: float = Field(1.0, gt=0.0, description="share of the task slots it gets: weight / sum of weights")
+
+
 class RolloutConfig(_Section):
-    env: str = Field("calculator", min_length=1, description="built-in name, module name or .py file (core.registry)")
+    env: str | None = Field("calculator", min_length=1,
+                            description="built-in name, module name or .py file (core.registry); null with envs")
+    envs: list[EnvWeight] = Field(
+        default_factory=list, description="several environments in one run, as [{name, weight}, ...] or "
+                                          "{name: weight}; tasks are drawn in proportion to the weights")
     tasks_per_step: int = Field(8, ge=1, description="distinct tasks per optimizer step")
     group_size: int = Field(8, ge=2, description="rollouts per task; advantages compare within a group")
     max_turns: int = Field(4, ge=1, description="assistant turns per episode before it is truncated")
     max_tokens_per_turn: int = Field(128, ge=1, description="sampled tokens per assistant turn")
     max_total_tokens: int = Field(1024, ge=1, description="tokens per episode, prompt and tool output included")
     max_concurrent: int = Field(64, ge=1, description="episodes in flight at once across all servers")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _envs_replace_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("envs"), dict):  # {name: weight}
+            data = {**data, "envs": [{"name": k, "weight": v} for k, v in data["envs"].items()]}
+        if isinstance(data, dict) and data.get("envs") and "env" not in data:
+            data = {**data, "env": None}  # a list of environments, and no default one beside it
+        return data
+
+    @model_validator(mode="after")
+    def _env_or_envs(self) -> RolloutConfig:
+        if self.envs and self.env is not None:
+            raise ValueError(f"envs: give one environment (env) or a weighted list (envs), not both; set "
+                             f"rollout.env=null to use rollout.envs (got env: {self.env})")
+        if not self.envs and self.env is None:
+            raise ValueError("env: name an environment, or list several in rollout.envs (got null)")
+        names = [e.name for e in self.envs]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"envs: each environment once; give it a larger weight instead "
+                             f"(got {', '.join(dup)} twice)")
+        return self
 
     @model_validator(mode="after")
     def _turn_fits_episode(self) -> RolloutConfig:
@@ -120,6 +148,11 @@ class RolloutConfig(_Section):
     @property
     def rollouts_per_step(self) -> int:
         return self.tasks_per_step * self.group_size
+
+    @property
+    def mixture(self) -> tuple[tuple[str, float], ...]:
+        """(name, weight) of every environment of the run: `envs`, or `env` alone with weight 1."""
+        return tuple((e.name, e.weight) for e in self.envs) if self.envs else ((str(self.env), 1.0),)
 
 
 # what `loss` implies for the fields a config leaves out: DAPO's clip-higher for PPO; the GSPO paper's
@@ -204,6 +237,25 @@ class RunConfig(_Section):
     entropy_floor: float = Field(0.05, ge=0.0, description="warn when the mean policy entropy falls below this")
 
 
+class JudgeConfig(_Section):
+    url: str | None = Field(
+        None, description="an OpenAI-compatible server ranking each group's answers: 'run' (the run's own vLLM "
+                          "server) or a base URL (http://host:8000); null: no judge")
+    model: str = Field("base", min_length=1, description="the model name the judge server serves "
+                                                         "('base' on the run's own server)")
+    weight: float = Field(1.0, ge=0.0, description="reward += weight x judge score (best 1 .. worst 0); 0: a metric")
+    prompt: str | None = Field(None, description="file with the judge's prompt template ({question}, {answers}, "
+                                                 "{n}, {reference}); null: the built-in one")
+    reference: str | None = Field("answer", description="task column shown to the judge as the reference answer "
+                                                        "when a task has it; null: never")
+    max_tokens: int = Field(128, ge=1, description="tokens the judge may write")
+    temperature: float = Field(0.0, ge=0.0, description="the judge's sampling temperature")
+    timeout_s: float = Field(60.0, gt=0.0, le=100.0, description="seconds per judge request (below the 120 s "
+                                                                 "deadline of every environment call)")
+    api_key_env: str | None = Field(None, description="environment variable holding the server's API key "
+                                                      "(never the key itself: config.yaml is saved in the run)")
+
+
 class SFTConfig(_Section):
     demos: str = Field("runs/demos.jsonl", min_length=1, description="demonstrations file (`agent-rl demos` writes it)")
     num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
@@ -232,6 +284,7 @@ class TrainConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and the loss")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
     run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="an LLM judge as a group reward (off)")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="cold-start demonstrations and SFT")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
 
@@ -259,94 +312,3 @@ class TrainConfig(_Section):
                              f"(algorithm.epochs x mini_batches): the ratio to the old policy needs a "
                              f"deterministic forward pass (got {model.lora_dropout})")
         return self
-
-
-# -- reading and writing -----------------------------------------------------------------------
-
-
-def _one_line(e: ValidationError) -> ConfigError:
-    """The first problem of a pydantic error, as `section.field: message (got value)`."""
-    errors = e.errors()
-    err = errors[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        problem = "unknown field"
-    elif err["type"] == "value_error":
-        # our own validators: "Value error, <field>: <problem>" when they name a sibling field
-        problem = err["msg"].removeprefix("Value error, ")
-        head, sep, rest = problem.partition(": ")
-        if sep and " " not in head:
-            loc, problem = ".".join(p for p in (loc, head) if p), rest
-    else:
-        problem = f"{err['msg']} (got {_show(err.get('input'))})"
-    if len(errors) > 1:
-        problem += f" (and {len(errors) - 1} more)"
-    return ConfigError(loc or "config", problem)
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it in YAML (`-1`, `hot`, `[1, 2]`), on one line."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return text.removesuffix("\n...").removesuffix("...").strip()
-
-
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"--set {item}", "expected key=value, e.g. algorithm.kl_beta=0.01")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise ConfigError(key, f"invalid YAML value {raw!r}: {getattr(e, 'problem', None) or e}") from None
-    return key.split("."), value
-
-
-def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node = data
-    for i, part in enumerate(path[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(".".join(path[: i + 1]), f"not a section, cannot set {'.'.join(path)}")
-        node = child
-    node[path[-1]] = value
-
-
-def _read_yaml(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(path, "file not found" if not p.exists() else "not a file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(path, f"invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(path, f"expected a mapping of sections (model, sampler, ...) (got {_show(data)})")
-    # a section left empty (only comments under `rollout:`) means its defaults
-    return {k: ({} if v is None else v) for k, v in data.items()}
-
-
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """The YAML file at `path` (None: all defaults), then each `key=value` override in order.
-
-    Keys are dotted paths (`algorithm.kl_beta=0.01`); values are parsed as YAML, so
-    `sampler.server_urls=[http://a,http://b]` is a list and `model.init_adapter=null` is None.
-    Raises `ConfigError` (one line naming the field) on any mistake.
-    """
-    data = _read_yaml(path) if path is not None else {}
-    for item in overrides:
-        keys, value = _parse_override(item)
-        _set_path(data, keys, value)
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as e:
-        raise _one_line(e) from None
-
-
-def dump_config(cfg: TrainConfig) -> str:
-    """The whole config as YAML, every field written out, in declaration order; `load_config` reads it back."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -10,7 +10,9 @@ str) -> list[dict]`, and may expose a scripted solver for demonstrations, `solve
 direct: bool) -> Message`: the next assistant reply given the conversation so far as messages (tool
 results in the tool messages); the reply's `content` is its prose and its `tool_calls` the calls to
 make, which the renderer writes in the model's format; with `direct` it answers without calling a
-tool.
+tool. It may also expose a group-level reward, `group_reward(task, trajectories) -> list[float | Reward]`
+(sync or async): called once the G episodes of a task have ended, with the finished trajectories (those
+without an infrastructure error), one reward per trajectory, added to its own (`rollout.runner`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
 """
 
@@ -38,6 +40,7 @@ class EnvSpec:
     make_env: Callable[[dict[str, Any]], Env]
     load_tasks: Callable[..., list[dict[str, Any]]]
     solve: Callable[[dict[str, Any], Sequence[Message], bool], Message] | None = None
+    group_reward: Callable[..., Any] | None = None  # (task, trajectories) -> one float or Reward each
 
 
 def load_env(name: str) -> EnvSpec:
@@ -45,8 +48,9 @@ def load_env(name: str) -> EnvSpec:
     missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
     if missing:
         raise ValueError(f"environment module {module.__name__!r} lacks {' and '.join(missing)}")
-    solve = getattr(module, "solve", None)
-    return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None)
+    solve, group_reward = getattr(module, "solve", None), getattr(module, "group_reward", None)
+    return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None,
+                   group_reward if callable(group_reward) else None)
 
 
 def _import_env(name: str) -> ModuleType:

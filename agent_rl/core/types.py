@@ -78,6 +78,11 @@ class Reward:
     parts: dict[str, float] = field(default_factory=dict)
 
 
+# the name under which `Trajectory.reward_parts` keeps the episode's own reward once group-level rewards
+# (scored over a finished group: `rollout.runner`) are added to `Trajectory.reward`
+EPISODE_REWARD = "episode_reward"
+
+
 class StopReason(str, enum.Enum):
     """Why an episode ended."""
 
@@ -142,6 +147,7 @@ class Trajectory:
     policy_version: int = 0  # the oldest policy version that sampled any turn
     reward_s: float = 0.0  # seconds spent scoring this episode (env.reward)
     segments: tuple[Segment, ...] = ()  # earlier closed segments, oldest first (module doc)
+    env: str = ""  # the environment that played it, in a run of several (the task's "env" tag)
 
     def __post_init__(self) -> None:
         _check_aligned(self.task_id, self, "")

@@ -75,11 +75,28 @@ def ram_folder(run_dir: Path, need_bytes: int) -> Path:
 
 
 class MergedSync(FullWeightSync):
-    """Each version of a LoRA policy as merged weights, reloaded in place (servers in dev mode)."""
+    """Each version of a LoRA policy as merged weights, reloaded in place (servers in dev mode).
+
+    The servers' base weights are the policy's while the run lasts: `finish` reloads the model folder's
+    own weights, so that a shared server (the recipe's, an evaluation after training) serves adapters on
+    the true base model again."""
 
     def __init__(self, run_dir: str | Path, sampler: VLLMSampler, model: Any, **kwargs: Any):
         need = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())
         super().__init__(run_dir, sampler, write=write_merged, weights_dir=ram_folder(Path(run_dir), need), **kwargs)
+        self.base_dir = Path(model.get_base_model().config._name_or_path)
+
+    async def finish(self) -> None:
+        """The base weights back on every server (from the model folder), then the versions folder gone."""
+        async with aiohttp.ClientSession(timeout=self._http.timeout) as http:
+            try:
+                await self._on_all(http, "/pause?mode=wait", "pausing generation")
+                await self._on_all(http, "/collective_rpc", f"reloading the base weights from {self.base_dir}",
+                                   {"method": "reload_weights", "kwargs": {"weights_path": str(self.base_dir.resolve())}})
+                await self._on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
+            finally:
+                await self._on_all(http, "/resume", "resuming generation")
+        self.close()
 
     def close(self) -> None:
         """Remove the versions folder (a RAM-backed one would outlive the run)."""

@@ -1,29 +1,36 @@
 """The async rollout runner: play environments turn by turn and record token-exact trajectories.
 
 Owns: one episode (`run_episode`) and G episodes per task for a batch of tasks, concurrently under a
-cap (`rollout_groups`); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its
-segments (when the renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced
-conversation, `StepResult.history`, renders to ids that do not extend it); the
-stop rules (no tool call, env done, max turns, max total tokens, a turn cut by `length`); the
-per-request sampling seeds (`request_seed`) and the episode limits (`EpisodeLimits`).
+cap (`rollout_groups`), with the group-level reward of a task added once its G episodes have ended
+(`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the token buffer,
+loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
+extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`,
+renders to ids that do not extend it); the stop rules (no tool call, env done, max turns, max
+total tokens, a turn cut by `length`); the per-request sampling seeds (`request_seed`) and the
+episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env.
 
 Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR and
-the message in `Trajectory.error`; the other episodes go on.
+the message in `Trajectory.error`; the other episodes go on. A group reward that fails makes its
+group's trajectories infrastructure errors (kept out of the update), with the reason.
+
+A task's "id" names it; its "env", where a mixture of environments set one, goes to `Trajectory.env`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import (
+    EPISODE_REWARD,
     Message,
     Reward,
     Segment,
@@ -179,8 +186,10 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
 
 async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
                          sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
-                         group_size: int, max_concurrent: int = 64) -> list[TrajectoryGroup]:
-    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive."""
+                         group_size: int, max_concurrent: int = 64,
+                         group_reward: Callable[..., Any] | None = None) -> list[TrajectoryGroup]:
+    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive; then
+    `group_reward(task, trajectories)` (`core.registry`) on each task's group as soon as it has ended."""
     gate = asyncio.Semaphore(max_concurrent)
 
     async def one(task: dict[str, Any], index: int) -> Trajectory:
@@ -189,15 +198,45 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
             try:
                 env = make_env(task)
                 async with env:
-                    return await run_episode(env, sampler, renderer, limits, task_id, index)
+                    traj = await run_episode(env, sampler, renderer, limits, task_id, index)
             except Exception as e:  # the env could not even be built or entered
-                return _failed(task_id, f"environment could not start: {type(e).__name__}: {e}",
+                traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}",
                                sampler.policy_version)
+        return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
 
-    per_task = [[one(task, j) for j in range(group_size)] for task in tasks]
-    flat = await asyncio.gather(*(c for group in per_task for c in group))
-    return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
-            for i, task in enumerate(tasks)]
+    async def group(task: dict[str, Any]) -> TrajectoryGroup:
+        trajs = await asyncio.gather(*(one(task, j) for j in range(group_size)))
+        if group_reward is not None:
+            trajs = await score_group(group_reward, task, trajs, limits.env_timeout_s)
+        return TrajectoryGroup(str(task.get("id", "")), tuple(trajs))
+
+    return list(await asyncio.gather(*(group(task) for task in tasks)))
+
+
+async def score_group(hook: Callable[..., Any], task: dict[str, Any], trajs: Sequence[Trajectory],
+                      timeout_s: float) -> list[Trajectory]:
+    """Add `hook`'s reward for each finished trajectory (those without an infra error) to its own."""
+    done = [t for t in trajs if not t.infra_error]
+    if not done:
+        return list(trajs)
+    try:
+        out = hook(task, tuple(done))
+        out = await asyncio.wait_for(out, timeout_s) if inspect.isawaitable(out) else out
+        if out is None:
+            return list(trajs)
+        rewards = [as_reward(r) for r in out]
+        if len(rewards) != len(done):
+            raise ValueError(f"{len(rewards)} rewards for {len(done)} trajectories")
+    except Exception as e:  # a bug or an outage: the group cannot be scored, so it is not trained on
+        why = f"group reward failed: {type(e).__name__}: {e}" if str(e) else f"group reward failed: {type(e).__name__}"
+        return [t if t.infra_error else replace(t, stop_reason=StopReason.ERROR, error=why) for t in trajs]
+    scored = iter(rewards)
+    return [t if t.infra_error else _plus(t, next(scored)) for t in trajs]
+
+
+def _plus(t: Trajectory, r: Reward) -> Trajectory:
+    parts = {EPISODE_REWARD: t.reward_parts.get(EPISODE_REWARD, t.reward), **t.reward_parts, **r.parts}
+    return replace(t, reward=t.reward + r.value, reward_parts=parts)
 
 
 def _failed(task_id: str, error: str, version: int) -> Trajectory:

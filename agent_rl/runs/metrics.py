@@ -1,7 +1,8 @@
 """Rollout metrics: what the policy did with its tools, as flat name -> number dictionaries.
 
 Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per trajectory,
-per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors).
+per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors), and in a
+run of several environments the main figures of each (`env/<name>/...`, `env_metrics`).
 Does not own: training metrics (the loss returns its own), logging to files (`runs.runlog`).
 
 Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
@@ -14,14 +15,44 @@ from collections import Counter
 from statistics import fmean
 from typing import Sequence
 
-from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory
+
+# the figures given per environment (`env/<name>/<figure>`) in a run of several
+ENV_FIGURES = ("rollouts", "infra_error_rate", "reward_mean", "accuracy", "tool_use_rate", "tool_calls_per_traj",
+               "truncation_rate", "sampled_tokens_mean")
 
 
 def _mean(xs: Sequence[float]) -> float:
     return fmean(xs) if xs else 0.0
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def solved(t: Trajectory, success_threshold: float = 1.0) -> bool:
+    """The episode's own reward (before any group reward) reaches the threshold."""
+    return t.reward_parts.get(EPISODE_REWARD, t.reward) >= success_threshold
+
+
+def env_metrics(trajectories: Sequence[Trajectory], success_threshold: float = 1.0) -> dict[str, float]:
+    """`env/<name>/<figure>` for each environment the trajectories came from (`Trajectory.env`); {} when none
+    is named (a run of one environment: its figures are the run's)."""
+    out: dict[str, float] = {}
+    for name in sorted({t.env for t in trajectories} - {""}):
+        mine = [t for t in trajectories if t.env == name]
+        figures = _rates(mine)
+        if ok := [t for t in mine if not t.infra_error]:
+            figures["accuracy"] = _mean([1.0 if solved(t, success_threshold) else 0.0 for t in ok])
+        out.update({f"env/{name}/{k}": figures[k] for k in ENV_FIGURES if k in figures})
+    return out
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], success_threshold: float | None = None) -> dict[str, float]:
+    """Behavioural rates of the trajectories; with `success_threshold`, also each environment's figures."""
+    m = _rates(trajectories)
+    if success_threshold is not None:
+        m.update(env_metrics(trajectories, success_threshold))
+    return m
+
+
+def _rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     total = len(trajectories)
     ok = [t for t in trajectories if not t.infra_error]
     m: dict[str, float] = {

@@ -156,7 +156,6 @@ class RunLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._file = open(self.path, "a", encoding="utf-8")
-            self._open_tensorboard()
             if self._wandb is not None:
                 self._wandb_run = self._wandb.init(project=self.wandb_project, name=self.run_dir.name,
                                                    dir=str(self.run_dir), config=self.config)
@@ -187,10 +186,18 @@ class RunLogger:
             self._file = None
 
     def _open_tensorboard(self) -> None:
-        if self._summary_writer_cls is not None:
-            # purge_step: TensorBoard discards events at or after it left by the run we resume
-            self._tb = self._summary_writer_cls(log_dir=str(self.run_dir / TENSORBOARD_DIR),
-                                                purge_step=self._purge_step, flush_secs=30)
+        """Opened at the first `log`, so that a resumed run writes one events file, after `truncate_after`.
+
+        purge_step: TensorBoard discards the events at or after it that the run we resume left, but only
+        in files it reads later; it reads them in name order, and a name starts with the second it was
+        opened in. So a purging file waits (at most a second) for a second later than the newest file's."""
+        folder = self.run_dir / TENSORBOARD_DIR
+        if self._purge_step is not None:
+            seconds = [int(p.name.split(".")[3]) for p in folder.glob("events.out.tfevents.*")
+                       if p.name.split(".")[3].isdigit()]
+            while seconds and time.time() < max(seconds) + 1:
+                time.sleep(0.05)
+        self._tb = self._summary_writer_cls(log_dir=str(folder), purge_step=self._purge_step, flush_secs=30)
 
     # -- writing -----------------------------------------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -211,6 +218,8 @@ class RunLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+        if self._summary_writer_cls is not None and self._tb is None:
+            self._open_tensorboard()
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, step)
@@ -245,9 +254,9 @@ class RunLogger:
         for record in kept:
             self.alarm.update(record)
         self._purge_step = step + 1
-        if self._tb is not None:
+        if self._tb is not None:  # reopened, purging, at the next `log`
             self._tb.close()
-            self._open_tensorboard()
+            self._tb = None
         self._last_step = step
         if self._bar is not None:
             self._bar.n = self._bar.last_print_n = step
