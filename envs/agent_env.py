@@ -21,8 +21,8 @@ Ends: the agent returns (the episode ends as a native env's: `no_tool_call` afte
 calls, else `env_done`); or the runner stops it (a turn cut at max_tokens_per_turn goes back with
 finish_reason "length"; max_turns, the token budget, an error): later requests get HTTP 410
 `episode ... is over: <why>`, and an agent that raises after that refusal has ended normally. An
-agent that raises otherwise, or returns before asking anything, makes the episode an
-infrastructure error (`StopReason.ERROR`, its exception in the trajectory's `error`).
+agent that raises otherwise, returns before asking anything or outlives a deadline (`AgentEnv`)
+makes the episode an infrastructure error (`StopReason.ERROR`, one line in the trajectory's `error`).
 Sampling settings are the run's (on-policy): a request's temperature, max_tokens, stop... are ignored.
 """
 
@@ -56,13 +56,16 @@ class _Request:
 
 class AgentEnv(Env):
     """One task played by `agent(task, base_url)`; `reward(task, messages, answer)` (sync or async)
-    scores it. `request_timeout_s` bounds each request's wait for its reply; `finish_timeout_s` how
-    long the agent may take to return once its episode is over (then it is an error, or cancelled)."""
+    scores it. Deadlines, each ending a hung agent with one line: `request_timeout_s` bounds each
+    request's wait for its reply; `agent_timeout_s` the agent's own time from its start or a reply to
+    its next request or return, its tools included (below the runner's env_timeout_s, 120 s by default,
+    so the error names the agent); `finish_timeout_s` its time to return once its episode is over."""
 
     def __init__(self, task: dict[str, Any], agent: Agent, reward: Scorer, *, request_timeout_s: float = 600.0,
-                 finish_timeout_s: float = 10.0):
+                 agent_timeout_s: float = 100.0, finish_timeout_s: float = 10.0):
         self.task, self.agent, self.scorer = task, agent, reward
         self.request_timeout_s, self.finish_timeout_s = request_timeout_s, finish_timeout_s
+        self.agent_timeout_s = agent_timeout_s
         self.key = secrets.token_urlsafe(12)  # the episode's part of its base URL: unguessable, one per episode
         self.base_url = ""
         self.answer: Any = None  # what the agent returned
@@ -88,7 +91,7 @@ class AgentEnv(Env):
         loop = asyncio.get_running_loop()
         self.base_url = self._proxy.register(self.key, self._handle, loop, self.request_timeout_s)
         self._task = asyncio.create_task(self.agent(self.task, self.base_url), name=f"agent {self.key}")
-        first = await self._next()
+        first = await self._next("sent no request within {:g} s of its start")
         if first is None:
             raise AgentError("the agent returned before asking the model anything")
         self._conversation, self._tools = list(first.request.messages), first.request.tools
@@ -97,7 +100,7 @@ class AgentEnv(Env):
     async def step(self, reply: Message, turn: int) -> StepResult:
         self._deliver(reply, "stop")
         t0 = time.perf_counter()
-        nxt = await self._next()
+        nxt = await self._next("neither asked the model again nor returned within {:g} s of its reply")
         records = self._records(reply, turn, (nxt.received if nxt else time.perf_counter()) - t0)
         if nxt is None:
             stop = StopReason.ENV_DONE if reply.tool_calls else StopReason.NO_TOOL_CALL
@@ -145,6 +148,7 @@ class AgentEnv(Env):
     async def _handle(self, body: dict[str, Any]) -> dict[str, Any]:
         """One HTTP request (on this env's loop): queued for the runner; returns the reply's completion."""
         if self._over is not None:
+            self._refused = True
             raise ProxyError(410, f"episode {self.key} is over: {self._over}", "episode_over")
         if self._pending is not None:
             raise ProxyError(400, f"episode {self.key} already has a request waiting for its reply; an episode is "
@@ -155,17 +159,20 @@ class AgentEnv(Env):
         self._inbox.put_nowait(request)
         return await request.reply
 
-    async def _next(self) -> _Request | None:
-        """The agent's next request, or None when it returned (its exception raised as AgentError)."""
+    async def _next(self, hung: str) -> _Request | None:
+        """The agent's next request, or None when it returned (its exception raised as AgentError);
+        AgentError "the agent <hung>" when it does neither within agent_timeout_s."""
         assert self._task is not None
         get = asyncio.ensure_future(self._inbox.get())
         try:
-            await asyncio.wait({get, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({get, self._task}, timeout=self.agent_timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not get.done():
                 get.cancel()
         if get.done() and not get.cancelled():
             return get.result()
+        if not self._task.done():
+            raise AgentError(f"the agent {hung.format(self.agent_timeout_s)} (AgentEnv agent_timeout_s)")
         self._take_answer()
         return None
 
@@ -200,10 +207,11 @@ class AgentEnv(Env):
     def _records(self, reply: Message, turn: int, latency_s: float) -> tuple[ToolCallRecord, ...]:
         """The reply's calls as attempts: ok when it parsed and names a tool the request offered (what the
         agent did with it is its own business); latency is the agent's time until its next request."""
-        offered = {t["function"]["name"] for t in self._tools}
+        offered = [t["function"]["name"] for t in self._tools]
         out = []
         for call in reply.tool_calls:
-            error = call.error or (None if call.name in offered else f"unknown tool {call.name!r}")
+            unknown = f"unknown tool {call.name!r}; available tools: {', '.join(offered) or 'none'}"  # as ToolEnv says
+            error = call.error or (None if call.name in offered else unknown)
             out.append(ToolCallRecord(name=call.name if call.ok else "<invalid>", ok=error is None, error=error,
                                       latency_s=latency_s, turn=turn))
         return tuple(out)
