@@ -65,7 +65,7 @@ def _play_parsers(sub) -> None:
 
 
 def _training_parsers(sub) -> None:
-    """Commands that read a config: train, demos, sft, eval, plot."""
+    """Commands that read a config or a run: train, demos, sft, eval, plot, view."""
     t = sub.add_parser("train", help="GRPO training from a YAML config")
     _config_arguments(t, "YAML file (defaults for missing keys)", "algorithm.kl_beta=0.01")
     _run_arguments(t, "the run dir's last checkpoint")
@@ -98,6 +98,12 @@ def _training_parsers(sub) -> None:
     pl = sub.add_parser("plot", help="write PNG curves of a run")
     pl.add_argument("run_dir")
     pl.set_defaults(func=commands.plot)
+
+    v = sub.add_parser("view", help="write an HTML page to browse a run's rollout traces (run.trace_groups)")
+    v.add_argument("run_dir")
+    v.add_argument("--out", help="the page (default: RUN_DIR/traces.html)")
+    v.add_argument("--steps", help="only these steps, e.g. 1-5,10 (default: every traced step)")
+    v.set_defaults(func=commands.view)
 
 
 def _tool_parsers(sub) -> None:

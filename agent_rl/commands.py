@@ -1,7 +1,7 @@
 """What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
 
 Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `audit-reward`,
-`plot`, and the tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
+`plot`, `view`, and the tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
 input such as a config, a model path or an environment name; 1 for a failed run such as an
 unreachable server), and printing results.
 Does not own: argument parsing (`cli`), any logic a library module can own.
@@ -273,6 +273,17 @@ def plot(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
     print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def view(args: argparse.Namespace) -> int:
+    from agent_rl.runs.view import parse_steps, write_page
+
+    try:
+        path = write_page(args.run_dir, args.out, parse_steps(args.steps))
+    except (ValueError, OSError) as e:  # TraceError is a ValueError: no run, no traces, no such steps
+        raise CLIError(str(e), EXIT_BAD_INPUT) from None
+    print(path)
     return 0
 
 

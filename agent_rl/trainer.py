@@ -6,7 +6,7 @@ Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, task stream, 
 task stream with its saved position.
 Does not own: any of the maths (`learn.advantages`, `learn.loss`, `learn.update`), tokens
 (`rollout.runner`, `core.renderer`), servers (`rollout.server`), weight transport
-(`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`).
+(`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
 
 State is passed, not read from globals: the step, the data position and the RNG states live in
 checkpoints, so `resume=True` continues a killed run from its last complete step.
@@ -47,6 +47,8 @@ from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
+from agent_rl.runs.traces import truncate_after as truncate_traces
+from agent_rl.runs.traces import write_step as write_traces
 from agent_rl.session import Session, judging, open_session, sampling
 
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
@@ -165,6 +167,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
                        wandb_project=cfg.run.wandb_project, start_step=run.start,
                        collapse_drop=cfg.run.collapse_drop, entropy_floor=cfg.run.entropy_floor) as log:
             log.truncate_after(run.start)
+            truncate_traces(run.run_dir, run.start)  # a fresh run (start 0) drops an earlier run's traces
             try:
                 final = await loop(run, sampler, sync, log, stages)
             except BaseException:
@@ -211,6 +214,7 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         metrics["lr"] = run.policy.scheduler.get_last_lr()[0]
         metrics.update(run.stream.positions(position))
         final = log.log(step + 1, metrics)
+        write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
         if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps:
             policy = run.policy
             save_checkpoint(run.run_dir, step + 1, policy.model, policy.optimizer, policy.scheduler,

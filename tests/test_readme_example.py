@@ -24,6 +24,7 @@ import pytest
 
 from agent_rl.core.types import StopReason
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.runs.traces import read_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -193,3 +194,42 @@ def test_readme_model_lines_run_in_a_fresh_folder_against_the_test_server(tmp_pa
         assert proc.returncode == 0, (line, proc.stderr[-2000:])
         metrics = json.loads(proc.stdout.strip().splitlines()[-1])
         assert metrics, line
+
+
+TRACE_TRAIN = ("--set rollout.tasks_per_step=2 --set rollout.group_size=2 --set rollout.max_turns=2 "
+               "--set rollout.max_tokens_per_turn=24 --set rollout.max_total_tokens=1024 --set run.tensorboard=false "
+               "--set model.lora_rank=4 --set model.lora_alpha=8 --set sampler.max_model_len=2048 --no-plot")
+
+
+def page_data(path: Path) -> dict:
+    page = path.read_text()
+    return json.loads(re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.DOTALL)[1])
+
+
+@pytest.mark.integration
+def test_readme_trace_lines_train_then_view_against_the_test_server(tmp_path, vllm_server):
+    """A real two-step run (calculator config, the test server) leaves traces that `view` renders."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "calculator_grpo.yaml").write_text((ROOT / "examples" / "calculator_grpo.yaml").read_text())
+    env = {**os.environ, "PATH": f"{AGENT_RL.parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    for line in readme_commands("traces"):
+        extra = (f"--set model.name={vllm_server.model_dir} --set sampler.server_urls=[{vllm_server.url}] "
+                 f"{TRACE_TRAIN}") if " train " in line else ""
+        proc = subprocess.run(["bash", "-c", f"{line} {extra}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=280)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+    run = tmp_path / "runs" / "traced"
+    steps = read_traces(run)
+    assert sorted(steps) == [1, 2]
+    for step, records in steps.items():  # both groups of each step (trace_groups: 2), both rollouts of each
+        assert [(r["step"], r["group"], r["index"]) for r in records] == [(step, g, i) for g in (0, 1) for i in (0, 1)]
+        for r in records:
+            [seg] = r["segments"]
+            assert len(seg["token_ids"]) == len(seg["loss_mask"]) == len(seg["logprobs"]) == r["num_tokens"] > 0
+            assert sum(seg["loss_mask"]) == r["num_sampled"] > 0 and r["stop_reason"] != "error"
+            sampled = "".join(run["text"] for run in seg["runs"] if run["sampled"])
+            assert [m["content"] in sampled for m in r["messages"] if m["role"] == "assistant"] == [True] * len(r["turns"])
+            assert (r["advantage"] is None) == (r["dropped"] is not None)
+    data = page_data(run / "traces.html")
+    assert [s["step"] for s in data["steps"]] == [1, 2] and "reward_mean" in data["steps"][0]["metrics"]
+    assert [s["step"] for s in page_data(tmp_path / "step2.html")["steps"]] == [2]

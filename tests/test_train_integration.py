@@ -15,6 +15,7 @@ from agent_rl import trainer
 from agent_rl.core.config_file import load_config
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import load_causal_lm
+from agent_rl.runs import traces
 
 pytestmark = pytest.mark.integration
 LOGPROB_TOL = 1e-4  # fp32 on CPU; observed ~1e-6 (tests/test_weight_sync.py calibrates the same bound)
@@ -134,12 +135,21 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(trainer.train(config(vllm_server, killed, steps=4)))
     monkeypatch.setattr(trainer, "save_checkpoint", original)
+    # traces the killed timeline may have left after its checkpoint: replaced (step 3) or dropped (step 9)
+    for stray in (3, 9):
+        traces.step_file(killed, stray).write_text(json.dumps({"step": stray, "task_id": "abandoned"}) + "\n")
     asyncio.run(trainer.train(config(vllm_server, killed, steps=4), resume=True))
 
     def rewards(run_dir):
         return [json.loads(x)["reward_mean"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     assert rewards(killed) == rewards(straight) and len(rewards(straight)) == 4
+
+    def traced(run_dir):
+        return {s: [(r["task_id"], r["group"], r["index"], r["reward"]) for r in records]
+                for s, records in traces.read_traces(run_dir).items()}
+
+    assert traced(killed) == traced(straight) and sorted(traced(straight)) == [1, 2, 3, 4]
     a = load_file(str(straight / "adapters" / "v4" / "adapter_model.safetensors"))
     b = load_file(str(killed / "adapters" / "v4" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()

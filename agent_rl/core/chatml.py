@@ -81,10 +81,11 @@ class ChatMLRenderer(Renderer):
         ids = list(ids)
         if ids and ids[-1] == self.im_end:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.decode_raw(ids)
 
-    def _turn(self, role: str, text: str) -> list[int]:
-        return [self.im_start, *self.encode(f"{role}\n{text}"), self.im_end]
+    def _turn(self, role: str, text: str, cached: bool = False) -> list[int]:
+        body = (self.encode_cached if cached else self.encode)(f"{role}\n{text}")
+        return [self.im_start, *body, self.im_end]
 
     # -- messages ----------------------------------------------------------------------------
     def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -125,7 +126,7 @@ class ChatMLRenderer(Renderer):
         if messages and messages[0].role == "system":
             system, messages = messages[0].content, messages[1:]
         text = self.system_text(system, tools)
-        ids = [] if text is None else self._turn("system", text) + self.newline
+        ids = [] if text is None else self._turn("system", text, cached=True) + self.newline
         ids += self._render_messages(messages)
         return ids + self.generation_prompt if add_generation_prompt else ids
 

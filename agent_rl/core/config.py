@@ -235,6 +235,10 @@ class RunConfig(_Section):
     collapse_drop: float = Field(
         0.5, ge=0.0, le=1.0, description="warn when the tool-use rate falls below this fraction of its running peak")
     entropy_floor: float = Field(0.05, ge=0.0, description="warn when the mean policy entropy falls below this")
+    trace_groups: int = Field(
+        2, ge=0, description="groups of each step written whole to run_dir/traces for `agent-rl view` (half of "
+                             "them, at least one, with a failure or truncation where any; the rest spread over "
+                             "the step); 0: off")
 
 
 class JudgeConfig(_Section):

@@ -4,7 +4,8 @@ Owns: `Renderer`, the base every family's renderer implements (render a conversa
 schemas; the token delta appended after a sampled turn; parse sampled ids into an assistant
 `Message` with its tool calls and parse errors; stop tokens; how a reply with tool calls is
 written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
-never forge a turn boundary).
+never forge a turn boundary; `encode_cached` tokenises a repeated system prompt once; both go
+straight to a fast tokenizer's Rust backend when that gives the same ids).
 Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
@@ -32,6 +33,7 @@ class Renderer(abc.ABC):
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        self._encoded: dict[str, list[int]] = {}  # encode_cached's texts, oldest first
 
     # -- tokens ----------------------------------------------------------------------------------
     def special_id(self, token: str) -> int:
@@ -41,11 +43,43 @@ class Renderer(abc.ABC):
             raise ValueError(f"tokenizer has no {token} token: the {self.name} chat format needs it")
         return int(ids[0])
 
+    def _backend(self) -> Any:
+        """The Rust tokenizer under a fast HF tokenizer, or None. Called directly it gives the ids and
+        text HF's encode/decode give, at half the cost (HF walks every id in Python), as long as no
+        padding or truncation was left configured on it (HF's own calls reset those; we fall back)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if (backend is None or not hasattr(backend, "encode_special_tokens")
+                or backend.padding is not None or backend.truncation is not None):
+            return None
+        return backend
+
     def encode(self, text: str) -> list[int]:
         """Plain text to ids; special-token strings inside `text` stay plain text."""
         if not text:
             return []
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        backend = self._backend()
+        if backend is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if not backend.encode_special_tokens:  # = split_special_tokens; HF sets it on every call of its own
+            backend.encode_special_tokens = True
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def decode_raw(self, ids: Sequence[int]) -> str:
+        """Ids to text exactly: special tokens shown, no clean-up of spaces."""
+        backend = self._backend()
+        if backend is None:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return backend.decode(list(ids), skip_special_tokens=False)
+
+    def encode_cached(self, text: str) -> list[int]:
+        """`encode` for text that every episode repeats (a system prompt with its tool schemas, ~1 ms
+        to tokenise): tokenised once; the 256 texts added last are kept."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = self.encode(text)
+            if len(self._encoded) > 256:
+                del self._encoded[next(iter(self._encoded))]
+        return list(ids)
 
     def encode_reply(self, text: str) -> list[int]:
         """An assistant reply's text to ids (a format whose replies hold structural tokens keeps them)."""
@@ -66,7 +100,7 @@ class Renderer(abc.ABC):
 
     def render_text(self, ids: Sequence[int]) -> str:
         """Any ids, special tokens shown, for humans and debugging."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.decode_raw(ids)
 
     @property
     def pad_token_id(self) -> int:

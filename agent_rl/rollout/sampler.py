@@ -118,8 +118,8 @@ class VLLMSampler(SessionOwner):
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
     try:
         choice = data["choices"][0]
-        ids = tuple(int(t) for t in choice["token_ids"])
-        logprobs = tuple(float(x) for x in choice["logprobs"]["token_logprobs"])
+        ids = tuple(map(int, choice["token_ids"]))
+        logprobs = tuple(map(float, choice["logprobs"]["token_logprobs"]))
         finish = choice["finish_reason"]
         echoed = choice.get("prompt_token_ids")
     except (KeyError, IndexError, TypeError) as e:
@@ -127,6 +127,10 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
                            f"is it a vLLM server with return_token_ids support?") from None
     if len(ids) != len(logprobs):
         raise SamplerError(f"{url} sent {len(ids)} token ids but {len(logprobs)} log-probs")
-    if echoed is not None and list(echoed) != list(prompt_ids):
+    if echoed is not None and _as_list(echoed) != _as_list(prompt_ids):
         raise SamplerError(f"{url} changed the prompt tokens: the sampler must see exactly the ids sent")
     return Completion(ids, logprobs, "length" if finish == "length" else "stop", version)
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    return ids if isinstance(ids, list) else list(ids)  # no copy of a ~1k-id prompt just to compare it

@@ -1,16 +1,39 @@
 """Trajectories for human eyes: sampled tokens set apart from masked (prompt/template/tool) ones.
 
-Owns: `format_trajectory`. Does not own: any decision about the trajectory.
+Owns: `mask_runs` (a token sequence cut into runs of equal loss mask, shared by the terminal view and
+the trace files of `runs.traces`) and `format_trajectory`. Does not own: any decision about the
+trajectory.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import groupby
+from typing import Sequence
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import Trajectory
 
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
+
+
+@dataclass(frozen=True)
+class MaskRun:
+    """Consecutive tokens with the same loss mask: sampled by the policy (1) or context (0)."""
+
+    sampled: bool
+    start: int  # position of the first token in the sequence
+    token_ids: tuple[int, ...]
+    mean_logprob: float  # of the sampler's log-probs (0.0 for context: they are 0.0 there)
+
+
+def mask_runs(token_ids: Sequence[int], loss_mask: Sequence[int], logprobs: Sequence[float]) -> list[MaskRun]:
+    runs, pos = [], 0
+    for sampled, run in groupby(zip(token_ids, loss_mask, logprobs), key=lambda x: x[1]):
+        block = list(run)
+        runs.append(MaskRun(bool(sampled), pos, tuple(b[0] for b in block), sum(b[2] for b in block) / len(block)))
+        pos += len(block)
+    return runs
 
 
 def format_trajectory(traj: Trajectory, renderer: Renderer, title: str = "", color: bool = False) -> str:
@@ -22,18 +45,13 @@ def format_trajectory(traj: Trajectory, renderer: Renderer, title: str = "", col
     lines = [head]
     if traj.error:
         lines.append(f"!!! infrastructure error: {traj.error}")
-    pos = 0
-    for sampled, run in groupby(zip(traj.token_ids, traj.loss_mask, traj.logprobs), key=lambda x: x[1]):
-        block = list(run)
-        ids = [b[0] for b in block]
-        text = renderer.render_text(ids)
-        if sampled:
-            mean_lp = sum(b[2] for b in block) / len(block)
-            label = f"[policy {len(ids)} tok @ {pos}, mean logprob {mean_lp:.3f}]"
+    for run in mask_runs(traj.token_ids, traj.loss_mask, traj.logprobs):
+        text = renderer.render_text(run.token_ids)
+        if run.sampled:
+            label = f"[policy {len(run.token_ids)} tok @ {run.start}, mean logprob {run.mean_logprob:.3f}]"
             body = f"{GREEN}{text}{RESET}" if color else text
         else:
-            label = f"[context {len(ids)} tok @ {pos}, masked]"
+            label = f"[context {len(run.token_ids)} tok @ {run.start}, masked]"
             body = f"{DIM}{text}{RESET}" if color else text
         lines += [label, body]
-        pos += len(ids)
     return "\n".join(lines)

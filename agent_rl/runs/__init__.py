@@ -1,0 +1,1 @@
+"""What a run leaves behind: checkpoints, the metrics log, plots, readable trajectories."""

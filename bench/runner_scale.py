@@ -1,0 +1,282 @@
+"""Runner at scale: the real async runner against simulated GPU servers, 256 to 8,192 episodes at once.
+
+Owns: a sampler that answers through simulated servers with real token ids (`SimSampler`), a
+zero-overhead client of the same servers (`ideal_load`), and the measurement of both side by side
+(`measure_pair`) with the event loop's lag and the process's CPU time.
+Does not own: the server model (bench/sim_servers.py), nor the runner, renderer, environment or
+tool: those are the real ones (`rollout_groups`, the SmolLM2 ChatML renderer, `envs.calculator`).
+
+What runs for real: every episode is a `CalculatorEnv` played by `rollout_groups`; each reply is
+real token ids (filler "thinking" + a `<tool_call>` or an `<answer>`) that the runner parses, the
+env dispatches to the real tool, and the renderer continues; the sampler also does VLLMSampler's
+client-side work (JSON body of the prompt ids, `_completion`'s checks), not the socket I/O.
+
+Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
+no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
+window after a warm-up. Target: >= 0.95 and an event-loop lag under 50 ms at 4,096 concurrent
+episodes. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
+client with no think time at all keeps landing on the server it just left (the slot it freed is
+the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
+would then measure that, not the runner. `--routing least` shows what the rule costs.
+
+    python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
+(progress on stderr, one JSON line on stdout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent_rl.core.renderer import Renderer  # noqa: E402
+from agent_rl.core.renderers import load_renderer  # noqa: E402
+from agent_rl.core.types import Message, ToolCall  # noqa: E402
+from agent_rl.learn.models import resolve_model  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
+from agent_rl.rollout.sampler import Completion, SamplingParams, _completion  # noqa: E402
+from bench.sim_servers import GpuModel, SimCluster  # noqa: E402
+from envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks  # noqa: E402
+
+FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
+          "tool helps, what arguments it needs, and how I will check the result before I answer. ")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Episode shape: `turns` replies (all but the last call the calculator), filler tokens per reply."""
+
+    turns: int = 3
+    min_tokens: int = 96
+    max_tokens: int = 416
+    group_size: int = 8
+
+
+class SimSampler:
+    """A `Sampler` whose replies are real token ids and whose timing comes from a `SimCluster`.
+
+    Turn t of an episode (t = assistant messages so far): filler tokens, then a calculator call on
+    the question's expression, or, on the last turn, `<answer>{last tool result}</answer>`."""
+
+    def __init__(self, cluster: SimCluster, renderer: Renderer, work: Workload, seed: int = 0):
+        self.cluster, self.renderer, self.work = cluster, renderer, work
+        self.rng = random.Random(seed)
+        self.policy_version = 0
+        self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
+        self.stop = renderer.stop_token_ids[0]
+
+    def reply_ids(self, messages: Sequence[Message]) -> list[int]:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
+        if turn < self.work.turns - 1:
+            question = next(m.content for m in messages if m.role == "user")
+            expression = question.removeprefix("What is ").removesuffix("?")
+            tail = "\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
+        else:
+            tail = f"\n<answer>{messages[-1].content.strip()}</answer>"
+        return [*self.filler[:n], *self.renderer.encode(tail), self.stop]
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     messages: Sequence[Message] = ()) -> Completion:
+        ids = self.reply_ids(messages)
+        json.dumps({"model": "sim", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                    "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
+        conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
+        await self.cluster.generate(conv, len(prompt_ids), len(ids), check=lambda n: hash(tuple(prompt_ids[n - 16:n])),
+                                    tail=hash(tuple(ids[-16:])))
+        data = {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+                             "finish_reason": "stop", "prompt_token_ids": prompt_ids}]}
+        return _completion(data, prompt_ids, self.policy_version, "sim")
+
+
+class LagMeter:
+    """How late a task that asks to wake every `period` s wakes: the event loop's lag."""
+
+    def __init__(self, period: float = 0.01):
+        self.period, self.lags = period, []
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(self.period)
+            self.lags.append(loop.time() - t - self.period)
+
+
+def workload_shape(renderer: Renderer) -> dict[str, int]:
+    """Token counts of a calculator episode's pieces: the ideal client's prompt and reply lengths."""
+    task = arithmetic_tasks(3)[2]
+    env = CalculatorEnv(task)
+    call = renderer.format_reply("", (ToolCall("calculator", {"expression": task["expression"]}),))
+    system = [Message("system", SYSTEM)]
+    return {"prompt": len(renderer.render([*system, Message("user", task["question"])], env.tool_schemas)),
+            "system": len(renderer.render(system, env.tool_schemas, add_generation_prompt=False)),
+            "call": len(renderer.encode("\n" + call)) + 1,
+            "answer": len(renderer.encode(f"\n<answer>{task['answer']}</answer>")) + 1,
+            "continuation": len(renderer.continuation([Message("tool", str(task["answer"]), name="calculator")]))}
+
+
+async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, concurrency: int,
+                      episodes: int, started: list[int]) -> None:
+    """The real runner: `episodes` calculator episodes, `concurrency` at a time."""
+    sampler = SimSampler(cluster, renderer, work)
+
+    def make_env(task: dict[str, Any]) -> CalculatorEnv:
+        started[0] += 1
+        return CalculatorEnv(task)
+
+    limits = EpisodeLimits(max_turns=work.turns + 1, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
+    tasks = arithmetic_tasks(-(-episodes // work.group_size))
+    groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, work.group_size, concurrency)
+    errors = [t.error for g in groups for t in g.trajectories if t.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} episodes failed, e.g. {errors[0]}")
+
+
+async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shape: dict[str, int],
+                     started: list[int], seed: int = 1) -> None:
+    """A client with no cost at all: `concurrency` lanes, each playing episodes of the same lengths
+    back to back (no tokenizer, no environment, no tool between the turns)."""
+    rng = random.Random(seed)
+
+    async def lane() -> None:
+        while True:
+            started[0] += 1
+            conv, prompt = object(), shape["prompt"]
+            for turn in range(work.turns):
+                out = rng.randint(work.min_tokens, work.max_tokens)
+                out += shape["call"] if turn < work.turns - 1 else shape["answer"]
+                await cluster.generate(conv, prompt, out)
+                prompt += out + shape["continuation"]
+
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+
+
+def run_queue_s() -> float:
+    """Seconds the event loop's thread has waited for a CPU (Linux schedstat): how loaded the machine is."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def episodes_needed(servers: int, concurrency: int, gpu: GpuModel, work: Workload, seconds: float) -> int:
+    """Enough episodes for the runner to stay at full concurrency for `seconds`: 1.5x the servers' rate,
+    at most 2,000 a second (more than one event loop starts here; the bench says so if it runs dry)."""
+    batch = max(1, min(gpu.max_seqs, concurrency // servers))
+    tokens = (work.min_tokens + work.max_tokens) / 2 + 30
+    turn_s = gpu.overhead_s + tokens * gpu.step_s(batch)
+    rate = min(concurrency / turn_s, servers * batch / gpu.step_s(batch) / tokens) / work.turns
+    return int(concurrency + min(1.5 * rate, 2000) * seconds)
+
+
+async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel, work: Workload,
+                       renderer: Renderer, warmup: float, window: float, routing: str) -> dict[str, float]:
+    """One side ("runner" or "ideal") at one scale: counters over `window` s after `warmup` s."""
+    loop = asyncio.get_running_loop()
+    shape = workload_shape(renderer)
+    cluster, started, meter = SimCluster(servers, gpu, routing, shape["system"]), [0], LagMeter()
+    episodes = episodes_needed(servers, concurrency, gpu, work, warmup + window)
+    load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
+            else ideal_load(cluster, work, concurrency, shape, started))
+    tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
+    try:
+        await asyncio.sleep(warmup)
+        first, cpu0, wait0, t0, n_lags = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time(), len(meter.lags)
+        await asyncio.sleep(window)
+        last, cpu1, wait1, t1 = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time()
+        lags = sorted(meter.lags[n_lags:])
+        if tasks[0].done():
+            tasks[0].result()  # raises what went wrong
+        if side == "runner" and started[0] >= episodes:
+            raise RuntimeError(f"all {episodes} episodes started before the window ended: the figures include the tail")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        cluster.close()
+    seconds, cpu = t1 - t0, cpu1 - cpu0
+    requests, tokens, prefill, prompt = (b - a for a, b in zip(first, last))
+    return {"tok_s": tokens / seconds, "turns_s": requests / seconds, "cpu_util": cpu / seconds,
+            "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
+            "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
+            "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds}
+
+
+async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Workload, renderer: Renderer,
+                       warmup: float, window: float, routing: str = "sticky") -> dict[str, Any]:
+    """The runner and the ideal client at the same scale, one after the other; the runner's share."""
+    runner = await measure_side("runner", servers, concurrency, gpu, work, renderer, warmup, window, routing)
+    gc.collect()
+    ideal = await measure_side("ideal", servers, concurrency, gpu, work, renderer, warmup, window, routing)
+    gc.collect()
+    r = lambda x: round(x, 3)  # noqa: E731
+    return {"servers": servers, "concurrency": concurrency, "share": r(runner["tok_s"] / ideal["tok_s"]),
+            "max_lag_ms": r(runner["max_lag_ms"]), "p99_lag_ms": r(runner["p99_lag_ms"]),
+            "runner_tok_s": round(runner["tok_s"]), "ideal_tok_s": round(ideal["tok_s"]),
+            "share_of_peak": r(runner["tok_s"] / (servers * gpu.peak_tok_s)), "turns_s": round(runner["turns_s"], 1),
+            "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
+            "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
+            "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
+            "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"])}
+
+
+INSTANT = GpuModel(step_base_s=1e-9, step_per_seq_s=0.0, prefill_tok_s=1e15, max_seqs=10**6, overhead_s=0.0)
+
+
+async def measure_ceiling(work: Workload, renderer: Renderer, seconds: float = 8.0) -> dict[str, float]:
+    """Both clients against servers that answer at once: the CPU cost of a turn, and the most turns a
+    second one runner process (one event loop) can drive on this machine, whatever the GPUs."""
+    runner = await measure_side("runner", 8, 512, INSTANT, work, renderer, seconds / 4, seconds, "sticky")
+    gc.collect()
+    ideal = await measure_side("ideal", 8, 512, INSTANT, work, renderer, seconds / 4, seconds, "sticky")
+    gc.collect()
+    return {"runner_turns_s": round(runner["turns_s"], 1), "runner_cpu_ms_per_turn": round(runner["cpu_ms_per_turn"], 3),
+            "ideal_cpu_ms_per_turn": round(ideal["cpu_ms_per_turn"], 3), "cpu_wait": round(runner["cpu_wait"], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--servers", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024, 4096, 8192])
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds before the window")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds measured, per side")
+    ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer renders the episodes")
+    ap.add_argument("--routing", choices=["sticky", "least"], default="sticky")
+    for name, value in asdict(GpuModel()).items():
+        ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    args = ap.parse_args()
+    gpu = GpuModel(**{k: getattr(args, k) for k in asdict(GpuModel())})
+    work = Workload()
+    renderer = load_renderer(resolve_model(args.model))
+    ceiling = asyncio.run(measure_ceiling(work, renderer))
+    print(json.dumps({"ceiling": ceiling}), file=sys.stderr, flush=True)
+    rows = []
+    for servers in args.servers:
+        for concurrency in args.concurrency:
+            row = asyncio.run(measure_pair(servers, concurrency, gpu, work, renderer, args.warmup, args.window,
+                                                  args.routing))
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    at_target = [row for row in rows if row["concurrency"] == 4096]
+    print(json.dumps({
+        "bench": "runner_scale", "gpu": asdict(gpu), "peak_tok_s_per_server": round(gpu.peak_tok_s),
+        "workload": asdict(work), "routing": args.routing, "ceiling": ceiling, "rows": rows,
+        "target": "share >= 0.95 and max_lag_ms < 50 at 4096 episodes",
+        "target_met": bool(at_target) and all(x["share"] >= 0.95 and x["max_lag_ms"] < 50 for x in at_target),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""bench/runner_scale.py at a small scale: the simulated servers keep their latency model, the
+simulated sampler drives real calculator episodes through the real runner, and one measurement
+pair yields its share and lag figures. Fast servers (about 1 ms a decode step) keep it to seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+from agent_rl.core.types import StopReason
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from envs.calculator import CalculatorEnv, arithmetic_tasks
+
+_spec = importlib.util.spec_from_file_location("runner_scale", Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")
+rs = importlib.util.module_from_spec(_spec)
+sys.modules["runner_scale"] = rs  # dataclasses look their module up
+_spec.loader.exec_module(rs)
+
+FAST = rs.GpuModel(step_base_s=0.001, step_per_seq_s=0.0001, prefill_tok_s=1e6, max_seqs=4, overhead_s=0.001)
+SHORT = rs.Workload(turns=3, min_tokens=20, max_tokens=60, group_size=4)
+
+
+async def test_a_full_batch_takes_the_model_time_and_one_more_waits():
+    gpu = rs.GpuModel(step_base_s=0.002, step_per_seq_s=0.0005, prefill_tok_s=1e9, max_seqs=4, overhead_s=0.0)
+    cluster = rs.SimCluster(1, gpu)
+    loop = asyncio.get_running_loop()
+    done = {}
+
+    async def one(i):
+        await cluster.generate(object(), 10, 50)
+        done[i] = loop.time()
+
+    t0 = loop.time()
+    await asyncio.gather(*(one(i) for i in range(5)))
+    cluster.close()
+    batch_s = 50 * gpu.step_s(4)  # 4 running: 50 steps of 4 ms
+    assert all(done[i] - t0 >= batch_s - 1e-3 for i in range(4))
+    assert done[4] - t0 >= batch_s + 50 * gpu.step_s(1) - 1e-3  # waited for a slot, then ran alone
+    assert done[4] - t0 < batch_s + 50 * gpu.step_s(1) + 1.0  # and nothing else held it up
+    assert cluster.snapshot() == (5, 250, 50, 50)  # requests, output tokens, prefilled, prompt tokens
+
+
+async def test_the_simulated_sampler_plays_real_calculator_episodes(renderer):
+    cluster = rs.SimCluster(1, FAST)  # one server: every later turn finds its context cached
+    sampler = rs.SimSampler(cluster, renderer, SHORT)
+    limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
+    t0 = time.perf_counter()
+    groups = await rollout_groups(arithmetic_tasks(3), CalculatorEnv, sampler, renderer, limits, group_size=2)
+    cluster.close()
+    assert time.perf_counter() - t0 < 30
+    trajectories = [t for g in groups for t in g.trajectories]
+    assert len(trajectories) == 6
+    for t in trajectories:
+        assert t.error is None and t.stop_reason is StopReason.NO_TOOL_CALL
+        assert len(t.turns) == 3 and [c.ok for c in t.tool_calls] == [True, True]  # the real tool ran twice
+        assert t.reward == 1.0  # the answer is the tool's result, graded by the env
+        for turn in t.turns:  # sampled ids: mask 1, the sampler's log-probs
+            assert set(t.loss_mask[turn.start:turn.end]) == {1} and set(t.logprobs[turn.start:turn.end]) == {-0.5}
+    assert cluster.requests == 18
+    assert 0 < cluster.prefill < cluster.prompt_tokens / 2  # only the new tokens of later turns are prefilled
+
+
+async def test_a_measurement_pair_gives_share_and_lag(renderer):
+    row = await rs.measure_pair(2, 32, FAST, SHORT, renderer, warmup=1.0, window=2.0)
+    assert row["runner_tok_s"] > 0 and row["ideal_tok_s"] > 0
+    # 32 episodes on 8 slots: the servers are the bottleneck for both sides, so the runner's share
+    # is near 1 on an idle machine; the bounds only allow for a busy one
+    assert 0.3 < row["share"] < 1.5
+    assert 0 <= row["p99_lag_ms"] <= row["max_lag_ms"] < 5000
+    assert row["cpu_ms_per_turn"] > 0 and 0 <= row["prefix_hit"] <= 1 and row["window_s"] >= 2.0

@@ -1,0 +1,81 @@
+"""tools/base.py: a tool's arguments model and schema are built once per function and shared by every
+`Tool` of it (every episode builds its environment's tools anew), yet methods, closures and names
+stay apart."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from tools import base
+from tools.base import Tool, ToolError
+
+
+def add(a: int, b: int = 1) -> int:
+    """Add two numbers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+class Counter:
+    def __init__(self, start: int):
+        self.start = start
+
+    def bump(self, by: int) -> int:
+        """Count up."""
+        return self.start + by
+
+
+def test_tools_of_one_function_share_its_model_and_schema():
+    first, second = Tool(add), Tool(add)
+    assert first.params_model is second.params_model
+    assert first.schema == second.schema == {
+        "type": "function",
+        "function": {"name": "add", "description": "Add two numbers.", "parameters": {
+            "type": "object", "additionalProperties": False, "required": ["a"],
+            "properties": {"a": {"type": "integer", "description": "The first."},
+                           "b": {"type": "integer", "default": 1, "description": "The second."}}}},
+    }
+    first.schema["function"]["name"] = "changed"  # each call hands out its own copy
+    assert first.schema["function"]["name"] == "add"
+    assert Tool(add, name="plus").params_model is not first.params_model  # the name is in the model
+    assert Tool(add, name="plus").schema["function"]["name"] == "plus"
+
+
+async def test_bound_methods_share_the_model_and_call_their_own_instance():
+    one, two = Tool(Counter(10).bump), Tool(Counter(20).bump)
+    assert one.params_model is two.params_model
+    assert list(one.schema["function"]["parameters"]["properties"]) == ["by"]  # no `self`
+    assert (await one.call({"by": 1})).content == "11"
+    assert (await two.call({"by": 1})).content == "21"
+    with pytest.raises(ToolError, match="invalid arguments for bump"):
+        one.validate({"by": 1, "extra": 2})
+
+
+def test_a_closure_per_environment_gets_its_own_entry_and_takes_it_along():
+    def make(limit: int):
+        def clip(x: int, cap: int = limit) -> int:
+            """Clip a number."""
+            return min(x, cap)
+        return clip
+
+    low, high = make(3), make(300)
+    assert Tool(low).schema["function"]["parameters"]["properties"]["cap"]["default"] == 3
+    assert Tool(high).schema["function"]["parameters"]["properties"]["cap"]["default"] == 300
+    before = len(base._MODELS)
+    del low, high
+    gc.collect()
+    assert len(base._MODELS) == before - 2
+
+
+def test_a_function_without_annotations_is_still_refused():
+    def bad(x):
+        return x
+
+    with pytest.raises(TypeError, match="parameter 'x' has no type annotation"):
+        Tool(bad)
