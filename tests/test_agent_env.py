@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -183,6 +185,10 @@ async def _raises():
     raise KeyError("oops")
 
 
+HUNG_AFTER_REPLY = ("AgentError: the agent neither asked the model again nor returned within {:g} s of its reply "
+                    "(AgentEnv agent_timeout_s)")
+
+
 async def test_an_agent_that_hangs_is_an_infra_error_with_one_line_never_a_hang(scripted, renderer):
     """Silent before its first request, after a reply, and after its episode is over: each ends within
     its deadline, the episode an error naming the deadline, the agent's task cancelled."""
@@ -219,9 +225,8 @@ async def test_an_agent_that_hangs_is_an_infra_error_with_one_line_never_a_hang(
     assert loop.time() - t0 < 10 and sorted(stuck) == ["after reply", "after the end", "silent"]
     assert silent_traj.stop_reason is StopReason.ERROR and silent_traj.error == (
         "AgentError: the agent sent no request within 0.5 s of its start (AgentEnv agent_timeout_s)")
-    assert reply_traj.stop_reason is StopReason.ERROR and len(reply_traj.turns) == 1 and reply_traj.error == (
-        "AgentError: the agent neither asked the model again nor returned within 0.5 s of its reply "
-        "(AgentEnv agent_timeout_s)")
+    assert reply_traj.stop_reason is StopReason.ERROR and len(reply_traj.turns) == 1
+    assert reply_traj.error == HUNG_AFTER_REPLY.format(0.5)
     assert end_traj.stop_reason is StopReason.ERROR and len(end_traj.turns) == 2 and end_traj.error == (
         "AgentError: the agent did not return within 0.5 s after its episode ended (the run's turn or token "
         "limit ended it (rollout.max_turns, rollout.max_total_tokens))")
@@ -289,6 +294,10 @@ async def test_bad_requests_get_openai_error_json_with_one_line_and_the_episode_
         line.endswith("/v1/elsewhere; use /episodes/<key>/v1/chat/completions")
 
 
+CHANGED_REPLY = ("messages[1]: a reply this proxy sampled, with its content or tool_calls changed; send sampled replies "
+                 "back as they came (or leave them out: that starts a new training segment)")
+
+
 async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(scripted, renderer):
     lines = []
 
@@ -324,9 +333,7 @@ async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(script
     assert traj.error is None and len(traj.turns) == 2 and traj.segments == ()
     assert lines[0].startswith("Error code: 400 - episode ") and lines[0].endswith(
         "already has a request waiting for its reply; an episode is one conversation: send its requests one at a time")
-    assert lines[1] == ("Error code: 400 - messages[1]: a reply this proxy sampled, with its content or tool_calls "
-                        "changed; send sampled replies back as they came (or leave them out: that starts a new "
-                        "training segment)")
+    assert lines[1] == "Error code: 400 - " + CHANGED_REPLY
     assert traj.messages[-2] == Message("tool", "1", name="calculator")
 
 
@@ -369,3 +376,17 @@ def test_wire_format_by_hand():
 
 def test_the_proxy_is_one_server_per_process():
     assert local_proxy() is local_proxy() and local_proxy().url.startswith("http://127.0.0.1:")
+
+
+def test_the_readme_failure_table_shows_the_lines_the_tests_see():
+    """Each row's line in README's "Bring your own agent" table is the one these tests check (at default deadlines)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Bring your own agent")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| .* \|$", table, re.M)[2:]
+    lines = [re.findall(r"`([^`]*)`", row.rsplit(" | ", 1)[1])[-1] for row in rows]
+    with pytest.raises(ProxyError) as unknown:
+        local_proxy().lookup("nope...")
+    assert AgentEnv({}, None, None).agent_timeout_s == 100
+    assert lines == [BAD[2][2], CHANGED_REPLY, unknown.value.message, "AgentError: the agent raised KeyError: 'oops'",
+                     HUNG_AFTER_REPLY.format(100), "episode ... is over: the run stopped it (an error or a deadline: "
+                     "the trajectory's error says which)"]
