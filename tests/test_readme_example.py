@@ -29,7 +29,7 @@ from agent_rl.runs.traces import read_traces
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 AGENT_RL = Path(sys.executable).parent / "agent-rl"
-FILES = {"env": "my_env.py", "dataset": "my_dataset_env.py"}
+FILES = {"env": "my_env.py", "dataset": "my_dataset_env.py", "agent": "my_agent.py"}
 
 
 def load_example(tmp_path, name: str = "env"):
@@ -107,6 +107,34 @@ async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, s
     assert [t.reward for t in trajs] == [1.0] * 4, [t.error for t in trajs]
     assert trajs[0].messages[3].content == "5 mi = 8.04672 km" and trajs[2].messages[3].content == "10 lb = 4.53592 kg"
     assert all(t.stop_reason is StopReason.NO_TOOL_CALL and [c.ok for c in t.tool_calls] == [True] for t in trajs)
+
+
+async def test_readme_agent_is_token_identical_to_the_native_calculator(tmp_path, scripted, renderer):
+    """The openai-client agent of "Bring your own agent", played by the runner through the proxy: the same
+    ids, mask, log-probs and messages as `envs.calculator` for the same script, and the same rewards."""
+    pytest.importorskip("openai", reason="the README's agent is written with the openai client")
+    from envs import calculator
+
+    module = load_example(tmp_path, "agent")
+    tasks = module.load_tasks(3)
+    by_question = {t["question"]: t for t in tasks}
+    wrong = {tasks[1]["id"]}
+
+    def script(messages):
+        task = by_question[messages[1].content]
+        if task["id"] in wrong and any(m.role == "tool" for m in messages):
+            return "The answer is 0."
+        return calculator.solve(task, messages)
+
+    native = await rollout_groups(tasks, calculator.make_env, scripted(script, on_messages=True), renderer,
+                                  EpisodeLimits(), 2)
+    agent = await rollout_groups(tasks, module.make_env, scripted(script, on_messages=True), renderer,
+                                 EpisodeLimits(), 2)
+    for n, a in zip([t for g in native for t in g.trajectories], [t for g in agent for t in g.trajectories]):
+        assert (a.token_ids, a.loss_mask, a.logprobs, a.turns, a.messages) == \
+            (n.token_ids, n.loss_mask, n.logprobs, n.turns, n.messages)
+        assert (a.reward, a.stop_reason, a.error) == (n.reward, n.stop_reason, None)
+        assert a.reward == (0.0 if a.task_id in wrong else 1.0) and [c.ok for c in a.tool_calls] == [True]
 
 
 def readme_commands(name: str) -> list[str]:

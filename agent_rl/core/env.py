@@ -32,6 +32,10 @@ class StepResult:
     done: bool = False
     stop_reason: StopReason = StopReason.ENV_DONE  # read only when done
     tool_calls: tuple[ToolCallRecord, ...] = ()
+    # the whole conversation from now on, when it is not the old one plus `messages` (an agent behind
+    # `envs.agent_env` resent an edited history): the runner renders it anew, in a new segment unless
+    # that render extends the token buffer
+    history: tuple[Message, ...] | None = None
 
 
 class Env(abc.ABC):

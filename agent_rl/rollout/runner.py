@@ -4,7 +4,8 @@ Owns: one episode (`run_episode`) and G episodes per task for a batch of tasks, 
 cap (`rollout_groups`), with the group-level reward of a task added once its G episodes have ended
 (`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the token buffer,
 loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
-extend the buffer, `Renderer.next_context`); the stop rules (no tool call, env done, max turns, max
+extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`,
+renders to ids that do not extend it); the stop rules (no tool call, env done, max turns, max
 total tokens, a turn cut by `length`); the per-request sampling seeds (`request_seed`), the episode
 limits (`EpisodeLimits`); garbage collection that keeps out of the event loop's way while a rollout
 runs (`_quiet_gc`).
@@ -136,12 +137,27 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
             return
         if turn == limits.max_turns - 1:
             return  # MAX_TURNS
-        ep.messages.extend(result.messages)
-        ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
-        ids, fresh = renderer.next_context(ep.messages, result.messages, env.tool_schemas, buf.ids, ended)
+        if result.history is not None:  # the env replaced the conversation: render it whole
+            ep.messages = list(result.history)
+            ids, fresh = _render_anew(renderer, ep.messages, env.tool_schemas, buf.ids)
+        else:
+            ep.messages.extend(result.messages)
+            ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
+            ids, fresh = renderer.next_context(ep.messages, result.messages, env.tool_schemas, buf.ids, ended)
         if fresh:  # the template rewrote history: train on what was sampled so far, go on from the new render
             buf.new_segment()
         buf.add_context(ids)
+
+
+def _render_anew(renderer: Renderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]],
+                 buffer_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """A replaced conversation's context: the new ids when its render extends the buffer token for
+    token, else the whole render (True: a new segment); sampled ids are never re-tokenised."""
+    full = renderer.render(messages, tools)
+    n = len(buffer_ids)
+    if len(full) > n and full[:n] == list(buffer_ids):
+        return full[n:], False
+    return full, True
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
