@@ -1,5 +1,6 @@
 """Data-parallel training: two gloo ranks (standing in for two GPUs) on the same batch end with the same
-adapter as one process, for token-mean and sequence-mean losses: the loss normaliser is global."""
+adapter (or, fully fine-tuned, the same weights) as one process, for token-mean and sequence-mean losses:
+the loss normaliser is global."""
 
 from __future__ import annotations
 
@@ -30,15 +31,19 @@ def run_ranks(tmp_path: Path, nproc: int, sets: dict[str, str], tiny_dir) -> dic
 @pytest.mark.parametrize("sets", [
     {"algorithm.aggregation": "token_mean"},
     {"algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2", "algorithm.kl_beta": "0.1"},
-], ids=["token_mean", "sequence_mean-2-steps-kl"])
-def test_two_ranks_train_the_same_adapter_as_one(tmp_path, tiny_dir, sets):
+    {"model.full_finetune": "true", "algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2",
+     "algorithm.kl_beta": "0.1"},
+], ids=["token_mean", "sequence_mean-2-steps-kl", "full_finetune-2-steps-kl"])
+def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir, sets):
     """In float64, so that summing in another order cannot hide a wrong normaliser: AdamW's first step
     divides each gradient by its own magnitude, which turns float32 noise on a near-zero gradient into a
-    full-size difference (1e-4 observed in float32; 2.5e-14 in float64)."""
+    full-size difference (1e-4 observed in float32; 2.5e-14 in float64, 5e-13 fully fine-tuned)."""
     sets = {**sets, "model.dtype": "float64"}
     one = run_ranks(tmp_path, 1, sets, tiny_dir)
     two = run_ranks(tmp_path, 2, sets, tiny_dir)
     assert one["world"] == 1 and two["world"] == 2
+    full = sets.get("model.full_finetune") == "true"  # its layers (and its KL reference's) sharded, not copied
+    assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values())
     assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0
     moved = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in one["weights"])
     assert moved < 1e-10, moved

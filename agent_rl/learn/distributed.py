@@ -95,6 +95,17 @@ def shard_model(model: Any, dist: Dist, keep_whole: set[torch.nn.Parameter]) -> 
     return [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
 
 
+def reshard(model: Any) -> None:
+    """Free the gathered layers after a no-grad pass. Each sharded layer is its own FSDP2 root (`shard_model`),
+    and a root keeps its gathered weights after a forward pass, expecting the backward pass that reshards
+    them; a pass without one (the KL reference's, pi_old's) would leave every layer whole."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def broadcast(obj: Any, dist: Dist) -> Any:
     """Rank 0's `obj` on every rank (pickled; a batch is a few MB)."""
     if not dist.active:
@@ -129,6 +140,28 @@ def all_reduce_adapter_grads(params: list[torch.nn.Parameter], dist: Dist) -> No
         n = g.numel()
         p.grad = flat[offset:offset + n].view_as(g).clone()
         offset += n
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` over a mix of sharded (DTensor: FSDP2's layers under full
+    fine-tuning) and whole gradients: the squares of each rank's shards are summed over ranks, those of
+    the whole weights (the same on every rank, already summed) are not. Every rank calls it; returns the
+    global norm before clipping."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(isinstance(g, DTensor) for g in grads):
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if grads else 0.0
+    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
+    square = torch.stack([g.double().pow(2).sum() for g in sharded]).sum().cpu()
+    torch_dist.all_reduce(square)
+    square += sum(float(g.double().pow(2).sum()) for g in grads if not isinstance(g, DTensor))
+    norm = float(square.sqrt())
+    coef = min(1.0, max_norm / (norm + 1e-6))  # as torch's: no scaling below the bound
+    if coef < 1.0:
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+    return norm
 
 
 def reduce_stats(sums: dict[str, float], tokens: int, dist: Dist) -> tuple[dict[str, float], int]:

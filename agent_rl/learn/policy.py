@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.distributed import Dist, rank_device, shard_model
-from agent_rl.learn.reference import make_reference
+from agent_rl.learn.reference import FrozenCopy, make_reference
 
 
 def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -102,6 +102,8 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     # several ranks: FSDP2 shards the decoder layers; a LoRA adapter stays whole on every rank
     adapter = set() if model_cfg.full_finetune else set(trainable_parameters(model))
     replicated = shard_model(model, dist, adapter)
+    if isinstance(reference, FrozenCopy):  # full fine-tuning's frozen copy: its layers sharded as the policy's
+        shard_model(reference.model, dist, set())
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
                                   betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)
