@@ -45,10 +45,41 @@ def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir, sets):
     full = sets.get("model.full_finetune") == "true"  # its layers (and its KL reference's) sharded, not copied
     assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values())
     assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0
-    moved = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in one["weights"])
-    assert moved < 1e-10, moved
+    assert max_gap(one["weights"], two["weights"]) < 1e-10
     for key in ("loss", "grad_norm", "train_tokens", "clip_frac", "ratio_mean", "entropy", "optimizer_steps"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), key
+
+
+def max_gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and len(a) > 0
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def moments(optimizer_state: dict) -> dict:
+    return {f"{i}.{k}": v for i, m in optimizer_state["state"].items() for k, v in m.items()}
+
+
+def test_a_sharded_full_finetune_checkpoint_resumes_under_one_rank_or_two(tmp_path, tiny_dir):
+    """Two ranks gather their shards into the checkpoint one process writes (weights and AdamW moments
+    alike), and a second update after loading it, by two ranks or by one, ends where it should: in float64,
+    to the same tight bound as above."""
+    from agent_rl.runs.checkpoint import load_checkpoint
+
+    sets = {"model.full_finetune": "true", "model.dtype": "float64", "algorithm.aggregation": "token_mean"}
+    sharded_ck, single_ck = tmp_path / "ck-2", tmp_path / "ck-1"
+    two = run_ranks(tmp_path, 2, {**sets, "save": sharded_ck, "resume": sharded_ck}, tiny_dir)
+    one = run_ranks(tmp_path, 1, {**sets, "save": single_ck, "resume": sharded_ck}, tiny_dir)
+    assert two["sharded"]["policy"] and max_gap(one["weights"], two["weights"]) < 1e-10
+    saved = [torch.load(d / "checkpoints" / "step-000001" / "optimizer.pt", weights_only=True)
+             for d in (sharded_ck, single_ck)]
+    assert saved[0]["param_groups"] == saved[1]["param_groups"]
+    assert max_gap(moments(saved[0]), moments(saved[1])) < 1e-10
+    for run in (one, two):  # loaded exactly (two ranks: each its shards), then trained on alike
+        weights, optimizer = run["loaded"]
+        assert max_gap(weights, two["weights"]) == 0.0 and max_gap(moments(optimizer), moments(saved[0])) == 0.0
+    assert max_gap(one["resumed"], two["resumed"]) < 1e-10
+    assert max_gap(one["resumed"], one["weights"]) > 1e-4  # the second update did move the weights
+    assert load_checkpoint(sharded_ck, restore_rng=False).step == 1
 
 
 def test_rows_are_dealt_to_ranks_and_one_process_keeps_its_micro_batches():
