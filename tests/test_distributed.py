@@ -97,12 +97,13 @@ def test_rows_are_dealt_to_ranks_and_one_process_keeps_its_micro_batches():
     # the real two-rank case (fillers when a rank holds fewer micro-batches) runs in the test above
 
 
-def agent_rl_train(run_dir: Path, urls: list[str], model_dir, steps: int, *extra: str) -> subprocess.Popen:
+def agent_rl_train(run_dir: Path, urls: list[str], model_dir, steps: int, *extra: str,
+                   sets: dict | None = None) -> subprocess.Popen:
     sets = {"model.name": model_dir, "model.lora_rank": 8, "model.lora_alpha": 16, "model.sync": "adapter",
             "sampler.server_urls": f"[{','.join(urls)}]", "sampler.max_model_len": 2048, "rollout.env": "toy",
             "rollout.tasks_per_step": 2, "rollout.group_size": 4, "rollout.max_turns": 1,
             "rollout.max_tokens_per_turn": 32, "rollout.max_total_tokens": 128, "optim.lr": "3e-3",
-            "run.steps": steps, "run.run_dir": run_dir, "run.seed": 7, "run.tensorboard": "false"}
+            "run.steps": steps, "run.run_dir": run_dir, "run.seed": 7, "run.tensorboard": "false", **(sets or {})}
     cmd = [str(Path(sys.executable).with_name("agent-rl")), "train", "--nproc", "2", "--no-plot",
            *[f"--set={k}={v}" for k, v in sets.items()], *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -163,3 +164,46 @@ def test_two_ranks_two_servers_train_resume_and_match(tmp_path, vllm_server, dev
     rewards = [[json.loads(x)["reward_mean"] for x in (d / "metrics.jsonl").read_text().splitlines()]
                for d in (straight, killed)]
     assert rewards[0] == rewards[1] and len(rewards[0]) == 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)  # two 2-rank runs (3 steps in all), and maybe the start of the dev-mode server
+def test_two_ranks_full_finetune_push_checkpoint_and_resume(tmp_path, dev_server, tiny_dir, renderer):
+    """`agent-rl train --nproc 2` fully fine-tuning against a dev-mode server: each push gathers the sharded
+    weights on rank 0 and the server then serves exactly the trainer's log-probs (those of the step-2
+    checkpoint, gathered apart); a second run resumed from the step-1 checkpoint ends equal to the first."""
+    import json
+    import shutil
+
+    from test_train_integration import LOGPROB_TOL, server_logprobs
+
+    from agent_rl.learn.logprobs import token_logprobs
+    from agent_rl.learn.policy import enable_full_finetune, load_causal_lm
+    from agent_rl.runs.checkpoint import load_checkpoint
+
+    full = {"model.full_finetune": "true", "model.sync": "auto", "optim.lr": "1e-4", "run.save_every": 1}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    final = json.loads(finish(agent_rl_train(straight, [dev_server.url], tiny_dir, 2, sets=full)).splitlines()[-1])
+    assert final["train_tokens"] > 0
+    model = enable_full_finetune(load_causal_lm(str(tiny_dir)))
+    assert load_checkpoint(straight, model, restore_rng=False).step == 2
+    ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same everywhere.")
+    with torch.no_grad():
+        ours = token_logprobs(model.eval(), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+    start = token_logprobs(load_causal_lm(str(tiny_dir)), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+    assert (ours - start.logp_B_T[0, :-1]).abs().max().item() > 10 * LOGPROB_TOL  # two steps moved the policy
+    assert (ours - server_logprobs(dev_server.url, "base", ids)).abs().max().item() < LOGPROB_TOL
+
+    # as if killed after step 1: the second run finds only the step-1 checkpoint
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(straight / "checkpoints" / "step-000001", resumed / "checkpoints" / "step-000001")
+    (resumed / "checkpoints" / "latest").write_text("step-000001\n")
+    finish(agent_rl_train(resumed, [dev_server.url], tiny_dir, 2, "--resume", sets=full))
+    a, b = (load_checkpoint(d, restore_rng=False).path / "weights.safetensors" for d in (straight, resumed))
+    assert b.parent.name == "step-000002"
+    from safetensors.torch import load_file
+
+    assert max_gap(load_file(str(a)), load_file(str(b))) < 1e-5
+    rewards = [[json.loads(x)["reward_mean"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+               for d in (straight, resumed)]
+    assert rewards[1] == rewards[0][1:] and len(rewards[0]) == 2

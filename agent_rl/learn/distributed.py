@@ -97,6 +97,7 @@ def shard_model(model: Any, dist: Dist, keep_whole: set[torch.nn.Parameter]) -> 
     for layer in layers:
         fully_shard(layer, ignored_params=keep_whole or None)
         layer.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
+        layer.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (float32 asks it)
     inside = {id(p) for layer in layers for p in layer.parameters()} - {id(p) for p in keep_whole}
     return [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
 
