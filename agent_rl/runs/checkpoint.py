@@ -2,9 +2,10 @@
 
 Owns: writing `<run_dir>/checkpoints/step-{step:06d}` atomically (trainable weights, optimizer and
 scheduler state, Python/NumPy/torch RNG states, data position, caller's extras), the `latest`
-pointer file, keeping the newest N, and loading the newest *complete* checkpoint back.
+pointer file, keeping the newest N, and loading the newest *complete* checkpoint back, into plain
+or sharded (FSDP2) parameters alike.
 Does not own: the adapters served to vLLM (`rollout.weight_sync`), the training loop, the data pipeline
-(it only stores the position the caller hands in).
+(it only stores the position the caller hands in), gathering sharded state (`learn.distributed`).
 
 Atomicity (`core.files`): files are written into a `checkpoints/.tmp-step-*` folder, a
 `manifest.json` with each file's size and sha256 last, everything fsynced, then the folder is renamed
