@@ -3,7 +3,8 @@
 Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, task stream, resume) and the loop;
 `Stages`, the loop's replaceable parts (a bench times them, a test scripts them, by argument);
 `sample_step` (one step's rollouts, with DAPO-style resampling of groups without signal) and the
-task stream with its saved position.
+task stream with its saved position; under torchrun, what the other ranks do (`follow`) and the
+collectives every rank joins for a weight push and a checkpoint (`served_weights`, `checkpoint`).
 Does not own: any of the maths (`learn.advantages`, `learn.loss`, `learn.update`), tokens
 (`rollout.runner`, `core.renderer`), servers (`rollout.server`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
@@ -39,7 +40,14 @@ from agent_rl.learn.advantages import (
     rloo_advantages,
 )
 from agent_rl.learn.batching import collate
-from agent_rl.learn.distributed import Dist, broadcast, init_distributed
+from agent_rl.learn.distributed import (
+    Dist,
+    GatheredModel,
+    broadcast,
+    full_optimizer_state,
+    full_state_dict,
+    init_distributed,
+)
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.merged import start_weight_sync
@@ -155,6 +163,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     dist = init_distributed(cfg.model.device)
     cfg = for_ranks(cfg, dist)
     run = prepare(cfg, resume, dist)
+    first = served_weights(run)  # every rank: under sharded full fine-tuning, a gather on rank 0
     if not dist.main:
         await follow(run, stages)
         return {}
@@ -162,7 +171,8 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler, \
             judging(run.session, [r.url for r in sampler.replicas], run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
-        sync = await stages.sync(cfg, run.run_dir, sampler, run.policy.model, run.start)
+        sync = await stages.sync(cfg, run.run_dir, sampler, first, run.start)
+        del first
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=cfg.run.tensorboard,
                        wandb_project=cfg.run.wandb_project, start_step=run.start,
                        collapse_drop=cfg.run.collapse_drop, entropy_floor=cfg.run.entropy_floor) as log:
@@ -207,7 +217,9 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         metrics.update(await learn(run, batch, stages, step))
         metrics["time/train_s"] = time.perf_counter() - t_train
         # 7. sync the new weights into every server (version = number of steps taken)
-        metrics["time/sync_s"] = await sync.push(run.policy.model, step + 1)
+        t_sync = time.perf_counter()
+        await sync.push(await asyncio.to_thread(served_weights, run), step + 1)
+        metrics["time/sync_s"] = time.perf_counter() - t_sync
         # 8. log and checkpoint
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
@@ -215,10 +227,8 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         metrics.update(run.stream.positions(position))
         final = log.log(step + 1, metrics)
         write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
-        if (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps:
-            policy = run.policy
-            save_checkpoint(run.run_dir, step + 1, policy.model, policy.optimizer, policy.scheduler,
-                            data_position=position, keep=cfg.run.keep_checkpoints)
+        if checkpoint_due(cfg, step):
+            checkpoint(run, step + 1, position)
     if pending:
         pending.cancel()
     return final
@@ -239,20 +249,52 @@ async def learn(run: Run, batch: Any, stages: Stages, step: int) -> dict[str, fl
 
 
 async def follow(run: Run, stages: Stages) -> None:
-    """The ranks other than 0: each step, rank 0's batch and their share of the update. A LoRA adapter is
-    replicated (`learn.distributed`), so weight sync and checkpoints need nothing from them."""
+    """The ranks other than 0: each step, rank 0's batch and their share of the update, then the same
+    collectives as rank 0's push and checkpoint (gathers under sharded full fine-tuning; a LoRA adapter is
+    replicated, so then nothing)."""
     for step in range(run.start, run.cfg.run.steps):
         await learn(run, None, stages, step)
+        served_weights(run)
+        if checkpoint_due(run.cfg, step):
+            checkpoint(run, step + 1, None)
+
+
+def sharded_full(run: Run) -> bool:
+    """Full fine-tuning over several ranks: the trained layers are sharded (`learn.distributed`)."""
+    return run.cfg.model.full_finetune and run.policy.dist.active
+
+
+def served_weights(run: Run) -> Any:
+    """What rank 0 pushes to the servers: the model, or under sharded full fine-tuning its weights gathered
+    whole on rank 0 (`GatheredModel`). Every rank calls it at the same points: the gather is a collective."""
+    model = run.policy.model
+    if not sharded_full(run):
+        return model
+    return GatheredModel(full_state_dict(model, run.policy.dist), model.config, getattr(model, "generation_config", None))
+
+
+def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
+    return (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps
+
+
+def checkpoint(run: Run, step: int, position: int | None) -> None:
+    """Checkpoint `step`, written by rank 0. Every rank calls it: under sharded full fine-tuning the weights
+    and the optimizer state are first gathered whole on rank 0, into the format one process writes."""
+    policy, gathered = run.policy, {}
+    if sharded_full(run):
+        gathered = {"weights": full_state_dict(policy.model, policy.dist),
+                    "optimizer_state": full_optimizer_state(policy.optimizer, policy.dist)}
+    if policy.dist.main:
+        save_checkpoint(run.run_dir, step, policy.model, policy.optimizer, policy.scheduler,
+                        data_position=position, keep=run.cfg.run.keep_checkpoints, **gathered)
 
 
 def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:
-    """The settings several ranks can run: a LoRA policy pushed as an adapter (merged weights would need the
-    sharded base gathered on rank 0 each step; full fine-tuning under torchrun is not supported yet)."""
-    if not dist.active:
+    """The settings several ranks can run: full fine-tuning (weights gathered on rank 0 for each push), or a
+    LoRA policy pushed as an adapter (merged weights would need the sharded base gathered on rank 0 each
+    step, which is not built)."""
+    if not dist.active or cfg.model.full_finetune:
         return cfg
-    if cfg.model.full_finetune:
-        raise ValueError("model.full_finetune: several ranks train a LoRA adapter only in this version; "
-                         "run full fine-tuning as one process")
     if cfg.model.sync == "merged":
         raise ValueError("model.sync: merged needs one trainer process (the base weights are sharded over ranks); "
                          "use adapter or auto")

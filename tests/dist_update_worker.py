@@ -1,38 +1,78 @@
 """Run under torchrun by tests/test_distributed.py: one policy update on a fixed batch, as this rank of N.
 
-argv: OUT (a .pt file rank 0 writes the trained adapter weights and the statistics to), then config
-overrides key=value. The batch is test_update.make_batch's: every rank builds the same one.
+argv: OUT (a .pt file rank 0 writes the trained weights, gathered whole, and the statistics to), then
+config overrides key=value. The batch is test_update.make_batch's: every rank builds the same one.
+Two keys are not config: `save=DIR` checkpoints the update there (gathered on rank 0, as the trainer
+does); `resume=DIR` then builds a fresh policy, loads DIR's checkpoint and runs a second update,
+whose weights OUT holds as "resumed".
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_update import config, make_batch  # noqa: E402
 
-from agent_rl.learn.distributed import init_distributed  # noqa: E402
+from agent_rl.learn.distributed import full_optimizer_state, full_state_dict, init_distributed  # noqa: E402
 from agent_rl.learn.models import cache_dir  # noqa: E402
-from agent_rl.learn.policy import build_policy, trainable_parameters  # noqa: E402
+from agent_rl.learn.policy import build_policy  # noqa: E402
+from agent_rl.learn.reference import FrozenCopy  # noqa: E402
 from agent_rl.learn.update import policy_update  # noqa: E402
+from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 
 def main() -> None:
     out, sets = Path(sys.argv[1]), dict(a.split("=", 1) for a in sys.argv[2:])
+    save, resume = sets.pop("save", None), sets.pop("resume", None)
     tiny = cache_dir() / "models" / "tiny-smollm2"
     cfg = config(tiny, **sets)
     dist = init_distributed("cpu")
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny, dist=dist, with_reference=cfg.algorithm.kl_beta > 0)
-    batch = make_batch(policy)
-    stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, seed=3)
+    stats = policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0, seed=3)
+    weights = trained_weights(policy, dist)
+    result = {"weights": weights, "stats": stats, "world": dist.world, "sharded": sharded(policy)}
+    if save:
+        optimizer_state = full_optimizer_state(policy.optimizer, dist)
+        if dist.main:
+            save_checkpoint(save, 1, policy.model, policy.optimizer, policy.scheduler, data_position=0,
+                            weights=weights, optimizer_state=optimizer_state)
+    if resume:
+        torch_dist_barrier(dist)  # rank 0's checkpoint is complete before any rank reads it
+        policy = build_policy(cfg.model, cfg.optim, tiny, dist=dist, with_reference=cfg.algorithm.kl_beta > 0)
+        load_checkpoint(resume, policy.model, policy.optimizer, policy.scheduler, restore_rng=False)
+        optimizer_state = full_optimizer_state(policy.optimizer, dist)
+        result["loaded"] = (trained_weights(policy, dist), copy.deepcopy(optimizer_state))
+        policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0, seed=4)
+        result["resumed"] = trained_weights(policy, dist)
     if dist.main:
-        weights = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p in set(trainable_parameters(policy.model))}
-        torch.save({"weights": weights, "stats": stats, "world": dist.world}, out)
+        torch.save(result, out)
+
+
+def trained_weights(policy, dist) -> dict:
+    """The trained weights, gathered whole on rank 0 (every rank takes part); {} on the others. Copied: the
+    weights no rank shards are the live tensors."""
+    trained = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    return {n: w.clone() for n, w in full_state_dict(policy.model, dist).items() if n in trained}
+
+
+def sharded(policy) -> dict:
+    """Which trained weights, and which weights of full fine-tuning's frozen KL reference, are sharded."""
+    return {"policy": any(isinstance(p, DTensor) for p in policy.model.parameters() if p.requires_grad),
+            "reference": isinstance(policy.reference, FrozenCopy) and any(
+                isinstance(p, DTensor) for p in policy.reference.model.parameters())}
+
+
+def torch_dist_barrier(dist) -> None:
+    if dist.active:
+        torch.distributed.barrier()
 
 
 if __name__ == "__main__":

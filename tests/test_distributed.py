@@ -1,5 +1,6 @@
 """Data-parallel training: two gloo ranks (standing in for two GPUs) on the same batch end with the same
-adapter as one process, for token-mean and sequence-mean losses: the loss normaliser is global."""
+adapter (or, fully fine-tuned, the same weights) as one process, for token-mean and sequence-mean losses:
+the loss normaliser is global."""
 
 from __future__ import annotations
 
@@ -30,20 +31,55 @@ def run_ranks(tmp_path: Path, nproc: int, sets: dict[str, str], tiny_dir) -> dic
 @pytest.mark.parametrize("sets", [
     {"algorithm.aggregation": "token_mean"},
     {"algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2", "algorithm.kl_beta": "0.1"},
-], ids=["token_mean", "sequence_mean-2-steps-kl"])
-def test_two_ranks_train_the_same_adapter_as_one(tmp_path, tiny_dir, sets):
+    {"model.full_finetune": "true", "algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2",
+     "algorithm.kl_beta": "0.1"},
+], ids=["token_mean", "sequence_mean-2-steps-kl", "full_finetune-2-steps-kl"])
+def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir, sets):
     """In float64, so that summing in another order cannot hide a wrong normaliser: AdamW's first step
     divides each gradient by its own magnitude, which turns float32 noise on a near-zero gradient into a
-    full-size difference (1e-4 observed in float32; 2.5e-14 in float64)."""
+    full-size difference (1e-4 observed in float32; 2.5e-14 in float64, 5e-13 fully fine-tuned)."""
     sets = {**sets, "model.dtype": "float64"}
     one = run_ranks(tmp_path, 1, sets, tiny_dir)
     two = run_ranks(tmp_path, 2, sets, tiny_dir)
     assert one["world"] == 1 and two["world"] == 2
+    full = sets.get("model.full_finetune") == "true"  # its layers (and its KL reference's) sharded, not copied
+    assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values())
     assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0
-    moved = max((one["weights"][k] - two["weights"][k]).abs().max().item() for k in one["weights"])
-    assert moved < 1e-10, moved
+    assert max_gap(one["weights"], two["weights"]) < 1e-10
     for key in ("loss", "grad_norm", "train_tokens", "clip_frac", "ratio_mean", "entropy", "optimizer_steps"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), key
+
+
+def max_gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and len(a) > 0
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def moments(optimizer_state: dict) -> dict:
+    return {f"{i}.{k}": v for i, m in optimizer_state["state"].items() for k, v in m.items()}
+
+
+def test_a_sharded_full_finetune_checkpoint_resumes_under_one_rank_or_two(tmp_path, tiny_dir):
+    """Two ranks gather their shards into the checkpoint one process writes (weights and AdamW moments
+    alike), and a second update after loading it, by two ranks or by one, ends where it should: in float64,
+    to the same tight bound as above."""
+    from agent_rl.runs.checkpoint import load_checkpoint
+
+    sets = {"model.full_finetune": "true", "model.dtype": "float64", "algorithm.aggregation": "token_mean"}
+    sharded_ck, single_ck = tmp_path / "ck-2", tmp_path / "ck-1"
+    two = run_ranks(tmp_path, 2, {**sets, "save": sharded_ck, "resume": sharded_ck}, tiny_dir)
+    one = run_ranks(tmp_path, 1, {**sets, "save": single_ck, "resume": sharded_ck}, tiny_dir)
+    assert two["sharded"]["policy"] and max_gap(one["weights"], two["weights"]) < 1e-10
+    saved = [torch.load(d / "checkpoints" / "step-000001" / "optimizer.pt", weights_only=True)
+             for d in (sharded_ck, single_ck)]
+    assert saved[0]["param_groups"] == saved[1]["param_groups"]
+    assert max_gap(moments(saved[0]), moments(saved[1])) < 1e-10
+    for run in (one, two):  # loaded exactly (two ranks: each its shards), then trained on alike
+        weights, optimizer = run["loaded"]
+        assert max_gap(weights, two["weights"]) == 0.0 and max_gap(moments(optimizer), moments(saved[0])) == 0.0
+    assert max_gap(one["resumed"], two["resumed"]) < 1e-10
+    assert max_gap(one["resumed"], one["weights"]) > 1e-4  # the second update did move the weights
+    assert load_checkpoint(sharded_ck, restore_rng=False).step == 1
 
 
 def test_rows_are_dealt_to_ranks_and_one_process_keeps_its_micro_batches():
@@ -61,12 +97,13 @@ def test_rows_are_dealt_to_ranks_and_one_process_keeps_its_micro_batches():
     # the real two-rank case (fillers when a rank holds fewer micro-batches) runs in the test above
 
 
-def agent_rl_train(run_dir: Path, urls: list[str], model_dir, steps: int, *extra: str) -> subprocess.Popen:
+def agent_rl_train(run_dir: Path, urls: list[str], model_dir, steps: int, *extra: str,
+                   sets: dict | None = None) -> subprocess.Popen:
     sets = {"model.name": model_dir, "model.lora_rank": 8, "model.lora_alpha": 16, "model.sync": "adapter",
             "sampler.server_urls": f"[{','.join(urls)}]", "sampler.max_model_len": 2048, "rollout.env": "toy",
             "rollout.tasks_per_step": 2, "rollout.group_size": 4, "rollout.max_turns": 1,
             "rollout.max_tokens_per_turn": 32, "rollout.max_total_tokens": 128, "optim.lr": "3e-3",
-            "run.steps": steps, "run.run_dir": run_dir, "run.seed": 7, "run.tensorboard": "false"}
+            "run.steps": steps, "run.run_dir": run_dir, "run.seed": 7, "run.tensorboard": "false", **(sets or {})}
     cmd = [str(Path(sys.executable).with_name("agent-rl")), "train", "--nproc", "2", "--no-plot",
            *[f"--set={k}={v}" for k, v in sets.items()], *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -127,3 +164,46 @@ def test_two_ranks_two_servers_train_resume_and_match(tmp_path, vllm_server, dev
     rewards = [[json.loads(x)["reward_mean"] for x in (d / "metrics.jsonl").read_text().splitlines()]
                for d in (straight, killed)]
     assert rewards[0] == rewards[1] and len(rewards[0]) == 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)  # two 2-rank runs (3 steps in all), and maybe the start of the dev-mode server
+def test_two_ranks_full_finetune_push_checkpoint_and_resume(tmp_path, dev_server, tiny_dir, renderer):
+    """`agent-rl train --nproc 2` fully fine-tuning against a dev-mode server: each push gathers the sharded
+    weights on rank 0 and the server then serves exactly the trainer's log-probs (those of the step-2
+    checkpoint, gathered apart); a second run resumed from the step-1 checkpoint ends equal to the first."""
+    import json
+    import shutil
+
+    from test_train_integration import LOGPROB_TOL, server_logprobs
+
+    from agent_rl.learn.logprobs import token_logprobs
+    from agent_rl.learn.policy import enable_full_finetune, load_causal_lm
+    from agent_rl.runs.checkpoint import load_checkpoint
+
+    full = {"model.full_finetune": "true", "model.sync": "auto", "optim.lr": "1e-4", "run.save_every": 1}
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    final = json.loads(finish(agent_rl_train(straight, [dev_server.url], tiny_dir, 2, sets=full)).splitlines()[-1])
+    assert final["train_tokens"] > 0
+    model = enable_full_finetune(load_causal_lm(str(tiny_dir)))
+    assert load_checkpoint(straight, model, restore_rng=False).step == 2
+    ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same everywhere.")
+    with torch.no_grad():
+        ours = token_logprobs(model.eval(), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+    start = token_logprobs(load_causal_lm(str(tiny_dir)), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+    assert (ours - start.logp_B_T[0, :-1]).abs().max().item() > 10 * LOGPROB_TOL  # two steps moved the policy
+    assert (ours - server_logprobs(dev_server.url, "base", ids)).abs().max().item() < LOGPROB_TOL
+
+    # as if killed after step 1: the second run finds only the step-1 checkpoint
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(straight / "checkpoints" / "step-000001", resumed / "checkpoints" / "step-000001")
+    (resumed / "checkpoints" / "latest").write_text("step-000001\n")
+    finish(agent_rl_train(resumed, [dev_server.url], tiny_dir, 2, "--resume", sets=full))
+    a, b = (load_checkpoint(d, restore_rng=False).path / "weights.safetensors" for d in (straight, resumed))
+    assert b.parent.name == "step-000002"
+    from safetensors.torch import load_file
+
+    assert max_gap(load_file(str(a)), load_file(str(b))) < 1e-5
+    rewards = [[json.loads(x)["reward_mean"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+               for d in (straight, resumed)]
+    assert rewards[1] == rewards[0][1:] and len(rewards[0]) == 2

@@ -4,7 +4,9 @@ Owns: `Dist` (rank, world, the process group: gloo on the CPU, NCCL on CUDA, fro
 environment; a single process is world 1 and every helper here is then a no-op), `shard_model`
 (FSDP2 `fully_shard` over each decoder layer, then the whole model), `broadcast` (rank 0's object to
 every rank), `rows_of` (this rank's rows of an optimizer step), `all_reduce_adapter_grads`,
-`reduce_stats` and `full_state_dict` (a sharded model's weights gathered whole on rank 0).
+`reduce_stats`, `clip_grad_norm` (over sharded and whole gradients), `reshard` (after a no-grad pass), and
+for full fine-tuning `full_state_dict`, `full_optimizer_state` (a sharded model's weights and AdamW moments
+gathered whole on rank 0) and `GatheredModel` (those weights, saved as the model would save itself).
 Does not own: the loss (`learn.loss`), the update loop (`learn.update`), sampling (`rollout`).
 
 The design, in one place:
@@ -23,8 +25,12 @@ The design, in one place:
   are all-reduced (summed) after each step's backward passes, so every rank holds the same adapter and
   the same AdamW state. Rank 0 pushes and checkpoints the adapter without any collective; a resumed
   rank reads the same checkpoint.
-- Full fine-tuning under several ranks is refused for now (`trainer.for_ranks`): it would need the
-  sharded layers gathered on rank 0 for every weight push and checkpoint.
+- Full fine-tuning: the decoder layers are sharded and trained sharded (the gradient norm sums each
+  rank's shards: `clip_grad_norm`); the weights outside them are replicated like an adapter. Every weight
+  push and every checkpoint gathers the whole state on rank 0 (`full_state_dict`, `full_optimizer_state`:
+  collectives every rank joins at the same points, `trainer.follow`), and rank 0 writes it in the format
+  one process writes; a resumed rank takes its own shard of each saved tensor (`runs.checkpoint`), so a
+  checkpoint reads back under any number of ranks. A KL reference's frozen copy is sharded too.
 - Every rank runs the same number of forward passes per optimizer step (FSDP2 all-gathers layers in
   each one): a rank with fewer rows runs masked copies, which add nothing to the loss.
 """
@@ -91,8 +97,20 @@ def shard_model(model: Any, dist: Dist, keep_whole: set[torch.nn.Parameter]) -> 
     for layer in layers:
         fully_shard(layer, ignored_params=keep_whole or None)
         layer.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
+        layer.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (float32 asks it)
     inside = {id(p) for layer in layers for p in layer.parameters()} - {id(p) for p in keep_whole}
     return [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
+
+
+def reshard(model: Any) -> None:
+    """Free the gathered layers after a no-grad pass. Each sharded layer is its own FSDP2 root (`shard_model`),
+    and a root keeps its gathered weights after a forward pass, expecting the backward pass that reshards
+    them; a pass without one (the KL reference's, pi_old's) would leave every layer whole."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def broadcast(obj: Any, dist: Dist) -> Any:
@@ -129,6 +147,28 @@ def all_reduce_adapter_grads(params: list[torch.nn.Parameter], dist: Dist) -> No
         n = g.numel()
         p.grad = flat[offset:offset + n].view_as(g).clone()
         offset += n
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` over a mix of sharded (DTensor: FSDP2's layers under full
+    fine-tuning) and whole gradients: the squares of each rank's shards are summed over ranks, those of
+    the whole weights (the same on every rank, already summed) are not. Every rank calls it; returns the
+    global norm before clipping."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(isinstance(g, DTensor) for g in grads):
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if grads else 0.0
+    sharded = [g.to_local() for g in grads if isinstance(g, DTensor)]
+    square = torch.stack([g.double().pow(2).sum() for g in sharded]).sum().cpu()
+    torch_dist.all_reduce(square)
+    square += sum(float(g.double().pow(2).sum()) for g in grads if not isinstance(g, DTensor))
+    norm = float(square.sqrt())
+    coef = min(1.0, max_norm / (norm + 1e-6))  # as torch's: no scaling below the bound
+    if coef < 1.0:
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
+    return norm
 
 
 def reduce_stats(sums: dict[str, float], tokens: int, dist: Dist) -> tuple[dict[str, float], int]:
@@ -175,11 +215,57 @@ def share_rows(batch: Any, dist: Dist, names: tuple[str, ...]) -> Any:
 
 def full_state_dict(model: Any, dist: Dist, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """The model's whole weights on rank 0 (on the CPU), gathered from their shards; {} on other ranks.
-    Every rank must call it at the same point."""
+    Tied weights once, under the name `named_parameters` gives them (as `save_pretrained` writes them).
+    Every rank must call it at the same point. A weight no rank shards, on the CPU already, is the live
+    tensor, not a copy: write the dict out before the next optimizer step."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
-    return get_model_state_dict(model, options=options)
+    state = get_model_state_dict(model, options=options)
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return {n: t for n, t in state.items() if n not in aliases}
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer, dist: Dist) -> dict[str, Any]:
+    """The optimizer's `state_dict()` with every sharded tensor gathered whole, on the CPU, on rank 0: the
+    format one process writes, so a checkpoint reads back under any number of ranks; {} on other ranks.
+    Every rank must call it at the same point (one all-gather per sharded tensor, in parameter order).
+    Unsharded moments are the live tensors, as in `full_state_dict`."""
+    from torch.distributed.tensor import DTensor
+
+    state = optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: built anew below
+    gathered = {}
+    for pid in sorted(state["state"]):
+        moments = {}
+        for key, value in sorted(state["state"][pid].items()):
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            if dist.main:  # the other ranks drop each gathered tensor at once
+                moments[key] = whole.cpu() if isinstance(whole, torch.Tensor) else whole
+        gathered[pid] = moments
+    return {**state, "state": gathered} if dist.main else {}
+
+
+@dataclass(frozen=True)
+class GatheredModel:
+    """A sharded model's weights gathered whole on rank 0 (`full_state_dict`), with the model's config:
+    `save_pretrained` writes the folder the model's own would (what `rollout.weight_sync.FullWeightSync`
+    pushes to the servers)."""
+
+    state: dict[str, torch.Tensor]
+    config: Any  # transformers PretrainedConfig
+    generation_config: Any = None
+
+    def save_pretrained(self, folder: Any, safe_serialization: bool = True) -> None:
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        save_file({n: t.contiguous() for n, t in self.state.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        self.config.to_json_file(str(folder / "config.json"))
+        if self.generation_config is not None:
+            self.generation_config.to_json_file(str(folder / "generation_config.json"))

@@ -3,7 +3,8 @@
 Owns: loading the model from a folder (`load_causal_lm`), making it trainable (`apply_lora`,
 `enable_full_finetune`), `Policy` (the model with its optimizer, schedule, KL reference and device) and
 `build_policy` (all of it from a config, starting from a fresh adapter, a saved one, or every weight,
-on the configured device and in the configured precision, with gradient checkpointing where asked).
+on the configured device and in the configured precision, with gradient checkpointing where asked,
+and under several ranks sharded over them, a full fine-tune's frozen KL reference too).
 Does not own: log-probs (`learn.logprobs`), the loss and the optimizer step (`learn.update`), saving
 or syncing weights (`rollout.weight_sync`, `runs.checkpoint`), resolving model specs (`learn.models`).
 """
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.distributed import Dist, rank_device, shard_model
-from agent_rl.learn.reference import make_reference
+from agent_rl.learn.reference import FrozenCopy, make_reference
 
 
 def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -76,7 +77,8 @@ class Policy:
     reference: Any = None  # learn.reference.Reference, when the loss has a KL term
     device: torch.device = torch.device("cpu")
     dist: Dist = Dist()  # one process, or this rank of several (`learn.distributed`)
-    replicated: list = field(default_factory=list)  # weights whose gradients ranks sum themselves (LoRA)
+    # weights whose gradients ranks sum themselves: the LoRA adapter, or a full fine-tune's unsharded ones
+    replicated: list = field(default_factory=list)
 
 
 def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
@@ -102,6 +104,8 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     # several ranks: FSDP2 shards the decoder layers; a LoRA adapter stays whole on every rank
     adapter = set() if model_cfg.full_finetune else set(trainable_parameters(model))
     replicated = shard_model(model, dist, adapter)
+    if isinstance(reference, FrozenCopy):  # full fine-tuning's frozen copy: its layers sharded as the policy's
+        shard_model(reference.model, dist, set())
     optim = optim_cfg
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr if lr is not None else optim.lr,
                                   betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay)

@@ -7,7 +7,8 @@ Owns: `make_reference(model, model_cfg)` and the three kinds of reference it pic
   SFT) keeps a second, never-trained copy of that adapter under the name "reference": the KL term
   pulls toward the starting policy, not toward a base model that never called a tool;
 - `FrozenCopy`: full fine-tuning keeps a frozen copy of the starting weights (twice the weights'
-  memory; on a GPU plan for it, or run with `kl_beta: 0`).
+  memory; on a GPU plan for it, or run with `kl_beta: 0`). Under several ranks the copy's decoder layers
+  are sharded like the policy's (`learn.policy.build_policy`), so each rank holds 1/N of them.
 The reference is built before a resumed run loads its checkpoint, so it stays the starting policy.
 Does not own: the KL term itself (`learn.loss.k3_kl`), when it is used (`learn.update`).
 """
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from peft import PeftModel
 
+from agent_rl.learn.distributed import reshard
 from agent_rl.learn.logprobs import token_logprobs
 
 
@@ -64,7 +66,10 @@ class FrozenCopy:
 
     @torch.no_grad()
     def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size):
-        return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size).logp_B_T
+        try:
+            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size).logp_B_T
+        finally:
+            reshard(self.model)  # several ranks: the copy's layers are sharded, and stay so between passes
 
 
 def make_reference(model: Any, model_cfg: Any) -> Reference:

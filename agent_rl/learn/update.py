@@ -32,8 +32,10 @@ from agent_rl.learn.allocator import release_freed_memory
 from agent_rl.learn.batching import Batch, split_steps
 from agent_rl.learn.distributed import (
     all_reduce_adapter_grads,
+    clip_grad_norm,
     rank_micro_batches,
     reduce_stats,
+    reshard,
     share_rows,
 )
 from agent_rl.learn.logprobs import token_logprobs
@@ -58,10 +60,11 @@ AGGREGATIONS = {
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
-    """Clip the accumulated gradients, step, and give the step's freed host memory back to the OS
-    (`learn.allocator`). Returns the gradient norm before clipping (0 when nothing has a gradient)."""
+    """Clip the accumulated gradients (sharded ones too: `learn.distributed.clip_grad_norm`), step, and give
+    the step's freed host memory back to the OS (`learn.allocator`). Returns the gradient norm before
+    clipping (0 when nothing has a gradient)."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip)) if params else 0.0
+    grad_norm = clip_grad_norm(params, grad_clip)
     optimizer.step()
     release_freed_memory()
     return grad_norm
@@ -85,6 +88,7 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
             columns["ref_logp_B_T"] = policy.reference.logprobs(mb.input_ids_B_T, mb.attention_mask_B_T,
                                                                 temperature, optim.logprob_chunk)
         batch = batch.with_rows(mb.index_B, **columns)
+    reshard(policy.model)  # several ranks: the layers this no-grad pass gathered, sharded again
     names = (("old_logp_B_T",) if need_old else ()) + (("ref_logp_B_T",) if algo.kl_beta > 0 else ())
     return share_rows(batch, policy.dist, names)  # every rank's rows, on every rank
 

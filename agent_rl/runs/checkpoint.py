@@ -2,9 +2,10 @@
 
 Owns: writing `<run_dir>/checkpoints/step-{step:06d}` atomically (trainable weights, optimizer and
 scheduler state, Python/NumPy/torch RNG states, data position, caller's extras), the `latest`
-pointer file, keeping the newest N, and loading the newest *complete* checkpoint back.
+pointer file, keeping the newest N, and loading the newest *complete* checkpoint back, into plain
+or sharded (FSDP2) parameters alike.
 Does not own: the adapters served to vLLM (`rollout.weight_sync`), the training loop, the data pipeline
-(it only stores the position the caller hands in).
+(it only stores the position the caller hands in), gathering sharded state (`learn.distributed`).
 
 Atomicity (`core.files`): files are written into a `checkpoints/.tmp-step-*` folder, a
 `manifest.json` with each file's size and sha256 last, everything fsynced, then the folder is renamed
@@ -13,7 +14,10 @@ checkpoint as `latest` or the new one complete. Loading verifies the manifest an
 newest older checkpoint that verifies; temp folders are never loaded and are removed by the next save.
 
 Weights stored are the trainable parameters (`requires_grad`): the LoRA adapter, or every weight
-under full fine-tuning. Frozen weights come from the model folder the run started from.
+under full fine-tuning. Frozen weights come from the model folder the run started from. Stored whole,
+whatever the number of ranks that trained them: a run sharded over ranks (FSDP2 full fine-tuning) hands
+in its weights and optimizer state gathered on rank 0, and on loading each rank takes its own shard of
+every saved tensor, so a checkpoint resumes under any number of ranks, one included.
 """
 
 from __future__ import annotations
@@ -63,10 +67,13 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 
 def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     scheduler: Any | None, *, data_position: Any, extra: dict[str, Any] | None = None,
-                    keep: int = 3) -> Path:
+                    keep: int = 3, weights: dict[str, torch.Tensor] | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `step` atomically, point `latest` at it, keep the newest `keep`.
 
-    `data_position` and `extra` must be JSON-serialisable. Checkpoints with a step above `step` are
+    `data_position` and `extra` must be JSON-serialisable. `weights` and `optimizer_state` stand in for
+    the model's trainable weights and the optimizer's `state_dict()` where those are sharded over ranks:
+    the caller gathered them whole (`learn.distributed.full_state_dict`, `full_optimizer_state`). Checkpoints with a step above `step` are
     deleted: they belong to a timeline abandoned when the run resumed from an older checkpoint.
     """
     if keep < 1:
@@ -80,8 +87,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer:
 
     final = root / f"step-{step:06d}"
     with atomic_dir(final, durable=True) as tmp:  # the same step saved again after a resume: replaced
-        save_file(_trainable_state(model), tmp / _WEIGHTS)
-        torch.save(optimizer.state_dict() if optimizer is not None else None, tmp / _OPTIMIZER)
+        save_file(_trainable_state(model, weights), tmp / _WEIGHTS)
+        if optimizer_state is None and optimizer is not None:
+            optimizer_state = optimizer.state_dict()
+        torch.save(optimizer_state, tmp / _OPTIMIZER)
         torch.save(scheduler.state_dict() if scheduler is not None else None, tmp / _SCHEDULER)
         torch.save(_rng_state(), tmp / _RNG)
         (tmp / _STATE).write_text(state_json)
@@ -133,9 +142,9 @@ def _restore(path: Path, model: nn.Module | None, optimizer: Any, scheduler: Any
                 if p.shape != saved[name].shape:
                     raise CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
                                           f"the model {tuple(p.shape)}")
-                p.copy_(saved[name])
+                _own_part(p).copy_(_own_part(_shard_like(saved[name], p)))
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / _OPTIMIZER, weights_only=True))
+        optimizer.load_state_dict(_sharded_moments(torch.load(path / _OPTIMIZER, weights_only=True), optimizer))
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / _SCHEDULER, weights_only=True))
     if restore_rng:
@@ -147,10 +156,44 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    state = {n: p.detach().contiguous().cpu() for n, p in _trainable(model)}
+def _trainable_state(model: nn.Module, gathered: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    if gathered is not None:
+        names = {n for n, _ in _trainable(model)}
+        state = {n: t.contiguous() for n, t in gathered.items() if n in names}
+    else:
+        state = {n: p.detach().contiguous().cpu() for n, p in _trainable(model)}
     if not state:
         raise CheckpointError("the model has no trainable parameters: nothing to checkpoint")
+    return state
+
+
+def _shard_like(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`whole` laid out as `param`: for a sharded parameter (an FSDP2 DTensor, several ranks) a DTensor
+    holding this rank's shard, split locally (every rank read the same file); else `whole` itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
+        return whole
+    return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+
+
+def _own_part(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def _sharded_moments(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A saved optimizer state (whole tensors) fitted to the optimizer's parameters: each moment of a
+    sharded parameter becomes the DTensor shard this rank holds. Unsharded: `state` as it is."""
+    from torch.distributed.tensor import DTensor
+
+    for saved_group, group in zip(state["param_groups"], optimizer.param_groups):
+        for pid, p in zip(saved_group["params"], group["params"]):
+            if not isinstance(p, DTensor) or pid not in state["state"]:
+                continue
+            state["state"][pid] = {k: _shard_like(v, p) if isinstance(v, torch.Tensor) and v.shape == p.shape else v
+                                   for k, v in state["state"][pid].items()}
     return state
 
 
