@@ -15,7 +15,8 @@ from agent_rl.learn import update
 # then many large buffers of varying size interleaved with small long-lived allocations, all freed
 CHURN = textwrap.dedent("""
     import sys
-    from agent_rl.learn.allocator import release_freed_memory
+    from agent_rl.learn.allocator import cap_heap_buffers, release_freed_memory
+    capped = cap_heap_buffers() if sys.argv[1] == "cap" else None
     def rss_mb():
         return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) // 1024
     x = bytearray(8 << 20); del x
@@ -23,7 +24,7 @@ CHURN = textwrap.dedent("""
     for i in range(64):
         big.append(bytearray((4 << 20) + i * 4096)); small.append(bytearray(600))
     held = rss_mb(); del big
-    released = release_freed_memory() if sys.argv[1] == "release" else None
+    released = release_freed_memory() if sys.argv[1] == "release" else capped
     print(held, rss_mb(), released)
 """)
 
@@ -40,6 +41,25 @@ def test_freed_buffers_leave_the_process_only_when_released():
     assert held > 250 and after > 250, "glibc's default heap keeps the freed 256 MB resident (the failure)"
     held, after, released = _churn("release")
     assert released == "True" and held > 250 and after < 64, f"released, yet {after} MB stay resident"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and calls glibc's mallopt")
+def test_capped_heap_buffers_leave_the_process_as_they_are_freed():
+    """Within a step nothing is trimmed: buffers of 4 MiB and more must be mappings of their own."""
+    held, after, capped = _churn("cap")
+    assert capped == "True" and held > 250 and after < 64, f"capped, yet {after} MB stay resident"
+
+
+def test_a_cpu_policy_caps_heap_buffers(monkeypatch):
+    from agent_rl.learn import policy
+
+    calls = []
+    monkeypatch.setattr(policy, "cap_heap_buffers", lambda: calls.append(1) or True)
+    monkeypatch.setattr(policy, "load_causal_lm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    cfg = type("M", (), {"device": "cpu", "dtype": "auto"})()
+    with pytest.raises(RuntimeError, match="stop here"):
+        policy.build_policy(cfg, None, "unused")
+    assert calls == [1]
 
 
 def test_optimizer_step_clips_steps_and_releases(monkeypatch):

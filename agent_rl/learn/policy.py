@@ -20,6 +20,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from agent_rl.learn.allocator import cap_heap_buffers
 from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.distributed import Dist, rank_device, shard_model
 from agent_rl.learn.reference import FrozenCopy, make_reference
@@ -87,6 +88,8 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     (`init_adapter`) to continue, or a fresh LoRA; AdamW with a linear warm-up. `lr` overrides
     `optim.lr` (the SFT uses its own); `with_reference` keeps the starting policy for a KL term."""
     device = resolve_device(rank_device(dist, model_cfg.device))
+    if device.type == "cpu":
+        cap_heap_buffers()  # activations live in the C heap: keep its peak near what they use (`learn.allocator`)
     model = load_causal_lm(str(model_dir), resolve_dtype(model_cfg.dtype, device)).to(device)
     if model_cfg.full_finetune:
         model = enable_full_finetune(model)
