@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import subprocess
 import sys
 
@@ -127,7 +128,9 @@ async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir
     assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
            [t.token_ids for g in groups[str(tmp_path / "fresh")] for t in g.trajectories]
     figures = {k: v for k, v in report["delta"].items() if not k.endswith("_s")}  # timings differ, of course
-    assert len(figures) > 10 and set(figures.values()) == {0.0} and fresh["reward_mean"] == base["reward_mean"]
+    undefined = {k for k in figures if math.isnan(base[k]) and math.isnan(fresh[k])}  # e.g. calls per solved, none solved
+    assert len(figures) - len(undefined) > 10 and {figures[k] for k in figures.keys() - undefined} == {0.0}
+    assert fresh["reward_mean"] == base["reward_mean"]
 
 
 def test_read_reply_shortcuts(renderer):

@@ -223,7 +223,9 @@ async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_serv
     model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16)
     randomize_lora_b(model, seed=4)
     async with VLLMSampler([dev_server.url]) as sampler:
-        before = set(await served_names(dev_server.url))  # the session's server: other tests' adapters stay
+        # the session's dev server may hold another test's full or merged weights: its own base ones back
+        await MergedSync(tmp_path / "restore", sampler, model).finish()
+        before = set(await served_names(dev_server.url))  # other tests' adapters stay loaded
         with caplog.at_level("WARNING", logger="agent_rl.rollout.merged"):
             sync = await start_weight_sync(cfg, tmp_path, sampler, model, 7)
         chosen = "merged" if isinstance(sync, MergedSync) else "adapter"
