@@ -31,7 +31,8 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import alarm_steps, attempts, note, per_step, plot_panels, recipe_server, seed_summary, step
+from recipe_steps import (alarm_steps, attempts, cold_start, evaluate_runs, grpo, note, per_step, plot_panels,
+                          recipe_args, recipe_server, seed_summary)
 
 CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
 SCRIPT = "examples/collapse_study.py"
@@ -72,9 +73,7 @@ def summarise(reports: dict[str, dict], before: str, runs: dict[str, dict[int, s
 
 def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str, dict[int, str]], dict[str, dict]]:
     """Steps 1-4 (each skipped when done); returns arm -> seed -> run folder, and arm -> eval report."""
-    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
-    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
-    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    common = cold_start(CONFIG, out, args.set, wall)
     t_server = time.perf_counter()
     with recipe_server(out, max_model_len=2048) as server:  # only the sampling steps need it
         common += ["--set", f"sampler.server_urls=[{server.url}]"]
@@ -83,30 +82,20 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str,
         for seed in args.seeds:  # seed-major: a cut-short study still has both arms of its first seeds
             for arm, empty in ARMS.items():
                 run_dir = out / f"{arm}-seed{seed}"
-                arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
-                note(wall, f"{arm}_seed{seed}", step(
-                    run_dir / "adapter", "train", *common, *arm_args, "--resume", "--set",
-                    f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}",
-                    "--set", f"run.seed={seed}", server=server))
+                arm_args = ("--set", f"rollout.env_args={{empty_results: {empty}}}")
+                note(wall, f"{arm}_seed{seed}", grpo(common, out, run_dir, seed, server, *arm_args))
                 runs[arm][seed] = str(run_dir)
         reports = {}
         for arm, empty in ARMS.items():
             path = out / f"eval-{arm}.json"
-            path.unlink(missing_ok=True)  # always evaluate what is there now
-            adapters = [x for a in [str(out / "sft"), *runs[arm].values()] for x in ("--adapter", a)]
-            arm_args = ["--set", f"rollout.env_args={{empty_results: {empty}}}"]
-            note(wall, f"eval_{arm}", step(path, "eval", *common, *arm_args, *adapters, "--out", str(path),
-                                           server=server))
+            arm_args = ("--set", f"rollout.env_args={{empty_results: {empty}}}")
+            note(wall, f"eval_{arm}", evaluate_runs(path, common, out, list(runs[arm].values()), server, *arm_args))
             reports[arm] = json.loads(path.read_text())
     return runs, reports
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--run-dir", default="runs/collapse_study")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one GRPO run per arm and seed")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every step")
-    args = p.parse_args()
+    args = recipe_args(__doc__.split("\n")[0], "runs/collapse_study", "one GRPO run per arm and seed")
     out = Path(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}

@@ -29,8 +29,8 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import (alarm_steps, attempts, finite, mean, note, per_step, plot_panels, ratio, recipe_server,
-                          seed_summary, step)
+from recipe_steps import (alarm_steps, attempts, cold_start, evaluate_runs, finite, grpo, mean, note, per_step,
+                          plot_panels, ratio, recipe_args, recipe_server, seed_summary)
 
 CONFIG = str(Path(__file__).with_name("gui_recipe.yaml"))
 SCRIPT = "examples/gui_recipe.py"
@@ -72,9 +72,7 @@ def summarise(report: dict, before: str, after: dict[int, str], wall: dict) -> d
 
 def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
     """Steps 1-4 (each skipped when done); returns seed -> GRPO run folder."""
-    common = [CONFIG, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in args.set for x in ("--set", s)]]
-    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
-    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    common = cold_start(CONFIG, out, args.set, wall)
     t_server = time.perf_counter()
     with recipe_server(out, max_model_len=3072) as server:  # only the sampling steps need it
         common += ["--set", f"sampler.server_urls=[{server.url}]"]
@@ -82,24 +80,14 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
         after = {}
         for seed in args.seeds:
             run_dir = out / f"grpo-seed{seed}"
-            note(wall, f"grpo_seed{seed}", step(run_dir / "adapter", "train", *common, "--resume",
-                                                "--set", f"model.init_adapter={out}/sft/adapter",
-                                                "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
-                                                server=server))
+            note(wall, f"grpo_seed{seed}", grpo(common, out, run_dir, seed, server))
             after[seed] = str(run_dir)
-        adapters = [x for a in [str(out / "sft"), *after.values()] for x in ("--adapter", a)]
-        (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
-        note(wall, "eval", step(out / "eval.json", "eval", *common, *adapters, "--out", str(out / "eval.json"),
-                                server=server))
+        note(wall, "eval", evaluate_runs(out / "eval.json", common, out, list(after.values()), server))
     return after
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--run-dir", default="runs/gui_recipe")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one GRPO run per seed, all from one SFT")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every step")
-    args = p.parse_args()
+    args = recipe_args(__doc__.split("\n")[0], "runs/gui_recipe", "one GRPO run per seed, all from one SFT")
     out = Path(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}

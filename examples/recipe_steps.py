@@ -14,6 +14,7 @@ Used by `examples/gui_recipe.py` and `examples/collapse_study.py`, which import 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -59,6 +60,38 @@ def step(done: Path, *argv: str, server: Any = None) -> float | None:
     if code:
         raise StepFailed(f"`agent-rl {' '.join(argv)}` exited with {code}")
     return time.perf_counter() - t0
+
+
+def recipe_args(description: str, run_dir: str, seeds_help: str) -> argparse.Namespace:
+    """The command line every recipe takes: where it writes, its GRPO seeds, overrides for every step."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--run-dir", default=run_dir)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help=seeds_help)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every step")
+    return p.parse_args()
+
+
+def cold_start(config: str, out: Path, sets: Sequence[str], wall: dict) -> list[str]:
+    """Steps 1-2, demonstrations then SFT (each skipped when done); returns the arguments every later
+    step shares (the config, its demos and the `--set` overrides)."""
+    common = [config, "--set", f"sft.demos={out}/demos.jsonl", *[x for s in sets for x in ("--set", s)]]
+    note(wall, "demos", step(out / "demos.jsonl", "demos", *common))
+    note(wall, "sft", step(out / "sft" / "adapter", "sft", *common, "--set", f"sft.run_dir={out}/sft", "--resume"))
+    return common
+
+
+def grpo(common: Sequence[str], out: Path, run_dir: Path, seed: int, server: Any, *extra: str) -> float | None:
+    """Step 3 for one seed: GRPO from the SFT adapter into `run_dir`, resumed if a checkpoint is there."""
+    return step(run_dir / "adapter", "train", *common, *extra, "--resume", "--set", f"model.init_adapter={out}/sft/adapter",
+                "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}", server=server)
+
+
+def evaluate_runs(path: Path, common: Sequence[str], out: Path, run_dirs: Sequence[str], server: Any,
+                  *extra: str) -> float | None:
+    """Step 4: the SFT adapter and every run's on the same held-out tasks, always afresh, into `path`."""
+    path.unlink(missing_ok=True)  # always evaluate what is there now
+    adapters = [x for a in [str(out / "sft"), *run_dirs] for x in ("--adapter", a)]
+    return step(path, "eval", *common, *extra, *adapters, "--out", str(path), server=server)
 
 
 def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1):
