@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from test_train_integration import config
+from test_train_integration import config, killed_after_step_2
 
 from agent_rl import trainer
 
@@ -24,18 +24,7 @@ def test_two_environments_mixed_resume_at_the_same_positions(tmp_path, vllm_serv
     asyncio.run(trainer.train(config(vllm_server, straight, steps=3, **MIXED)))
 
     killed = tmp_path / "killed"
-    original = trainer.save_checkpoint
-
-    def save_then_die(run_dir, step, *args, **kwargs):
-        path = original(run_dir, step, *args, **kwargs)
-        if step == 2:
-            raise KeyboardInterrupt("killed after step 2")
-        return path
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(trainer.train(config(vllm_server, killed, steps=3, **MIXED)))
-    monkeypatch.setattr(trainer, "save_checkpoint", original)
+    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=3, **MIXED))
     asyncio.run(trainer.train(config(vllm_server, killed, steps=3, **MIXED), resume=True))
 
     runs = lines(straight)

@@ -32,6 +32,22 @@ def config(vllm_server, run_dir: Path, steps: int, **extra: str):
     return load_config(None, [f"{k}={v}" for k, v in sets.items()])
 
 
+def killed_after_step_2(monkeypatch, cfg) -> None:
+    """Run `cfg` until its step-2 checkpoint is written, then stop it as a kill would."""
+    original = trainer.save_checkpoint
+
+    def save_then_die(run_dir, step, *args, **kwargs):
+        path = original(run_dir, step, *args, **kwargs)
+        if step == 2:
+            raise KeyboardInterrupt("killed after step 2")
+        return path
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(trainer.train(cfg))
+    monkeypatch.setattr(trainer, "save_checkpoint", original)
+
+
 def server_logprobs(url: str, model: str, ids: list[int]) -> torch.Tensor:
     body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -123,18 +139,7 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     asyncio.run(trainer.train(config(vllm_server, straight, steps=4)))
 
     killed = tmp_path / "killed"
-    original = trainer.save_checkpoint
-
-    def save_then_die(run_dir, step, *args, **kwargs):
-        path = original(run_dir, step, *args, **kwargs)
-        if step == 2:
-            raise KeyboardInterrupt("killed after step 2")
-        return path
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(trainer.train(config(vllm_server, killed, steps=4)))
-    monkeypatch.setattr(trainer, "save_checkpoint", original)
+    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=4))
     # traces the killed timeline may have left after its checkpoint: replaced (step 3) or dropped (step 9)
     for stray in (3, 9):
         traces.step_file(killed, stray).write_text(json.dumps({"step": stray, "task_id": "abandoned"}) + "\n")
@@ -166,18 +171,7 @@ def test_resume_with_overlap_and_dynamic_sampling_restarts_at_the_exact_task(tmp
     asyncio.run(trainer.train(config(vllm_server, straight, steps=4, **sets)))
 
     killed = tmp_path / "killed"
-    original = trainer.save_checkpoint
-
-    def save_then_die(run_dir, step, *args, **kwargs):
-        path = original(run_dir, step, *args, **kwargs)
-        if step == 2:
-            raise KeyboardInterrupt("killed after step 2")
-        return path
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **sets)))
-    monkeypatch.setattr(trainer, "save_checkpoint", original)
+    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=4, **sets))
     asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **sets), resume=True))
 
     def positions(run_dir):
