@@ -76,13 +76,6 @@ class ChatMLRenderer(Renderer):
         calls = "\n".join(format_tool_call(c.name, c.arguments) for c in tool_calls)
         return "\n".join(part for part in (content, calls) if part)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Sampled ids to the text the environment sees (the stop token dropped)."""
-        ids = list(ids)
-        if ids and ids[-1] == self.im_end:
-            ids = ids[:-1]
-        return self.decode_raw(ids)
-
     def _turn(self, role: str, text: str, cached: bool = False) -> list[int]:
         body = (self.encode_cached if cached else self.encode)(f"{role}\n{text}")
         return [self.im_start, *body, self.im_end]

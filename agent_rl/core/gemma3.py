@@ -116,12 +116,6 @@ class Gemma3Renderer(Renderer):
     def stop_token_ids(self) -> list[int]:
         return [self.end, self.eos]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = list(ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return parse_python_calls(text)
 

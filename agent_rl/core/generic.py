@@ -97,12 +97,6 @@ class GenericRenderer(Renderer):
             return full[n:], False
         return full, True
 
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = list(ids)
-        if ids and ids[-1] in self._stop:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return parse_tool_calls(text)
 

@@ -116,12 +116,6 @@ class HarmonyRenderer(Renderer):
     def stop_token_ids(self) -> list[int]:
         return [self.call, self.ret]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = list(ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def encode_reply(self, text: str) -> list[int]:
         """A reply's text keeps its channel markup as tokens (user and tool text never does: `encode`)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []

@@ -100,12 +100,6 @@ class Llama3Renderer(Renderer):
     def _turn(self, role: str, text: str) -> list[int]:
         return self.pieces(self.start, role, self.end_header, "\n\n" + text, self.eot)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = list(ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return parse_json_calls(text)
 

@@ -129,9 +129,12 @@ class Renderer(abc.ABC):
         `new_messages`): (ids to append, False), or (a fresh context, True) to start a new segment."""
         return self.continuation(new_messages, after_stop), False
 
-    @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text of the turn (a trailing stop token dropped)."""
+        ids = list(ids)
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        return self.decode_raw(ids)
 
     @abc.abstractmethod
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
