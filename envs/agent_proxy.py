@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from aiohttp import web
 
 from agent_rl.core.types import Message, ToolCall
+from tools.http_service import ProcessService
 
 START_DEADLINE_S = 60.0
 MAX_BODY_BYTES = 64 * 2**20  # a long agent conversation, resent whole with every request
@@ -251,43 +251,22 @@ async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse
         return error_response(500, f"the proxy failed: {type(e).__name__}: {e}", "server_error")
 
 
-_lock = threading.Lock()
-_proxy: Proxy | None = None
+async def _start() -> Proxy:
+    proxy = Proxy("")
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/episodes/{key}/v1/chat/completions", proxy.chat)
+    app.router.add_get("/episodes/{key}/v1/models", proxy.models)
+    runner = web.AppRunner(app, access_log=None)
+    await asyncio.wait_for(runner.setup(), 30)
+    await asyncio.wait_for(web.TCPSite(runner, "127.0.0.1", 0).start(), 30)
+    host, port = runner.addresses[0][:2]
+    proxy.url = f"http://{host}:{port}"
+    return proxy
+
+
+_SERVICE = ProcessService("the agent proxy", _start)
 
 
 def local_proxy(timeout_s: float = START_DEADLINE_S) -> Proxy:
     """This process's proxy server, started on the first call (blocking up to `timeout_s`)."""
-    global _proxy
-    with _lock:
-        if _proxy is None:
-            started: queue.Queue[Proxy | BaseException] = queue.Queue(maxsize=1)
-            threading.Thread(target=_serve, args=(started,), name="agent-proxy", daemon=True).start()
-            try:
-                result = started.get(timeout=timeout_s)
-            except queue.Empty:
-                raise RuntimeError(f"the agent proxy did not start within {timeout_s:g} s") from None
-            if isinstance(result, BaseException):
-                raise RuntimeError(f"the agent proxy could not start: {result}") from result
-            _proxy = result
-    return _proxy
-
-
-def _serve(started: queue.Queue) -> None:
-    async def main() -> None:
-        try:
-            proxy = Proxy("")
-            app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
-            app.router.add_post("/episodes/{key}/v1/chat/completions", proxy.chat)
-            app.router.add_get("/episodes/{key}/v1/models", proxy.models)
-            runner = web.AppRunner(app, access_log=None)
-            await asyncio.wait_for(runner.setup(), 30)
-            await asyncio.wait_for(web.TCPSite(runner, "127.0.0.1", 0).start(), 30)
-            host, port = runner.addresses[0][:2]
-            proxy.url = f"http://{host}:{port}"
-        except Exception as e:
-            started.put(e)
-            return
-        started.put(proxy)
-        await asyncio.Event().wait()  # serves until the process exits (a daemon thread)
-
-    asyncio.run(main())
+    return _SERVICE.get(timeout_s)

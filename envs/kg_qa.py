@@ -22,15 +22,13 @@ service's explanation, e.g. the closest names) or "bare" (a plain `[]`; see `too
 
 from __future__ import annotations
 
-import asyncio
-import queue
 import re
-import threading
 from typing import Any, Sequence
 
 from agent_rl.core.types import Message, Reward
 from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
 from tools.kg import EMPTY_RESULTS, KGClient
+from tools.http_service import ProcessService
 from tools.kg_service import DEFAULT_DB, start_kg_service
 
 SYSTEM = ("Answer the question about countries with the knowledge-graph tools. follow(entity, relation) reads "
@@ -40,40 +38,12 @@ SYSTEM = ("Answer the question about countries with the knowledge-graph tools. f
           "inside <answer></answer>, written as the graph writes it, for example <answer>Paris</answer>.")
 START_DEADLINE_S = 120.0
 
-_lock = threading.Lock()
-_url: str | None = None
+_SERVICE = ProcessService("the knowledge-graph service", lambda: start_kg_service(DEFAULT_DB))  # deadlines inside
 
 
 def local_kg_url(timeout_s: float = START_DEADLINE_S) -> str:
     """The URL of this process's knowledge-graph service over `DEFAULT_DB`, started on the first call."""
-    global _url
-    with _lock:
-        if _url is None:
-            started: queue.Queue[str | BaseException] = queue.Queue(maxsize=1)
-            threading.Thread(target=_serve, args=(started,), name="kg-service", daemon=True).start()
-            try:
-                result = started.get(timeout=timeout_s)
-            except queue.Empty:
-                raise RuntimeError(f"the knowledge-graph service did not start within {timeout_s:g} s") from None
-            if isinstance(result, BaseException):
-                raise RuntimeError(f"the knowledge-graph service could not start: {result}") from result
-            _url = result
-    return _url
-
-
-def _serve(started: queue.Queue) -> None:
-    async def main() -> None:
-        try:
-            service = await start_kg_service(DEFAULT_DB)  # deadlines inside
-        except Exception as e:
-            started.put(e)
-            return
-        started.put(service.url)
-        # no deadline on purpose: it serves until the process exits, and a read-only store needs no
-        # closing (an atexit cleanup would find the thread pools it needs already shut down)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    return _SERVICE.get(timeout_s).url
 
 
 class KGQAEnv(CountryQAEnv):

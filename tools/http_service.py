@@ -2,15 +2,18 @@
 
 Owns: `RequestError` (a 4xx/5xx with a message written for the caller), `request_params` (validated
 GET query or POST JSON parameters), `json_errors` (middleware: a deadline on every request, every
-failure as `{"error": ...}`), `Service` (a running app's URL and its clean close) and `serve`.
+failure as `{"error": ...}`), `Service` (a running app's URL and its clean close) and `serve`, and
+`ProcessService` (a service a process starts once, on first use, in a thread of its own).
 Does not own: any endpoint (`tools.kg_service`, `tools.search_service`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import re
-from typing import Any, Callable
+import threading
+from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from aiohttp import web
 
@@ -109,3 +112,44 @@ async def serve(app: web.Application, host: str, port: int, on_close: Callable[[
     bound_host, bound_port = runner.addresses[0][:2]
     host = f"[{bound_host}]" if ":" in bound_host else bound_host
     return Service(runner, f"http://{host}:{bound_port}", on_close)
+
+
+T = TypeVar("T")
+
+
+class ProcessService(Generic[T]):
+    """A service this process starts once, on its first use, in a daemon thread with an event loop of its
+    own, and serves until the process exits (the knowledge graph of `envs.kg_qa`, the agent proxy).
+
+    `start` is awaited on that loop and returns what callers get (it keeps its own deadlines); nothing
+    is closed at exit (an atexit clean-up would find the thread pools it needs already shut down)."""
+
+    def __init__(self, what: str, start: Callable[[], Awaitable[T]]):
+        self.what, self._start = what, start
+        self._lock = threading.Lock()
+        self._value: T | None = None
+
+    def get(self, timeout_s: float) -> T:
+        """The service, started on the first call (blocking up to `timeout_s`); a start that fails or
+        overruns is a RuntimeError naming the service."""
+        with self._lock:
+            if self._value is None:
+                started: queue.Queue[Any] = queue.Queue(maxsize=1)
+                threading.Thread(target=asyncio.run, args=(self._serve(started),), name=self.what, daemon=True).start()
+                try:
+                    result = started.get(timeout=timeout_s)
+                except queue.Empty:
+                    raise RuntimeError(f"{self.what} did not start within {timeout_s:g} s") from None
+                if isinstance(result, BaseException):
+                    raise RuntimeError(f"{self.what} could not start: {result}") from result
+                self._value = result
+        return self._value
+
+    async def _serve(self, started: queue.Queue) -> None:
+        try:
+            value = await self._start()
+        except Exception as e:
+            started.put(e)
+            return
+        started.put(value)
+        await asyncio.Event().wait()  # no deadline on purpose: it serves until the process exits
