@@ -3,14 +3,18 @@
 Runs the same SFT-style training steps (the recipe's calculator demonstrations, SmolLM2-135M with a
 rank-16 LoRA, `nll_step` + AdamW, micro-batches of at most --micro-batch-tokens) in fresh child
 processes, alternately with glibc's default heap, with a fixed 1 MB mmap threshold ("mmap"), and
-with the default heap plus `allocator.release_freed_memory()` (malloc_trim) after every step ("trim":
-what the trainer does), --reps times each, and reports per mode the median step time and the
-process's RSS after the last step.
+with the default heap plus `allocator.release_freed_memory()` (malloc_trim) after every step ("trim"),
+and with the trim plus `allocator.cap_heap_buffers()` (a fixed 4 MiB mmap threshold: "cap", what the
+trainer does now), --reps times each, and reports per mode the median step time, the process's RSS
+after the last step and its peak RSS (within steps too). Only "cap" keeps the cap that
+`build_policy` sets.
 Same demos, same batches, same seed in every child: only the allocator handling differs.
 
 Figures: `step_time_ratio` = median step time (first step left out) "mmap" / default (cost; ~1.0 is
 free), `rss_ratio` = RSS after the last step "mmap" / default (saving; < 1 is memory given back);
-`trim_step_time_ratio`, `trim_rss_ratio`: the same for "trim" against the default.
+`trim_step_time_ratio`, `trim_rss_ratio`: the same for "trim" against the default;
+`cap_step_time_ratio`, `cap_peak_rss_ratio`: "cap" against "trim" (the peak within a step is what
+the cap is for).
 
     python bench/allocator.py [--steps 6] [--batch 4] [--reps 2] [--micro-batch-tokens 2048]
 
@@ -41,8 +45,14 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
         import ctypes
 
         assert ctypes.CDLL(None).mallopt(-3, 1 << 20) == 1, "no glibc mallopt here"
+    import resource
+
     import torch
 
+    from agent_rl.learn import policy as policy_module
+
+    if mode != "cap":  # build_policy caps heap buffers; every other mode measures the heap without it
+        policy_module.cap_heap_buffers = lambda: False
     from agent_rl.core.config_file import load_config
     from agent_rl.core.renderers import load_renderer
     from agent_rl.demos import read_demos
@@ -66,11 +76,12 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
         optimizer.zero_grad(set_to_none=True)
         nll_step(model, rows, pad_id, micro_batch_tokens, cfg.optim.logprob_chunk, train=True)
         optimizer.step()
-        if mode == "trim":
+        if mode in ("trim", "cap"):
             release_freed_memory()  # what agent_rl.learn.update.optimizer_step does after every step
         step_s.append(time.perf_counter() - t0)
         rss.append(rss_mib())
-    print(json.dumps({"step_s": step_s, "rss_mib": rss}))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"step_s": step_s, "rss_mib": rss, "peak_mib": peak}))
 
 
 def make_demos_file(path: Path) -> None:
@@ -99,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         demos = Path(tmp) / "demos.jsonl"
         make_demos_file(demos)
-        runs: dict[str, list[dict]] = {"default": [], "mmap": [], "trim": []}
+        runs: dict[str, list[dict]] = {"default": [], "mmap": [], "trim": [], "cap": []}
         for rep in range(args.reps):
             for mode in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
                 argv = [sys.executable, __file__, "--child", str(demos), mode, "--steps", str(args.steps),
@@ -113,11 +124,13 @@ def main() -> None:
     for mode, rs in runs.items():
         figures[mode] = {"step_s_median": round(statistics.median(s for r in rs for s in r["step_s"][1:]), 3),
                          "rss_last_mib": round(statistics.median(r["rss_mib"][-1] for r in rs)),
-                         "rss_peak_mib": round(max(max(r["rss_mib"]) for r in rs))}
+                         "rss_peak_mib": round(max(r["peak_mib"] for r in rs))}
     figures["step_time_ratio"] = round(figures["mmap"]["step_s_median"] / figures["default"]["step_s_median"], 3)
     figures["rss_ratio"] = round(figures["mmap"]["rss_last_mib"] / figures["default"]["rss_last_mib"], 3)
     figures["trim_step_time_ratio"] = round(figures["trim"]["step_s_median"] / figures["default"]["step_s_median"], 3)
     figures["trim_rss_ratio"] = round(figures["trim"]["rss_last_mib"] / figures["default"]["rss_last_mib"], 3)
+    figures["cap_step_time_ratio"] = round(figures["cap"]["step_s_median"] / figures["trim"]["step_s_median"], 3)
+    figures["cap_peak_rss_ratio"] = round(figures["cap"]["rss_peak_mib"] / figures["trim"]["rss_peak_mib"], 3)
     print(json.dumps(figures))
 
 
