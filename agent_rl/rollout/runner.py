@@ -283,7 +283,7 @@ def _quiet_gc() -> Iterator[None]:
        young generations anyway (an environment that makes cycles must not grow memory unbounded);
     4. at the end: unfreeze, collect generations 0-1 (the rollouts' survivors and their cycles, not the
        older heap), restore. No episode of this rollout is in flight then.
-    The switch is process-wide: a policy update that overlaps a rollout (`rollout.overlap`) runs
+    The switch is process-wide: a policy update that overlaps a rollout (`algorithm.overlap_rollouts`) runs
     without automatic collection too, its cycles collected at the rollout's end (or by point 3).
     """
     state = _gc_state
