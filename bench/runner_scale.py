@@ -19,6 +19,11 @@ client with no think time at all keeps landing on the server it just left (the s
 the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
 would then measure that, not the runner. `--routing least` shows what the rule costs.
 
+Garbage collection: `gc_in_window_ms` is the longest collection inside the window (the runner turns
+automatic collection off while episodes run: `rollout.runner._quiet_gc`), `gc_after_ms` the longest
+after it: the one collection the runner makes when a rollout ends (here when the window's episodes are
+cancelled; in training once per step, when no episode of the step is left in flight).
+
     python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
 (progress on stderr, one JSON line on stdout)
 """
@@ -29,6 +34,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import random
 import resource
 import sys
@@ -75,7 +81,8 @@ class SimSampler:
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
 
-    def reply_ids(self, messages: Sequence[Message]) -> list[int]:
+    def reply_plan(self, messages: Sequence[Message]) -> tuple[int, list[int]]:
+        """How many filler tokens the reply starts with, and the ids that end it (call or answer, stop)."""
         turn = sum(1 for m in messages if m.role == "assistant")
         n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
         if turn < self.work.turns - 1:
@@ -84,19 +91,38 @@ class SimSampler:
             tail = "\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
         else:
             tail = f"\n<answer>{messages[-1].content.strip()}</answer>"
-        return [*self.filler[:n], *self.renderer.encode(tail), self.stop]
+        return n, [*self.renderer.encode(tail), self.stop]
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
-        ids = self.reply_ids(messages)
+        n, tail = self.reply_plan(messages)
         json.dumps({"model": "sim", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
                     "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
-        await self.cluster.generate(conv, len(prompt_ids), len(ids), check=lambda n: hash(tuple(prompt_ids[n - 16:n])),
-                                    tail=hash(tuple(ids[-16:])))
+        await self.cluster.generate(conv, len(prompt_ids), n + len(tail), check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
+                                    tail=hash(tuple([*self.filler[:n], *tail][-16:])))
+        # the reply exists only once the server has answered, as with VLLMSampler's response
+        ids = [*self.filler[:n], *tail]
         data = {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
                              "finish_reason": "stop", "prompt_token_ids": prompt_ids}]}
         return _completion(data, prompt_ids, self.policy_version, "sim")
+
+
+class CollectionTimes:
+    """A `gc.callbacks` hook: when each garbage collection started (loop clock) and how long it took."""
+
+    def __init__(self):
+        self.times: list[tuple[float, float]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.monotonic()
+        else:
+            self.times.append((self._start, time.monotonic() - self._start))
+
+    def longest(self, since: float, until: float) -> float:
+        return max((d for t, d in self.times if since <= t < until), default=0.0)
 
 
 class LagMeter:
@@ -190,6 +216,8 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
             else ideal_load(cluster, work, concurrency, shape, started))
     tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
+    collections = CollectionTimes()
+    gc.callbacks.append(collections)
     try:
         await asyncio.sleep(warmup)
         first, cpu0, wait0, t0, n_lags = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time(), len(meter.lags)
@@ -205,12 +233,14 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         cluster.close()
+        gc.callbacks.remove(collections)
     seconds, cpu = t1 - t0, cpu1 - cpu0
     requests, tokens, prefill, prompt = (b - a for a, b in zip(first, last))
     return {"tok_s": tokens / seconds, "turns_s": requests / seconds, "cpu_util": cpu / seconds,
             "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
             "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
-            "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds}
+            "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds,
+            "gc_in_window_ms": 1000 * collections.longest(t0, t1), "gc_after_ms": 1000 * collections.longest(t1, math.inf)}
 
 
 async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Workload, renderer: Renderer,
@@ -228,7 +258,8 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
             "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
             "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
-            "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"])}
+            "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"]),
+            "gc_in_window_ms": r(runner["gc_in_window_ms"]), "gc_after_ms": r(runner["gc_after_ms"])}
 
 
 INSTANT = GpuModel(step_base_s=1e-9, step_per_seq_s=0.0, prefill_tok_s=1e15, max_seqs=10**6, overhead_s=0.0)

@@ -24,7 +24,8 @@ Per step (medians over the measured steps):
 - sync: the trainer's `time/sync_s`; other = the rest (env and tools, rendering, collating, the loop);
 - `sampled_tok_per_step_s`: tokens the policy sampled in the step / step wall time.
 Memory: `trainer_rss_peak_mib`, the child's peak RSS (`getrusage`); `vllm_rss_peak_mib`, the highest summed
-RSS of the server's process tree seen every 0.2 s.
+RSS of the server's process tree seen every 0.2 s; `trainer_rss_peak_by_stage_mib`, the child's highest RSS
+while it started (start), sampled (sample), ran `policy_update` (update) and pushed weights (sync), seen every 20 ms.
 
 Ratios in the JSON line: `ckpt_step_time_ratio` (adapter-ckpt / adapter-full fwd/bwd/optimizer time:
 target <= 1.35), `ckpt_rss` (adapter-ckpt peak: target <= 3 GB), `merged_tok_per_step_s_ratio`
@@ -73,6 +74,7 @@ class Probe:
         self.update_s: dict[int, float] = {}
         self.pushes: list[dict[str, float]] = []  # {"version", "total_s", "save_s", "load_s", "retire_s"}
         self.sync = self.model = None
+        self.stage = "start"  # what the trainer is doing: start, sample, update, sync (StageRSS's labels)
 
     def request_started(self) -> None:
         if self.in_flight == 0:
@@ -141,16 +143,20 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
     """The trainer's own stages, each wrapped in a probe: the loop runs unchanged."""
 
     async def sample(stream, cfg, session, sampler, limits, step):
+        probe.stage = "sample"
         return await sample_step(stream, cfg, session, TimedSampler(sampler, probe), limits, step)
 
     def update(*args, **kwargs):
+        probe.stage = "update"
         t0 = time.perf_counter()
         try:
             return policy_update(*args, **kwargs)
         finally:
             probe.update_s[probe.step] = probe.update_s.get(probe.step, 0.0) + time.perf_counter() - t0
+            probe.stage = "sync"  # then the push (and the loop's bookkeeping) until the next sampling
 
     async def sync(cfg, run_dir, sampler, model, version):
+        probe.stage = "sync"
         t0 = time.perf_counter()
         inner = await start_weight_sync(cfg, run_dir, sampler, model, version)
         probe.pushes.append({"version": version, "total_s": time.perf_counter() - t0, **inner.last_timings})
@@ -159,6 +165,26 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
 
     return Stages(sample=sample, advantages=forced_advantages if force else group_advantages,
                   update=update, sync=sync)
+
+
+class StageRSS(threading.Thread):
+    """This process's RSS every `every_s`, the highest seen under each of the probe's stage labels."""
+
+    def __init__(self, probe: Probe, every_s: float = 0.02):
+        super().__init__(daemon=True)
+        self.probe, self.every_s = probe, every_s
+        self.peak_kib: dict[str, int] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.every_s):
+            stage, kib = self.probe.stage, _status_kib(os.getpid(), "VmRSS")
+            self.peak_kib[stage] = max(self.peak_kib.get(stage, 0), kib)
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self.join()
+        return {k: round(v / 1024, 1) for k, v in self.peak_kib.items()}
 
 
 class TreeRSS(threading.Thread):
@@ -228,9 +254,13 @@ def child(args) -> None:
         *([f"model.init_adapter={args.init_adapter}"] if args.init_adapter else []), *VARIANTS[args.child],
         *args.set])
     probe = Probe()
+    stage_rss = StageRSS(probe)
+    stage_rss.start()
     t0 = time.perf_counter()
     asyncio.run(train(cfg, stages=timed_stages(probe, force=not args.real_advantages)))
-    print(json.dumps({"variant": args.child, **summary(args, cfg, run_dir, probe, None, time.perf_counter() - t0)}))
+    by_stage = stage_rss.stop()
+    print(json.dumps({"variant": args.child, **summary(args, cfg, run_dir, probe, None, time.perf_counter() - t0),
+                      "trainer_rss_peak_by_stage_mib": by_stage}))
 
 
 def run_variants(args, url: str) -> list[dict]:

@@ -1,12 +1,15 @@
 """rollout_groups under a concurrency cap: never more episodes alive than the cap, results in task
 and rollout order, only the episodes in play exist as asyncio tasks (not one per queued episode),
-and the garbage collector is held back (heap frozen, young collections rarer) while it runs, and
-only then."""
+and the garbage collector is held back while it runs (heap frozen, automatic collection off, a
+collection when too much piles up) and only then, with the cycles episodes made collected at the end."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
+
+import agent_rl.rollout.runner as runner_module
 
 from agent_rl.core.types import Message
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
@@ -16,7 +19,7 @@ from envs.base import Env, StepResult
 class SlowEnv(Env):
     alive = peak = 0
     tasks_seen = 0
-    frozen: set[tuple[bool, int]] = set()
+    frozen: set[tuple[bool, bool]] = set()
 
     def __init__(self, task):
         self.task = task
@@ -25,7 +28,7 @@ class SlowEnv(Env):
         SlowEnv.alive += 1
         SlowEnv.peak = max(SlowEnv.peak, SlowEnv.alive)
         SlowEnv.tasks_seen = max(SlowEnv.tasks_seen, len(asyncio.all_tasks()))
-        SlowEnv.frozen.add((gc.get_freeze_count() > 0, gc.get_threshold()[0]))
+        SlowEnv.frozen.add((gc.get_freeze_count() > 0, gc.isenabled()))
         return self
 
     async def close(self):
@@ -44,7 +47,6 @@ class SlowEnv(Env):
 
 async def test_the_cap_holds_and_results_keep_their_order(scripted):
     sampler = scripted(lambda text: "ok")
-    thresholds = gc.get_threshold()
     tasks = [{"id": str(i)} for i in range(50)]
     groups = await rollout_groups(tasks, SlowEnv, sampler, sampler.renderer, EpisodeLimits(max_turns=2),
                                   group_size=3, max_concurrent=7)
@@ -55,23 +57,22 @@ async def test_the_cap_holds_and_results_keep_their_order(scripted):
     assert all(len(g.trajectories) == 3 and {t.reward for t in g.trajectories} == {float(g.task_id)}
                for g in groups)
     assert len(sampler.calls) == 150
-    # the heap from before frozen and young collections rarer while it ran, and not after
-    assert SlowEnv.frozen == {(True, 50_000)}
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
+    # the heap from before frozen and automatic collection off while it ran, and not after
+    assert SlowEnv.frozen == {(True, False)}
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 async def test_overlapping_rollouts_restore_the_gc_when_the_last_one_ends(scripted):
     sampler = scripted(lambda text: "ok")
-    thresholds = gc.get_threshold()
     limits = EpisodeLimits(max_turns=2)
     short = rollout_groups([{"id": "1"}], SlowEnv, sampler, sampler.renderer, limits, 1)
     long = rollout_groups([{"id": str(i)} for i in range(20)], SlowEnv, sampler, sampler.renderer, limits, 1, 1)
     long_task = asyncio.create_task(long)
     await asyncio.sleep(0)  # the long one starts first and ends last
     await short
-    assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == 50_000  # still held for the long one
+    assert gc.get_freeze_count() > 0 and not gc.isenabled()  # still held for the long one
     await long_task
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 async def test_a_callers_own_freeze_is_left_alone(scripted):
@@ -82,3 +83,51 @@ async def test_a_callers_own_freeze_is_left_alone(scripted):
         assert gc.get_freeze_count() > 0  # the runner did not unfreeze what it had not frozen
     finally:
         gc.unfreeze()
+
+
+async def test_a_callers_disabled_gc_stays_disabled(scripted):
+    sampler = scripted(lambda text: "ok")
+    gc.disable()
+    try:
+        await rollout_groups([{"id": "1"}], SlowEnv, sampler, sampler.renderer, EpisodeLimits(max_turns=2), 2)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+class CycleEnv(SlowEnv):
+    """Each episode leaves a reference cycle behind (which only the cyclic collector frees) and, on
+    entering, notes how many earlier episodes' cycles are still alive."""
+
+    cycles: list[weakref.ref] = []
+    alive_at_entry: list[int] = []
+
+    async def __aenter__(self):
+        CycleEnv.alive_at_entry.append(sum(r() is not None for r in CycleEnv.cycles))
+        return self
+
+    async def step(self, reply, turn):
+        node = {"task": self.task["id"]}
+        node["self"] = node
+        CycleEnv.cycles.append(weakref.ref(_Box(node)))
+        return StepResult(done=True)
+
+
+class _Box:  # dicts cannot be weakly referenced; a box in the cycle can
+    def __init__(self, node):
+        node["box"], self.node = self, node
+
+
+async def test_cycles_wait_for_the_end_unless_too_many_objects_pile_up(scripted, monkeypatch):
+    sampler = scripted(lambda text: "ok")
+    limits = EpisodeLimits(max_turns=2)
+    tasks = [{"id": str(i)} for i in range(4)]
+    CycleEnv.cycles, CycleEnv.alive_at_entry = [], []
+    await rollout_groups(tasks, CycleEnv, sampler, sampler.renderer, limits, 1, max_concurrent=1)
+    assert CycleEnv.alive_at_entry == [0, 1, 2, 3]  # no collection while episodes ran...
+    assert all(r() is None for r in CycleEnv.cycles)  # ...and every cycle collected when the rollout ended
+
+    monkeypatch.setattr(runner_module, "_COLLECT_ABOVE", 0)  # any pile-up: collect after every episode
+    CycleEnv.cycles, CycleEnv.alive_at_entry = [], []
+    await rollout_groups(tasks, CycleEnv, sampler, sampler.renderer, limits, 1, max_concurrent=1)
+    assert CycleEnv.alive_at_entry == [0, 0, 0, 0]

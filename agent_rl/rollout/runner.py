@@ -221,6 +221,7 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
         for k in order:
             i = k // group_size
             flat[k] = await one(tasks[i], k % group_size)
+            _collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
                 scoring.append(asyncio.ensure_future(score(i)))
@@ -258,38 +259,56 @@ def _plus(t: Trajectory, r: Reward) -> Trajectory:
     return replace(t, reward=t.reward + r.value, reward_parts=parts)
 
 
-_YOUNG_THRESHOLD = 50_000  # allocations between young collections while episodes run (Python: 700)
+_COLLECT_ABOVE = 2_000_000  # objects allocated (net) without a collection before a worker collects anyway
 _gc_state: dict[str, Any] = {"rollouts": 0}  # rollout_groups calls in progress; what to restore after
 
 
 @contextlib.contextmanager
 def _quiet_gc() -> Iterator[None]:
-    """Garbage collection that keeps out of the event loop's way while episodes run, restored after
-    the last of any overlapping rollouts ends.
+    """No automatic garbage collection while episodes run; one collection of what they left behind
+    when the last of any overlapping rollouts ends.
 
-    1. The heap that exists before (model, tokenizer, modules: ~370k objects after importing torch
-       and transformers) is frozen (gc.freeze): a full collection would otherwise walk it all, 0.2-0.6 s
-       on this machine. Unfrozen after, so garbage among it is still collected; a caller's own freeze
-       is left alone.
-    2. Young collections come every 50,000 allocations instead of 700: a turn's objects live for as
-       long as its request (seconds), so at 700 they survive young collections, get promoted, and
-       drive a full collection every few seconds at thousands of episodes.
+    Why: a collection walks every live object of the generations it collects, and while thousands of
+    episodes are in flight most live objects are theirs (coroutines, messages, token lists). With
+    Python's default thresholds they get promoted and drive full collections every few seconds; with
+    rarer young collections (50,000 allocations) a young collection still met ~110k live objects and
+    stopped the event loop for 60-110 ms (bench/runner_scale.py, 4,096 episodes). Reference counting
+    frees almost everything a turn makes: 5,000 turns of 4,096 concurrent episodes left 0 unreachable
+    cycles. So, while a rollout runs:
+    1. the heap that existed before (model, tokenizer, modules: ~370k objects) is frozen (gc.freeze),
+       so that the collection at the end walks only what the rollouts made; a caller's own freeze is
+       left alone;
+    2. automatic collection is off (the caller's setting is restored after);
+    3. a worker that finds `_COLLECT_ABOVE` more objects alive than at the last collection collects the
+       young generations anyway (an environment that makes cycles must not grow memory unbounded);
+    4. at the end: unfreeze, collect generations 0-1 (the rollouts' survivors and their cycles, not the
+       older heap), restore. No episode of this rollout is in flight then.
+    The switch is process-wide: a policy update that overlaps a rollout (`algorithm.overlap_rollouts`) runs
+    without automatic collection too, its cycles collected at the rollout's end (or by point 3).
     """
     state = _gc_state
     if state["rollouts"] == 0:
-        state["thresholds"], state["froze"] = gc.get_threshold(), gc.get_freeze_count() == 0
+        state["enabled"], state["froze"] = gc.isenabled(), gc.get_freeze_count() == 0
         if state["froze"]:
             gc.freeze()
-        gc.set_threshold(max(state["thresholds"][0], _YOUNG_THRESHOLD), *state["thresholds"][1:])
+        gc.disable()
     state["rollouts"] += 1
     try:
         yield
     finally:
         state["rollouts"] -= 1
         if state["rollouts"] == 0:
-            gc.set_threshold(*state["thresholds"])
             if state["froze"]:
                 gc.unfreeze()
+            gc.collect(1)
+            if state["enabled"]:
+                gc.enable()
+
+
+def _collect_if_piling_up() -> None:
+    """Point 3 of `_quiet_gc`: a collection of the young generations when too much has piled up."""
+    if gc.get_count()[0] > _COLLECT_ABOVE:
+        gc.collect(1)
 
 
 def _failed(task_id: str, error: str, version: int) -> Trajectory:
