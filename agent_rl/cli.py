@@ -1,7 +1,8 @@
 """The `agent-rl` command line: argument parsing and the rule that every failure is one line.
 
 Owns: the sub-commands' arguments (`build_parser`) and `main`, which prints a `CLIError` as
-`error: ...` and exits non-zero (2 for bad input, 1 for a failed run).
+`error: ...` and exits non-zero (2 for bad input, 1 for a failed run); `raise_on_sigterm` (a SIGTERM
+unwinds the command like Ctrl-C, so that the vLLM servers and sandboxes it started are stopped).
 Does not own: what the commands do (`commands`), or any logic beyond wiring.
 """
 
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+from typing import Any
 
 from agent_rl import commands
 from agent_rl.commands import CLIError
@@ -140,17 +144,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where the main thread is, as Ctrl-C's KeyboardInterrupt would be."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def raise_on_sigterm() -> Any:
+    """Turn SIGTERM (`kill`, `timeout`, a job scheduler) into `Terminated`, so that every `with` and
+    `async with` block unwinds: the servers a run started live in their own session (Ctrl-C at a
+    terminal does not reach them) and would otherwise outlive it, holding their memory or GPU.
+    Only in the main thread, where Python runs signal handlers; returns the handler it replaced
+    (None elsewhere), for `signal.signal` to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminate)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    previous = raise_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
+    except Terminated:
+        print("error: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from agent_rl.cli import raise_on_sigterm
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.server import VLLMServer
 from agent_rl.runs.plot import plot_runs
@@ -64,6 +65,7 @@ def summarise(report: dict, before: str, after: dict[int, str], wall: dict[str, 
 
 
 def main() -> None:
+    raise_on_sigterm()  # a SIGTERM unwinds the recipe like Ctrl-C: its server stops
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="runs/calculator_recipe")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one GRPO run per seed, all from one SFT")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 from urllib.request import Request, urlopen
 
+from agent_rl.cli import raise_on_sigterm
 from agent_rl.runs.runlog import read_metrics
 
 
@@ -63,7 +64,9 @@ def step(done: Path, *argv: str, server: Any = None) -> float | None:
 
 
 def recipe_args(description: str, run_dir: str, seeds_help: str) -> argparse.Namespace:
-    """The command line every recipe takes: where it writes, its GRPO seeds, overrides for every step."""
+    """The command line every recipe takes: where it writes, its GRPO seeds, overrides for every step.
+    A SIGTERM then unwinds the recipe like Ctrl-C (`agent_rl.cli.raise_on_sigterm`): its server stops."""
+    raise_on_sigterm()
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--run-dir", default=run_dir)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help=seeds_help)

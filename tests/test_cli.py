@@ -132,3 +132,62 @@ def test_environment_that_raises(capsys, vllm_server):
                  vllm_server.url, "--tasks", "1", "--group-size", "2", "--max-tokens", "120"])
     assert code == 1
     assert one_error_line(capsys) == "error: 2 of 2 rollouts failed; first: RuntimeError: env bug: step exploded"
+
+
+SIGTERM_CHILD = r'''
+import argparse, asyncio, subprocess, sys
+from agent_rl import cli
+
+class Server:  # stands in for a vLLM server: a process in its own session, stopped on exit
+    def __enter__(self):
+        self.proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        print(self.proc.pid, flush=True)
+        return self
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+async def run():
+    with Server():
+        print("ready", flush=True)
+        await asyncio.sleep(120)
+
+class Parser:
+    def parse_args(self, argv):
+        return argparse.Namespace(func=lambda args: asyncio.run(run()), verbose=False)
+
+cli.build_parser = Parser
+sys.exit(cli.main([]))
+'''
+
+
+def test_sigterm_unwinds_the_command_and_stops_what_it_started(tmp_path):
+    """`kill` (or a scheduler's SIGTERM) ends a command the way Ctrl-C does: its `with` blocks run, so
+    a server it started in its own session does not outlive it; one line, exit status 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=os.getcwd())
+    try:
+        server_pid = int(child.stdout.readline())
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == 143
+    assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the stand-in server is gone (killed and reaped by the child)
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(server_pid, signal.SIGKILL)
+        raise AssertionError("the server the command started outlived it")
