@@ -100,7 +100,7 @@ class SimSampler:
                     "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail), check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
-                                    tail=hash(tuple([*self.filler[:n], *tail][-16:])))
+                                    tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
         ids = [*self.filler[:n], *tail]
         data = {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},

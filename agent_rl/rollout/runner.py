@@ -273,8 +273,8 @@ def _quiet_gc() -> Iterator[None]:
     Python's default thresholds they get promoted and drive full collections every few seconds; with
     rarer young collections (50,000 allocations) a young collection still met ~110k live objects and
     stopped the event loop for 60-110 ms (bench/runner_scale.py, 4,096 episodes). Reference counting
-    frees almost everything a turn makes: 5,000 turns of 4,096 concurrent episodes left 0 unreachable
-    cycles. So, while a rollout runs:
+    frees almost everything a turn makes; what it cannot free (reference cycles) waits for the end or
+    for point 3. So, while a rollout runs:
     1. the heap that existed before (model, tokenizer, modules: ~370k objects) is frozen (gc.freeze),
        so that the collection at the end walks only what the rollouts made; a caller's own freeze is
        left alone;
