@@ -49,7 +49,8 @@ def nll_step(model, demos: Sequence[Demo], pad_id: int, micro_batch_tokens: int,
     with torch.set_grad_enabled(train):
         for mb in micro_batches(batch, max_tokens=micro_batch_tokens):
             mb = mb.to(model_device(model))
-            logp_B_T = token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, 1.0, chunk).logp_B_T
+            logp_B_T = token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, 1.0, chunk,
+                                      mb.loss_mask_B_T).logp_B_T
             loss = -torch.where(mb.loss_mask_B_T, logp_B_T, 0.0).sum() / batch.step_num_tokens
             if train:
                 loss.backward()

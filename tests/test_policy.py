@@ -202,3 +202,46 @@ def test_load_causal_lm_from_a_folder(tmp_path):
         expected = token_logprobs(model, ids, attn).logp_B_T
         actual = token_logprobs(loaded, ids, attn).logp_B_T
     torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+
+
+def test_selected_positions_match_every_position_in_values_and_gradients():
+    """`positions_B_T` (the loss mask) computes the output layer only there: same log-probs,
+    entropies and gradients at those columns as the full computation, 0.0 elsewhere. float64."""
+    peft_model = _lora(_tiny_llama()).double()
+    ids, attn = _inputs()
+    picked = torch.zeros_like(ids, dtype=torch.bool)
+    picked[0, [1, 2, 5, 8]] = True  # column 8 is the last: it predicts nothing, so it stays 0.0
+    picked[1, [0, 4, 7]] = True  # column 7 is padding of row 1 (a caller's mask never picks it; still exact)
+    params = trainable_parameters(peft_model)
+
+    full = token_logprobs(peft_model, ids, attn, chunk_size=3)
+    torch.where(picked, full.logp_B_T, 0.0).sum().backward()
+    full_grads = [p.grad.clone() for p in params]
+    peft_model.zero_grad()
+    some = token_logprobs(peft_model, ids, attn, chunk_size=2, positions_B_T=picked)
+    some.logp_B_T.sum().backward()
+
+    scored = picked.clone()
+    scored[:, -1] = False
+    for name in ("logp_B_T", "entropy_B_T"):
+        ours, theirs = getattr(some, name), getattr(full, name).detach()
+        torch.testing.assert_close(ours[scored], theirs[scored], atol=1e-12, rtol=0)
+        assert (ours[~scored] == 0).all() and (ours[scored] != 0).all(), name
+    assert not some.entropy_B_T.requires_grad
+    for g_full, p in zip(full_grads, params):
+        assert g_full.abs().sum() > 0
+        torch.testing.assert_close(p.grad, g_full, atol=1e-10, rtol=0)
+
+
+def test_no_selected_position_still_runs_backward_through_every_layer():
+    """A data-parallel rank whose rows have no sampled token must run the same backward as the
+    others (FSDP's hooks fire per layer): its log-probs are all 0.0 and its gradients exist, all 0."""
+    peft_model = _lora(_tiny_llama())
+    ids, attn = _inputs()
+    out = token_logprobs(peft_model, ids, attn, positions_B_T=torch.zeros_like(ids, dtype=torch.bool))
+    assert (out.logp_B_T == 0).all() and (out.entropy_B_T == 0).all()
+    out.logp_B_T.sum().backward()
+    grads = [p.grad for p in trainable_parameters(peft_model)]
+    assert all(g is not None for g in grads) and all((g == 0).all() for g in grads)
+    with pytest.raises(ValueError, match="positions_B_T has shape"):
+        token_logprobs(peft_model, ids, attn, positions_B_T=torch.ones(2, 3, dtype=torch.bool))

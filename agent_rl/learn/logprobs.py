@@ -61,13 +61,20 @@ def token_logprobs(
     attention_mask_B_T: torch.Tensor,
     temperature: float = 1.0,
     chunk_size: int = 512,
+    positions_B_T: torch.Tensor | None = None,
 ) -> TokenLogprobs:
     """Log-probs of each next token and the entropy of each next-token distribution.
 
     The transformer body runs once over the whole batch; the output layer and the log-softmax run
     on about `chunk_size` tokens at a time (max(1, chunk_size // B) positions of all B rows), so at
-    most ~chunk_size * vocab float32 logits exist at once, whatever the batch's shape. When gradients are on, each chunk is checkpointed: its logits are recomputed in the
-    backward pass instead of being kept, otherwise autograd would hold all of them anyway.
+    most ~chunk_size * vocab float32 logits exist at once, whatever the batch's shape. When gradients
+    are on, each chunk is checkpointed: its logits are recomputed in the backward pass instead of
+    being kept, otherwise autograd would hold all of them anyway.
+
+    `positions_B_T` (bool, optional): compute only there, e.g. the loss mask; every other column is
+    0.0. An agent's trajectory trains on a small share of its tokens (the prompt, tool outputs and
+    earlier turns are context), and the vocabulary-wide output layer and log-softmax cost a quarter
+    of a 135M model's forward pass per position, so this skips most of that work and memory.
     Composable with gradient accumulation: nothing here touches `.grad` or the optimizer.
     """
     if temperature <= 0:
@@ -80,6 +87,8 @@ def token_logprobs(
     hidden_B_T_H = body(
         input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
     ).last_hidden_state
+    if positions_B_T is not None:
+        return _selected_logprobs(head, hidden_B_T_H, input_ids_B_T, positions_B_T, temperature, chunk_size)
 
     B, T = input_ids_B_T.shape
     positions = max(1, chunk_size // B)
@@ -87,11 +96,7 @@ def token_logprobs(
     for start in range(0, T - 1, positions):
         end = min(start + positions, T - 1)  # the last position predicts nothing
         targets_B_C = input_ids_B_T[:, start + 1 : end + 1]
-        args = (head, hidden_B_T_H[:, start:end], targets_B_C, temperature)
-        if torch.is_grad_enabled():
-            logp_B_C, entropy_B_C = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-        else:
-            logp_B_C, entropy_B_C = _chunk_logprobs(*args)
+        logp_B_C, entropy_B_C = _head_chunk(head, hidden_B_T_H[:, start:end], targets_B_C, temperature)
         logp_chunks.append(logp_B_C)
         entropy_chunks.append(entropy_B_C)
     out_dtype = torch.promote_types(hidden_B_T_H.dtype, torch.float32)
@@ -100,3 +105,38 @@ def token_logprobs(
         logp_B_T=torch.cat([*logp_chunks, last], dim=1),
         entropy_B_T=torch.cat([*entropy_chunks, last], dim=1),
     )
+
+
+def _head_chunk(head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if torch.is_grad_enabled():
+        return checkpoint(_chunk_logprobs, head, hidden_B_C_H, targets_B_C, temperature, use_reentrant=False)
+    return _chunk_logprobs(head, hidden_B_C_H, targets_B_C, temperature)
+
+
+def _selected_logprobs(head: nn.Module, hidden_B_T_H: torch.Tensor, input_ids_B_T: torch.Tensor,
+                       positions_B_T: torch.Tensor, temperature: float, chunk_size: int) -> TokenLogprobs:
+    """`token_logprobs` at the True columns of `positions_B_T` only (the last column predicts nothing)."""
+    B, T = input_ids_B_T.shape
+    if positions_B_T.shape != (B, T):
+        raise ValueError(f"positions_B_T has shape {tuple(positions_B_T.shape)}, the batch {(B, T)}")
+    wanted_B_T = positions_B_T.to(device=hidden_B_T_H.device, dtype=torch.bool).clone()
+    wanted_B_T[:, -1] = False
+    rows_N, cols_N = wanted_B_T.nonzero(as_tuple=True)
+    scale = 1.0
+    if rows_N.numel() == 0:
+        # nothing to score: score one position and scale it to 0, so that the graph still reaches every
+        # layer (a data-parallel rank with no sampled tokens must run the same backward as the others)
+        rows_N, cols_N, scale = rows_N.new_zeros(1), cols_N.new_zeros(1), 0.0
+    hidden_1_N_H = hidden_B_T_H[rows_N, cols_N].unsqueeze(0)
+    targets_1_N = input_ids_B_T[rows_N, cols_N + 1].unsqueeze(0)
+    logp_chunks, entropy_chunks = [], []
+    for start in range(0, hidden_1_N_H.shape[1], max(1, chunk_size)):
+        end = start + max(1, chunk_size)
+        logp_1_C, entropy_1_C = _head_chunk(head, hidden_1_N_H[:, start:end], targets_1_N[:, start:end], temperature)
+        logp_chunks.append(logp_1_C)
+        entropy_chunks.append(entropy_1_C)
+    logp_N, entropy_N = torch.cat(logp_chunks, dim=1)[0] * scale, torch.cat(entropy_chunks, dim=1)[0] * scale
+    out = hidden_B_T_H.new_zeros((B, T), dtype=logp_N.dtype)
+    return TokenLogprobs(logp_B_T=out.index_put((rows_N, cols_N), logp_N),
+                         entropy_B_T=out.index_put((rows_N, cols_N), entropy_N))

@@ -27,8 +27,9 @@ from agent_rl.learn.logprobs import token_logprobs
 
 class Reference(Protocol):
     def logprobs(self, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor, temperature: float,
-                 chunk_size: int) -> torch.Tensor:
-        """logp_B_T of the reference policy (shift convention of `learn.batching`), without gradient."""
+                 chunk_size: int, positions_B_T: torch.Tensor | None = None) -> torch.Tensor:
+        """logp_B_T of the reference policy (shift convention of `learn.batching`), without gradient;
+        only at `positions_B_T` when given (0.0 elsewhere, as `learn.logprobs.token_logprobs`)."""
 
 
 class BaseWeights:
@@ -36,9 +37,10 @@ class BaseWeights:
         self.model = model
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
         with self.model.disable_adapter():
-            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size).logp_B_T
+            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
+                                  positions_B_T).logp_B_T
 
 
 class SavedAdapter:
@@ -51,11 +53,12 @@ class SavedAdapter:
         model.set_adapter(self.trained)  # loading may not switch, but make sure the trained one is active
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
         # set_adapter also sets requires_grad: the trained adapter must be trainable again afterwards
         self.model.set_adapter(self.NAME)
         try:
-            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size).logp_B_T
+            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
+                                  positions_B_T).logp_B_T
         finally:
             self.model.set_adapter(self.trained)
 
@@ -65,9 +68,10 @@ class FrozenCopy:
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
         try:
-            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size).logp_B_T
+            return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
+                                  positions_B_T).logp_B_T
         finally:
             reshard(self.model)  # several ranks: the copy's layers are sharded, and stay so between passes
 

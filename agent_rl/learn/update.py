@@ -83,10 +83,10 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
         columns = {}
         if need_old:
             columns["old_logp_B_T"] = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T,
-                                                     temperature, optim.logprob_chunk).logp_B_T
+                                                     temperature, optim.logprob_chunk, mb.loss_mask_B_T).logp_B_T
         if algo.kl_beta > 0:
             columns["ref_logp_B_T"] = policy.reference.logprobs(mb.input_ids_B_T, mb.attention_mask_B_T,
-                                                                temperature, optim.logprob_chunk)
+                                                                temperature, optim.logprob_chunk, mb.loss_mask_B_T)
         batch = batch.with_rows(mb.index_B, **columns)
     reshard(policy.model)  # several ranks: the layers this no-grad pass gathered, sharded again
     names = (("old_logp_B_T",) if need_old else ()) + (("ref_logp_B_T",) if algo.kl_beta > 0 else ())
@@ -112,8 +112,10 @@ def _micro_loss(policy: Any, mb: Batch, step: Batch, algo: Any, optim: Any, temp
     """One micro-batch's share of its optimizer step's loss (to backward), and its statistics."""
     mask = mb.loss_mask_B_T
     k = int(mask.sum())
-    out = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature, optim.logprob_chunk)
-    logp = out.logp_B_T  # [B, T], column t scores token t+1
+    # only where tokens were sampled: the loss, its statistics and the importance weights read nothing else
+    out = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature, optim.logprob_chunk,
+                         mask)
+    logp = out.logp_B_T  # [B, T], column t scores token t+1 (0.0 where not sampled)
     old = mb.sampler_logp_B_T if stale else mb.old_logp_B_T if mb.old_logp_B_T is not None else logp.detach()
     pl = LOSSES[algo.loss](logp, old, mb.advantage_B, mask, eps_low=algo.eps_low, eps_high=algo.eps_high)
     per_token = pl.loss_B_T
