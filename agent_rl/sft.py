@@ -38,7 +38,7 @@ from agent_rl.runs.runlog import RunLogger
 
 
 def nll_step(model, demos: Sequence[Demo], pad_id: int, micro_batch_tokens: int, chunk: int,
-             train: bool) -> tuple[float, int]:
+             train: bool, share_prefixes: bool = False) -> tuple[float, int]:
     """Token-mean NLL of the masked tokens of `demos`; with `train`, gradients accumulate into `.grad`.
 
     Each micro-batch's sum is divided by the whole step's token count, so the accumulated gradient
@@ -47,10 +47,10 @@ def nll_step(model, demos: Sequence[Demo], pad_id: int, micro_batch_tokens: int,
     batch = collate(demos, [0.0] * len(demos), pad_id)
     total = 0.0
     with torch.set_grad_enabled(train):
-        for mb in micro_batches(batch, max_tokens=micro_batch_tokens):
+        for mb in micro_batches(batch, max_tokens=micro_batch_tokens, share_prefixes=share_prefixes):
             mb = mb.to(model_device(model))
             logp_B_T = token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, 1.0, chunk,
-                                      mb.loss_mask_B_T).logp_B_T
+                                      mb.loss_mask_B_T, share_prefixes).logp_B_T
             loss = -torch.where(mb.loss_mask_B_T, logp_B_T, 0.0).sum() / batch.step_num_tokens
             if train:
                 loss.backward()
@@ -83,7 +83,8 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         start = ck.step
     probe = demos[: min(len(demos), 16)]  # a fixed sample: the loss before and after, same rows
     model.eval()
-    loss_before, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False)
+    loss_before, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False,
+                              share_prefixes=policy.share_prefixes)
     final: dict[str, float] = {}
     with RunLogger(run_dir, len(batches), tensorboard=cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
                    start_step=start, collapse_drop=0.0, entropy_floor=0.0) as log:
@@ -93,7 +94,7 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
             model.train()
             optimizer.zero_grad(set_to_none=True)
             loss, tokens = nll_step(model, [demos[i] for i in batches[step]], pad_id, optim.micro_batch_tokens,
-                                    optim.logprob_chunk, train=True)
+                                    optim.logprob_chunk, train=True, share_prefixes=policy.share_prefixes)
             grad_norm = optimizer_step(optimizer, optim.grad_clip)
             scheduler.step()
             final = log.log(step + 1, {"sft/loss": loss, "sft/perplexity": math.exp(min(loss, 50.0)),
@@ -104,7 +105,8 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                 save_checkpoint(run_dir, step + 1, model, optimizer, scheduler, data_position=step + 1,
                                 keep=cfg.run.keep_checkpoints)
     model.eval()
-    loss_after, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False)
+    loss_after, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False,
+                              share_prefixes=policy.share_prefixes)
     model.save_pretrained(run_dir / "adapter", safe_serialization=True)
     return {**final, "sft/loss_before": loss_before, "sft/loss_after": loss_after, "demos": float(len(demos))}
 

@@ -225,7 +225,11 @@ class OptimConfig(_Section):
     beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW second-moment decay")
     grad_clip: float = Field(1.0, gt=0.0, description="clip the global gradient norm to this")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps from 0 to lr")
-    micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per forward/backward micro-batch")
+    micro_batch_tokens: int = Field(4096, ge=1, description="padded tokens per forward/backward micro-batch "
+                                                            "(packed tokens with share_prefixes)")
+    share_prefixes: bool = Field(
+        True, description="run each micro-batch packed, a prefix its rows share (the prompt, the tool schemas) "
+                          "computed once (learn.packing); off by itself for models whose attention cannot take it")
     logprob_chunk: int = Field(
         512, ge=1, description="tokens (rows x positions) per chunk of the output layer and log-softmax: bounds "
                                "the vocabulary-wide logits held at once")

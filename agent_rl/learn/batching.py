@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from agent_rl.learn.packing import prefix_order
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -151,7 +153,7 @@ def split_steps(batch: Batch, num_steps: int, generator: torch.Generator | None 
 
 
 def micro_batches(
-    batch: Batch, max_tokens: int | None = None, max_sequences: int | None = None
+    batch: Batch, max_tokens: int | None = None, max_sequences: int | None = None, share_prefixes: bool = False
 ) -> list[Batch]:
     """Split a step's batch into micro-batches of at most `max_tokens` padded tokens
     (rows * longest row: what activation memory scales with) and `max_sequences` rows.
@@ -160,8 +162,14 @@ def micro_batches(
     largest micro-batch runs first, so an out-of-memory shows up on the first one. A row longer
     than `max_tokens` goes alone (a sequence cannot be split). Order does not change the summed
     loss, since every micro-batch keeps the step's normalisers.
+
+    `share_prefixes` (micro-batches that `logprobs.token_logprobs` runs packed, `learn.packing`):
+    `max_tokens` counts packed tokens instead, and rows are taken in lexicographic order of their
+    tokens, so that rows sharing a prefix (a group's prompt, the tool schemas) share a micro-batch.
     """
     lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
+    if share_prefixes:
+        return [select_rows(batch, rows) for rows in _packed_groups(batch, lengths, max_tokens, max_sequences)]
     order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], b))
     groups: list[list[int]] = []
     current: list[int] = []
@@ -177,3 +185,25 @@ def micro_batches(
     if current:
         groups.append(current)
     return [select_rows(batch, rows) for rows in groups]
+
+
+def _packed_groups(batch: Batch, lengths: list[int], max_tokens: int | None,
+                   max_sequences: int | None) -> list[list[int]]:
+    """Runs of rows in prefix order whose packed length fits `max_tokens` (a longer row goes alone)."""
+    rows = [batch.input_ids_B_T[b, :n].tolist() for b, n in enumerate(lengths)]
+    order, shared = prefix_order(rows)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    cost = 0
+    for b, s in zip(order, shared):
+        extra = lengths[b] - min(s, lengths[b])  # beyond the prefix it shares with the row before it
+        fits_tokens = max_tokens is None or cost + extra <= max_tokens
+        fits_rows = max_sequences is None or len(current) + 1 <= max_sequences
+        if current and not (fits_tokens and fits_rows):
+            groups.append(current)
+            current, extra = [], lengths[b]  # the first row of a micro-batch shares nothing
+        current.append(b)
+        cost = (cost if len(current) > 1 else 0) + extra
+    if current:
+        groups.append(current)
+    return groups

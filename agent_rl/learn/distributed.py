@@ -189,13 +189,14 @@ def masked(batch: Any) -> Any:
                    index_B=torch.full_like(batch.index_B, -1) if batch.index_B is not None else None)
 
 
-def rank_micro_batches(step: Any, dist: Dist, max_tokens: int) -> list[Any]:
+def rank_micro_batches(step: Any, dist: Dist, max_tokens: int, share_prefixes: bool = False) -> list[Any]:
     """This rank's micro-batches of an optimizer step (rows dealt by `rows_of`), as many on every rank:
-    masked fillers make up the difference. One process: the step's own micro-batches."""
+    masked fillers make up the difference. One process: the step's own micro-batches.
+    `share_prefixes`: as `batching.micro_batches`."""
     from agent_rl.learn.batching import micro_batches, select_rows
 
     rows = rows_of(step.input_ids_B_T.shape[0], dist)
-    mine = micro_batches(select_rows(step, rows), max_tokens=max_tokens) if rows else []
+    mine = micro_batches(select_rows(step, rows), max_tokens=max_tokens, share_prefixes=share_prefixes) if rows else []
     count = max_over_ranks(len(mine), dist)
     return mine + [masked(select_rows(step, [0]))] * (count - len(mine))
 

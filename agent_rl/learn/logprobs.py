@@ -25,6 +25,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from agent_rl.learn.packing import pack_rows, supports_packing
+
 
 @dataclass(frozen=True)
 class TokenLogprobs:
@@ -62,6 +64,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 512,
     positions_B_T: torch.Tensor | None = None,
+    share_prefixes: bool = False,
 ) -> TokenLogprobs:
     """Log-probs of each next token and the entropy of each next-token distribution.
 
@@ -73,8 +76,12 @@ def token_logprobs(
 
     `positions_B_T` (bool, optional): compute only there, e.g. the loss mask; every other column is
     0.0. An agent's trajectory trains on a small share of its tokens (the prompt, tool outputs and
-    earlier turns are context), and the vocabulary-wide output layer and log-softmax cost a quarter
-    of a 135M model's forward pass per position, so this skips most of that work and memory.
+    earlier turns are context), and the vocabulary-wide output layer and log-softmax are a large share
+    of a small model's work per position, so this skips most of that work.
+
+    `share_prefixes`: run the body once over the rows packed (`learn.packing`: a prefix several rows
+    share is computed once; same maths), for models `packing.supports_packing` accepts. Columns outside
+    `positions_B_T` (outside the real tokens, without it) are then 0.0.
     Composable with gradient accumulation: nothing here touches `.grad` or the optimizer.
     """
     if temperature <= 0:
@@ -84,13 +91,32 @@ def token_logprobs(
         # the output layer alone would miss the soft-capping the model's forward applies
         raise NotImplementedError("models with final_logit_softcapping are not supported")
     body, head = lm.get_decoder(), lm.get_output_embeddings()
+    B, T = input_ids_B_T.shape
+    if positions_B_T is not None and positions_B_T.shape != (B, T):
+        raise ValueError(f"positions_B_T has shape {tuple(positions_B_T.shape)}, the batch {(B, T)}")
+    if share_prefixes:
+        if not supports_packing(lm.config):
+            raise ValueError(f"share_prefixes: the model's attention ({lm.config._attn_implementation}, or a "
+                             "sliding window) cannot take a packed mask")
+        packing = pack_rows(input_ids_B_T, attention_mask_B_T)
+        mask = packing.attention_mask(lm.config._attn_implementation, lm.dtype)
+        hidden_1_P_H = body(input_ids=packing.input_ids_1_P, position_ids=packing.position_ids_1_P,
+                            attention_mask=mask, use_cache=False).last_hidden_state
+        if positions_B_T is None:  # every real token that has a next one
+            positions_B_T = torch.cat([attention_mask_B_T[:, 1:].bool(),
+                                       attention_mask_B_T.new_zeros((B, 1), dtype=torch.bool)], dim=1)
+        rows_N, cols_N, scale = _wanted(positions_B_T, hidden_1_P_H.device)
+        hidden_N_H = hidden_1_P_H[0, packing.slot_B_T[rows_N, cols_N]]
+        return _scattered(head, hidden_N_H, input_ids_B_T, rows_N, cols_N, scale, temperature, chunk_size)
+
     hidden_B_T_H = body(
         input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
     ).last_hidden_state
     if positions_B_T is not None:
-        return _selected_logprobs(head, hidden_B_T_H, input_ids_B_T, positions_B_T, temperature, chunk_size)
+        rows_N, cols_N, scale = _wanted(positions_B_T, hidden_B_T_H.device)
+        return _scattered(head, hidden_B_T_H[rows_N, cols_N], input_ids_B_T, rows_N, cols_N, scale, temperature,
+                          chunk_size)
 
-    B, T = input_ids_B_T.shape
     positions = max(1, chunk_size // B)
     logp_chunks, entropy_chunks = [], []
     for start in range(0, T - 1, positions):
@@ -114,29 +140,32 @@ def _head_chunk(head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.
     return _chunk_logprobs(head, hidden_B_C_H, targets_B_C, temperature)
 
 
-def _selected_logprobs(head: nn.Module, hidden_B_T_H: torch.Tensor, input_ids_B_T: torch.Tensor,
-                       positions_B_T: torch.Tensor, temperature: float, chunk_size: int) -> TokenLogprobs:
-    """`token_logprobs` at the True columns of `positions_B_T` only (the last column predicts nothing)."""
-    B, T = input_ids_B_T.shape
-    if positions_B_T.shape != (B, T):
-        raise ValueError(f"positions_B_T has shape {tuple(positions_B_T.shape)}, the batch {(B, T)}")
-    wanted_B_T = positions_B_T.to(device=hidden_B_T_H.device, dtype=torch.bool).clone()
+def _wanted(positions_B_T: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(rows, columns) of the positions to score (the last column predicts nothing), and 1.0; with none,
+    position (0, 0) and 0.0: scored and scaled to 0, so that the graph still reaches every layer (a
+    data-parallel rank with no sampled tokens must run the same backward as the others)."""
+    wanted_B_T = positions_B_T.to(device=device, dtype=torch.bool).clone()
     wanted_B_T[:, -1] = False
     rows_N, cols_N = wanted_B_T.nonzero(as_tuple=True)
-    scale = 1.0
     if rows_N.numel() == 0:
-        # nothing to score: score one position and scale it to 0, so that the graph still reaches every
-        # layer (a data-parallel rank with no sampled tokens must run the same backward as the others)
-        rows_N, cols_N, scale = rows_N.new_zeros(1), cols_N.new_zeros(1), 0.0
-    hidden_1_N_H = hidden_B_T_H[rows_N, cols_N].unsqueeze(0)
+        return rows_N.new_zeros(1), cols_N.new_zeros(1), 0.0
+    return rows_N, cols_N, 1.0
+
+
+def _scattered(head: nn.Module, hidden_N_H: torch.Tensor, input_ids_B_T: torch.Tensor, rows_N: torch.Tensor,
+               cols_N: torch.Tensor, scale: float, temperature: float, chunk_size: int) -> TokenLogprobs:
+    """Log-probs and entropies of the N hidden states given (row b, column t: predicting token t + 1),
+    `chunk_size` at a time, in a [B, T] tensor that is 0.0 elsewhere."""
     targets_1_N = input_ids_B_T[rows_N, cols_N + 1].unsqueeze(0)
+    hidden_1_N_H = hidden_N_H.unsqueeze(0)
+    step = max(1, chunk_size)
     logp_chunks, entropy_chunks = [], []
-    for start in range(0, hidden_1_N_H.shape[1], max(1, chunk_size)):
-        end = start + max(1, chunk_size)
-        logp_1_C, entropy_1_C = _head_chunk(head, hidden_1_N_H[:, start:end], targets_1_N[:, start:end], temperature)
+    for start in range(0, hidden_1_N_H.shape[1], step):
+        logp_1_C, entropy_1_C = _head_chunk(head, hidden_1_N_H[:, start:start + step],
+                                            targets_1_N[:, start:start + step], temperature)
         logp_chunks.append(logp_1_C)
         entropy_chunks.append(entropy_1_C)
     logp_N, entropy_N = torch.cat(logp_chunks, dim=1)[0] * scale, torch.cat(entropy_chunks, dim=1)[0] * scale
-    out = hidden_B_T_H.new_zeros((B, T), dtype=logp_N.dtype)
+    out = logp_N.new_zeros(input_ids_B_T.shape)
     return TokenLogprobs(logp_B_T=out.index_put((rows_N, cols_N), logp_N),
                          entropy_B_T=out.index_put((rows_N, cols_N), entropy_N))

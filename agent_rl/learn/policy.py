@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from agent_rl.learn.allocator import cap_heap_buffers
 from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.distributed import Dist, rank_device, shard_model
+from agent_rl.learn.packing import supports_packing
 from agent_rl.learn.reference import FrozenCopy, make_reference
 
 
@@ -80,6 +81,7 @@ class Policy:
     dist: Dist = Dist()  # one process, or this rank of several (`learn.distributed`)
     # weights whose gradients ranks sum themselves: the LoRA adapter, or a full fine-tune's unsharded ones
     replicated: list = field(default_factory=list)
+    share_prefixes: bool = False  # micro-batches run packed (`learn.packing`): asked for, and the model can
 
 
 def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
@@ -115,4 +117,5 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     warmup = optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-    return Policy(model, optimizer, scheduler, reference, device, dist, replicated)
+    share = optim.share_prefixes and supports_packing(model.config)
+    return Policy(model, optimizer, scheduler, reference, device, dist, replicated, share)

@@ -27,9 +27,10 @@ from agent_rl.learn.logprobs import token_logprobs
 
 class Reference(Protocol):
     def logprobs(self, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor, temperature: float,
-                 chunk_size: int, positions_B_T: torch.Tensor | None = None) -> torch.Tensor:
+                 chunk_size: int, positions_B_T: torch.Tensor | None = None,
+                 share_prefixes: bool = False) -> torch.Tensor:
         """logp_B_T of the reference policy (shift convention of `learn.batching`), without gradient;
-        only at `positions_B_T` when given (0.0 elsewhere, as `learn.logprobs.token_logprobs`)."""
+        `positions_B_T` and `share_prefixes` as `learn.logprobs.token_logprobs`."""
 
 
 class BaseWeights:
@@ -37,10 +38,11 @@ class BaseWeights:
         self.model = model
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None,
+                 share_prefixes=False):
         with self.model.disable_adapter():
             return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
-                                  positions_B_T).logp_B_T
+                                  positions_B_T, share_prefixes).logp_B_T
 
 
 class SavedAdapter:
@@ -53,12 +55,13 @@ class SavedAdapter:
         model.set_adapter(self.trained)  # loading may not switch, but make sure the trained one is active
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None,
+                 share_prefixes=False):
         # set_adapter also sets requires_grad: the trained adapter must be trainable again afterwards
         self.model.set_adapter(self.NAME)
         try:
             return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
-                                  positions_B_T).logp_B_T
+                                  positions_B_T, share_prefixes).logp_B_T
         finally:
             self.model.set_adapter(self.trained)
 
@@ -68,10 +71,11 @@ class FrozenCopy:
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None):
+    def logprobs(self, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T=None,
+                 share_prefixes=False):
         try:
             return token_logprobs(self.model, input_ids_B_T, attention_mask_B_T, temperature, chunk_size,
-                                  positions_B_T).logp_B_T
+                                  positions_B_T, share_prefixes).logp_B_T
         finally:
             reshard(self.model)  # several ranks: the copy's layers are sharded, and stay so between passes
 

@@ -78,15 +78,17 @@ def fixed_logprobs(policy: Any, batch: Batch, algo: Any, optim: Any, temperature
     if not need_old and algo.kl_beta == 0:
         return batch
     policy.model.eval()
-    for mb in rank_micro_batches(batch, policy.dist, optim.micro_batch_tokens):  # this rank's rows
+    for mb in rank_micro_batches(batch, policy.dist, optim.micro_batch_tokens, policy.share_prefixes):  # this rank's
         mb = mb.to(policy.device)
         columns = {}
         if need_old:
             columns["old_logp_B_T"] = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T,
-                                                     temperature, optim.logprob_chunk, mb.loss_mask_B_T).logp_B_T
+                                                     temperature, optim.logprob_chunk, mb.loss_mask_B_T,
+                                                     policy.share_prefixes).logp_B_T
         if algo.kl_beta > 0:
             columns["ref_logp_B_T"] = policy.reference.logprobs(mb.input_ids_B_T, mb.attention_mask_B_T,
-                                                                temperature, optim.logprob_chunk, mb.loss_mask_B_T)
+                                                                temperature, optim.logprob_chunk, mb.loss_mask_B_T,
+                                                                policy.share_prefixes)
         batch = batch.with_rows(mb.index_B, **columns)
     reshard(policy.model)  # several ranks: the layers this no-grad pass gathered, sharded again
     names = (("old_logp_B_T",) if need_old else ()) + (("ref_logp_B_T",) if algo.kl_beta > 0 else ())
@@ -114,7 +116,7 @@ def _micro_loss(policy: Any, mb: Batch, step: Batch, algo: Any, optim: Any, temp
     k = int(mask.sum())
     # only where tokens were sampled: the loss, its statistics and the importance weights read nothing else
     out = token_logprobs(policy.model, mb.input_ids_B_T, mb.attention_mask_B_T, temperature, optim.logprob_chunk,
-                         mask)
+                         mask, policy.share_prefixes)
     logp = out.logp_B_T  # [B, T], column t scores token t+1 (0.0 where not sampled)
     old = mb.sampler_logp_B_T if stale else mb.old_logp_B_T if mb.old_logp_B_T is not None else logp.detach()
     pl = LOSSES[algo.loss](logp, old, mb.advantage_B, mask, eps_low=algo.eps_low, eps_high=algo.eps_high)
@@ -161,7 +163,7 @@ def policy_update(policy: Any, batch: Batch, algo: Any, optim: Any, temperature:
         for step in steps:
             policy.optimizer.zero_grad(set_to_none=True)
             loss = 0.0
-            for mb in rank_micro_batches(step, policy.dist, optim.micro_batch_tokens):
+            for mb in rank_micro_batches(step, policy.dist, optim.micro_batch_tokens, policy.share_prefixes):
                 micro = _micro_loss(policy, mb.to(policy.device), step, algo, optim, temperature, stale, stats)
                 micro.backward()
                 loss += float(micro.detach())
