@@ -245,3 +245,24 @@ def test_no_selected_position_still_runs_backward_through_every_layer():
     assert all(g is not None for g in grads) and all((g == 0).all() for g in grads)
     with pytest.raises(ValueError, match="positions_B_T has shape"):
         token_logprobs(peft_model, ids, attn, positions_B_T=torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_backward_recomputes_the_log_probs_but_not_the_entropy(monkeypatch):
+    """Each checkpointed chunk runs again in the backward pass; its vocabulary-wide entropy (no gradient)
+    must not: count the exp calls over vocabulary-wide tensors, forward and backward."""
+    peft_model = _lora(_tiny_llama())
+    ids, attn = _inputs()
+    calls = []
+    real_exp = torch.Tensor.exp
+
+    def counting_exp(t):
+        if t.shape[-1] == VOCAB:
+            calls.append(t.shape)
+        return real_exp(t)
+
+    monkeypatch.setattr(torch.Tensor, "exp", counting_exp)
+    out = token_logprobs(peft_model, ids, attn, chunk_size=6)  # 3 positions x 2 rows a chunk: 8 positions, 3 chunks
+    assert len(calls) == 3
+    out.logp_B_T.sum().backward()
+    assert len(calls) == 3  # the backward pass recomputed log-probs only
+    assert all(p.grad is not None for p in trainable_parameters(peft_model))

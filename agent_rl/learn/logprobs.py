@@ -42,19 +42,22 @@ def _causal_lm(model: nn.Module) -> PreTrainedModel:
 
 
 def _chunk_logprobs(
-    head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor, temperature: float,
+    entropy_out: list[torch.Tensor],
+) -> torch.Tensor:
     logits_B_C_V = head(hidden_B_C_H)
     # at least float32, like vLLM's sampler (bf16 logits would round the log-softmax)
     logits_B_C_V = logits_B_C_V.to(torch.promote_types(logits_B_C_V.dtype, torch.float32))
-    logits_B_C_V = logits_B_C_V / temperature
+    if temperature != 1.0:
+        logits_B_C_V = logits_B_C_V / temperature
     logp_B_C_V = torch.log_softmax(logits_B_C_V, dim=-1)
     logp_B_C = logp_B_C_V.gather(-1, targets_B_C.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():  # a statistic: in the graph, each checkpointed chunk's vocabulary-wide exp and
-        # product would be rebuilt in the backward pass and kept, unused, until it ends (a 4,096-token
-        # micro-batch of SmolLM2-135M peaked at 3.5 GB instead of 2.2 GB)
-        entropy_B_C = -(logp_B_C_V.exp() * logp_B_C_V).sum(dim=-1)
-    return logp_B_C, entropy_B_C
+    if not entropy_out:  # a statistic, without gradient, computed once: the checkpoint's recomputation of
+        # this chunk in the backward pass skips it (a vocabulary-wide exp and product, each the size of the
+        # logits, held at the backward pass's peak; in the graph they were kept until it ended)
+        with torch.no_grad():
+            entropy_out.append(-(logp_B_C_V.exp() * logp_B_C_V).sum(dim=-1))
+    return logp_B_C
 
 
 def token_logprobs(
@@ -135,9 +138,13 @@ def token_logprobs(
 
 def _head_chunk(head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor,
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    entropy_out: list[torch.Tensor] = []
     if torch.is_grad_enabled():
-        return checkpoint(_chunk_logprobs, head, hidden_B_C_H, targets_B_C, temperature, use_reentrant=False)
-    return _chunk_logprobs(head, hidden_B_C_H, targets_B_C, temperature)
+        logp_B_C = checkpoint(_chunk_logprobs, head, hidden_B_C_H, targets_B_C, temperature, entropy_out,
+                              use_reentrant=False)
+    else:
+        logp_B_C = _chunk_logprobs(head, hidden_B_C_H, targets_B_C, temperature, entropy_out)
+    return logp_B_C, entropy_out[0]
 
 
 def _wanted(positions_B_T: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
