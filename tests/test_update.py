@@ -131,3 +131,26 @@ def test_mismatch_bounds_drop_sequences_the_sampler_disagrees_on(tiny_dir):
     assert stats["grad_norm"] == 0.0  # exp(1.0) = 2.7 > 2: every sequence dropped, nothing learned
     stats, _ = run(tiny_dir, shift=-0.3, **{"algorithm.mismatch_bounds": "[0.5, 2.0]"})
     assert stats["grad_norm"] > 0.0
+
+
+def test_shared_prompts_are_computed_once_with_the_same_update(tiny_dir):
+    """Rows that share their 6-token prompt: packed, the body runs 6 + 137 positions for the 185 real
+    tokens (0.773 of them; padded, 8 x 24 = 192: 1.038), and the gradient is the one padded rows give."""
+    results = {}
+    for share in (True, False):
+        cfg = config(tiny_dir, **{"optim.share_prefixes": str(share).lower()})
+        torch.manual_seed(0)
+        policy = build_policy(cfg.model, cfg.optim, tiny_dir)
+        assert policy.share_prefixes is share
+        batch = make_batch(policy)
+        batch = type(batch)(**{**batch.__dict__, "input_ids_B_T": batch.input_ids_B_T.clone()})
+        batch.input_ids_B_T[:, :6] = batch.input_ids_B_T[0, :6]  # one prompt for every row
+        stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, seed=3)
+        # the gradient the optimizer stepped with (Adam's first step is ~lr * sign(gradient) for every
+        # weight, so float32 noise in a near-zero gradient would flip a whole step: compare gradients)
+        results[share] = stats, torch.cat([p.grad.flatten() for p in trainable_parameters(policy.model)])
+    assert results[True][0]["computed_token_share"] == pytest.approx(143 / 185)
+    assert results[False][0]["computed_token_share"] == pytest.approx(192 / 185)
+    packed, padded = results[True][1], results[False][1]
+    assert padded.abs().max() > 0
+    assert (packed - padded).abs().max() < 1e-4 * padded.abs().max()

@@ -17,7 +17,7 @@ importance weights of `learn.loss` absorb the difference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from peft import PeftModel
@@ -34,6 +34,7 @@ class TokenLogprobs:
 
     logp_B_T: torch.Tensor  # float32 or wider: log p(token t+1 | <= t) at the temperature
     entropy_B_T: torch.Tensor  # entropy of that distribution, over the whole vocabulary; no gradient
+    computed_tokens: int = 0  # positions the transformer body ran: B x T padded, fewer packed
 
 
 def _causal_lm(model: nn.Module) -> PreTrainedModel:
@@ -110,15 +111,17 @@ def token_logprobs(
                                        attention_mask_B_T.new_zeros((B, 1), dtype=torch.bool)], dim=1)
         rows_N, cols_N, scale = _wanted(positions_B_T, hidden_1_P_H.device)
         hidden_N_H = hidden_1_P_H[0, packing.slot_B_T[rows_N, cols_N]]
-        return _scattered(head, hidden_N_H, input_ids_B_T, rows_N, cols_N, scale, temperature, chunk_size)
+        out = _scattered(head, hidden_N_H, input_ids_B_T, rows_N, cols_N, scale, temperature, chunk_size)
+        return replace(out, computed_tokens=int(packing.input_ids_1_P.shape[1]))
 
     hidden_B_T_H = body(
         input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
     ).last_hidden_state
     if positions_B_T is not None:
         rows_N, cols_N, scale = _wanted(positions_B_T, hidden_B_T_H.device)
-        return _scattered(head, hidden_B_T_H[rows_N, cols_N], input_ids_B_T, rows_N, cols_N, scale, temperature,
-                          chunk_size)
+        out = _scattered(head, hidden_B_T_H[rows_N, cols_N], input_ids_B_T, rows_N, cols_N, scale, temperature,
+                         chunk_size)
+        return replace(out, computed_tokens=B * T)
 
     positions = max(1, chunk_size // B)
     logp_chunks, entropy_chunks = [], []
@@ -133,6 +136,7 @@ def token_logprobs(
     return TokenLogprobs(
         logp_B_T=torch.cat([*logp_chunks, last], dim=1),
         entropy_B_T=torch.cat([*entropy_chunks, last], dim=1),
+        computed_tokens=B * T,
     )
 
 

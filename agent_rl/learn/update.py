@@ -143,6 +143,8 @@ def _micro_loss(policy: Any, mb: Batch, step: Batch, algo: Any, optim: Any, temp
     stats.add("approx_kl_old", pl.approx_kl, k)
     stats.add("logprob_gap_mean", gap.sum() / max(k, 1), k)
     stats.add("tis_capped_frac", iw.capped_frac, k)
+    stats.add("context_tokens", int(mb.attention_mask_B_T.sum()), 1)  # sums: their ratio is reported
+    stats.add("computed_tokens", out.computed_tokens, 1)
     stats.tokens += k
     return AGGREGATIONS[algo.aggregation](per_token, mask, step, algo.constant_norm_tokens)
 
@@ -173,7 +175,10 @@ def policy_update(policy: Any, batch: Batch, algo: Any, optim: Any, temperature:
             grad_norms.append(optimizer_step(policy.optimizer, optim.grad_clip))
     stats.sums, stats.tokens = reduce_stats(stats.sums, stats.tokens, policy.dist)
     loss_sum = stats.sums.pop("loss_sum")  # every rank's share of every step's loss
+    context, computed = stats.sums.pop("context_tokens"), stats.sums.pop("computed_tokens")
     out = stats.means()
+    # positions the body ran per real token: > 1 with padding, < 1 when packing shares prefixes
+    out["computed_token_share"] = computed / max(context, 1.0)
     out.update(loss=loss_sum / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
                train_tokens=float(stats.tokens / algo.epochs), optimizer_steps=float(len(losses)))
     return out
