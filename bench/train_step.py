@@ -6,9 +6,12 @@ LoRA of SmolLM2-135M, from the recipe's SFT adapter when `--init-adapter` names 
 `optim.micro_batch_tokens` 4096, once per variant, each in a fresh child process (so that each peak RSS
 is its own), all against one vLLM server started here in dev mode with LoRA (what a run starts):
 
-    adapter-full     model.sync adapter, no gradient checkpointing  (the trainer before these changes)
-    adapter-ckpt     model.sync adapter, gradient checkpointing
-    merged-ckpt      model.sync merged, gradient checkpointing       (what model.sync auto picks here)
+    adapter-full     model.sync adapter, no gradient checkpointing, padded rows  (the trainer before these changes)
+    adapter-ckpt     model.sync adapter, gradient checkpointing, padded rows
+    merged-ckpt      model.sync merged, gradient checkpointing, shared prefixes packed (`optim.share_prefixes`;
+                     what a run does here: model.sync auto picks merged)
+
+Every variant computes the output layer only where tokens were sampled (not a setting).
 
 The figures come from each run's metrics.jsonl plus probes around the trainer's own stages, passed to
 it as `trainer.Stages` (the loop runs unchanged); step 1 is warm-up and is skipped when there are >= 3
@@ -22,7 +25,9 @@ Per step (medians over the measured steps):
 - generation: wall time during which at least one request of the trainer is in flight;
 - forward/backward/optimizer: wall time of the trainer's `policy_update` call;
 - sync: the trainer's `time/sync_s`; other = the rest (env and tools, rendering, collating, the loop);
-- `sampled_tok_per_step_s`: tokens the policy sampled in the step / step wall time.
+- `sampled_tok_per_step_s`: tokens the policy sampled in the step / step wall time;
+- `computed_token_share`: positions the transformer body ran per real token of the batch (the update's
+  statistic: above 1 with padding, below 1 with shared prefixes packed).
 Memory: `trainer_rss_peak_mib`, the child's peak RSS (`getrusage`); `vllm_rss_peak_mib`, the highest summed
 RSS of the server's process tree seen every 0.2 s; `trainer_rss_peak_by_stage_mib`, the child's highest RSS
 while it started (start), sampled (sample), ran `policy_update` (update) and pushed weights (sync), seen every 20 ms.
@@ -238,9 +243,9 @@ def _median(xs: list[float]) -> float | None:
 
 
 VARIANTS = {
-    "adapter-full": ["model.sync=adapter", "model.gradient_checkpointing=false"],
-    "adapter-ckpt": ["model.sync=adapter", "model.gradient_checkpointing=true"],
-    "merged-ckpt": ["model.sync=merged", "model.gradient_checkpointing=true"],
+    "adapter-full": ["model.sync=adapter", "model.gradient_checkpointing=false", "optim.share_prefixes=false"],
+    "adapter-ckpt": ["model.sync=adapter", "model.gradient_checkpointing=true", "optim.share_prefixes=false"],
+    "merged-ckpt": ["model.sync=merged", "model.gradient_checkpointing=true", "optim.share_prefixes=true"],
 }
 
 
@@ -366,6 +371,7 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
         "reward_mean": _median([r.get("reward_mean", 0.0) for r in measured]),
         # the trainer logged update statistics as train/* before 097e798, plainly since
         "train_tokens": _median([r.get("train_tokens", 0.0) for r in measured]),
+        "computed_token_share": _median([r["computed_token_share"] for r in measured if "computed_token_share" in r]),
         "run_wall_s": round(run_wall, 1), "run_dir": run_dir,
         "per_step": {"step_s": per_step(step), "generation_s": per_step(gen), "fwd_bwd_optim_s": per_step(fbo),
                      "sync_s": per_step(sync), "other_s": per_step(other)},
