@@ -1,9 +1,10 @@
 """Per-token log-probs and entropies of a causal LM, computed in chunks.
 
-Owns: `token_logprobs` (log-probs and entropies of the next token at every position; the output
-layer and log-softmax run on a chunk of positions at a time).
-Does not own: building the model (`learn.policy`), the KL reference (`learn.reference`), the loss,
-gradient accumulation, the optimizer.
+Owns: `token_logprobs` (log-probs and entropies of the next token at every position, or at the
+positions asked for; the output layer and log-softmax run on a chunk of positions at a time; the
+body on padded rows or packed ones).
+Does not own: building the model (`learn.policy`), the packed layout (`learn.packing`), the KL
+reference (`learn.reference`), the loss, gradient accumulation, the optimizer.
 
 Shift convention (as `learn.batching`): column t of `logp_B_T` is
 log p(input_ids[t + 1] | input_ids[<= t]); the last column is 0.0.
