@@ -100,20 +100,7 @@ def token_logprobs(
     if positions_B_T is not None and positions_B_T.shape != (B, T):
         raise ValueError(f"positions_B_T has shape {tuple(positions_B_T.shape)}, the batch {(B, T)}")
     if share_prefixes:
-        if not supports_packing(lm.config):
-            raise ValueError(f"share_prefixes: the model's attention ({lm.config._attn_implementation}, or a "
-                             "sliding window) cannot take a packed mask")
-        packing = pack_rows(input_ids_B_T, attention_mask_B_T)
-        mask = packing.attention_mask(lm.config._attn_implementation, lm.dtype)
-        hidden_1_P_H = body(input_ids=packing.input_ids_1_P, position_ids=packing.position_ids_1_P,
-                            attention_mask=mask, use_cache=False).last_hidden_state
-        if positions_B_T is None:  # every real token that has a next one
-            positions_B_T = torch.cat([attention_mask_B_T[:, 1:].bool(),
-                                       attention_mask_B_T.new_zeros((B, 1), dtype=torch.bool)], dim=1)
-        rows_N, cols_N, scale = _wanted(positions_B_T, hidden_1_P_H.device)
-        hidden_N_H = hidden_1_P_H[0, packing.slot_B_T[rows_N, cols_N]]
-        out = _scattered(head, hidden_N_H, input_ids_B_T, rows_N, cols_N, scale, temperature, chunk_size)
-        return replace(out, computed_tokens=int(packing.input_ids_1_P.shape[1]))
+        return _packed_logprobs(lm, input_ids_B_T, attention_mask_B_T, temperature, chunk_size, positions_B_T)
 
     hidden_B_T_H = body(
         input_ids=input_ids_B_T, attention_mask=attention_mask_B_T, use_cache=False
@@ -123,7 +110,13 @@ def token_logprobs(
         out = _scattered(head, hidden_B_T_H[rows_N, cols_N], input_ids_B_T, rows_N, cols_N, scale, temperature,
                          chunk_size)
         return replace(out, computed_tokens=B * T)
+    return _every_position(head, hidden_B_T_H, input_ids_B_T, temperature, chunk_size)
 
+
+def _every_position(head: nn.Module, hidden_B_T_H: torch.Tensor, input_ids_B_T: torch.Tensor, temperature: float,
+                    chunk_size: int) -> TokenLogprobs:
+    """The output layer on max(1, chunk_size // B) positions of all B rows at a time."""
+    B, T = input_ids_B_T.shape
     positions = max(1, chunk_size // B)
     logp_chunks, entropy_chunks = [], []
     for start in range(0, T - 1, positions):
@@ -139,6 +132,27 @@ def token_logprobs(
         entropy_B_T=torch.cat([*entropy_chunks, last], dim=1),
         computed_tokens=B * T,
     )
+
+
+def _packed_logprobs(lm: PreTrainedModel, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
+                     temperature: float, chunk_size: int, positions_B_T: torch.Tensor | None) -> TokenLogprobs:
+    """`token_logprobs` with the body run once over the rows packed (`learn.packing`)."""
+    if not supports_packing(lm.config):
+        raise ValueError(f"share_prefixes: the model's attention ({lm.config._attn_implementation}, or a "
+                         "sliding window) cannot take a packed mask")
+    packing = pack_rows(input_ids_B_T, attention_mask_B_T)
+    mask = packing.attention_mask(lm.config._attn_implementation, lm.dtype)
+    hidden_1_P_H = lm.get_decoder()(input_ids=packing.input_ids_1_P, position_ids=packing.position_ids_1_P,
+                                    attention_mask=mask, use_cache=False).last_hidden_state
+    if positions_B_T is None:  # every real token that has a next one
+        positions_B_T = torch.cat([attention_mask_B_T[:, 1:].bool(),
+                                   attention_mask_B_T.new_zeros((input_ids_B_T.shape[0], 1), dtype=torch.bool)],
+                                  dim=1)
+    rows_N, cols_N, scale = _wanted(positions_B_T, hidden_1_P_H.device)
+    hidden_N_H = hidden_1_P_H[0, packing.slot_B_T[rows_N, cols_N]]
+    out = _scattered(lm.get_output_embeddings(), hidden_N_H, input_ids_B_T, rows_N, cols_N, scale, temperature,
+                     chunk_size)
+    return replace(out, computed_tokens=int(packing.input_ids_1_P.shape[1]))
 
 
 def _head_chunk(head: nn.Module, hidden_B_C_H: torch.Tensor, targets_B_C: torch.Tensor,
