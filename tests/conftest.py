@@ -6,10 +6,18 @@ import os
 
 import pytest
 
+from agent_rl.cli import raise_on_sigterm
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
 from agent_rl.rollout.scripted import ScriptedSampler
+
+
+def pytest_sessionstart(session) -> None:
+    """A SIGTERM (`kill`, `timeout`, a CI runner giving up) ends the session as Ctrl-C does, so pytest
+    tears its fixtures down: the vLLM servers below live in their own session and would otherwise
+    outlive a killed test run, each holding its memory (or a GPU)."""
+    raise_on_sigterm()
 
 
 @pytest.fixture(scope="session")

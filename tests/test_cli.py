@@ -191,3 +191,60 @@ def test_sigterm_unwinds_the_command_and_stops_what_it_started(tmp_path):
     else:
         os.kill(server_pid, signal.SIGKILL)
         raise AssertionError("the server the command started outlived it")
+
+
+STAND_IN_TEST = r'''
+import subprocess, time
+from pathlib import Path
+import pytest
+
+@pytest.fixture(scope="session")
+def server():  # stands in for the vLLM server fixtures: a process in its own session
+    proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+def test_waits(server):
+    Path("server.pid").write_text(str(server.pid))
+    time.sleep(120)
+'''
+
+
+def test_a_killed_test_session_stops_the_servers_its_fixtures_started(tmp_path):
+    """tests/conftest.py turns SIGTERM into an interrupt, so pytest tears the session's fixtures down:
+    a killed `make test` leaves no vLLM server behind (they live in their own session, out of reach of
+    a signal to pytest's process group)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "test_stand_in.py").write_text(STAND_IN_TEST)
+    tests_dir = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                              "test_stand_in.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    pid_file = tmp_path / "server.pid"
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), child.communicate(timeout=10)[0] if child.poll() is not None else "no pid"
+        server_pid = int(pid_file.read_text())
+        child.send_signal(signal.SIGTERM)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert "KeyboardInterrupt" in out or "Terminated" in out, out
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the stand-in server outlived the killed test session")
