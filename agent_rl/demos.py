@@ -2,7 +2,8 @@
 
 Owns: `make_demos` (play `solve` episodes with a `ScriptedSampler` over messages, keep the solved ones), the mix of
 tool-using, direct-answer and imperfect demonstrations (one recoverable mistake: the environment's
-`mistake` at a random early turn, then `solve` repairs it), `Demo` (what SFT trains on: ids and loss mask), and
+`mistake` at a random early turn, then `solve` repairs it; the mistake stays in the context with loss
+mask 0, so SFT teaches the repair and not the slip), `Demo` (what SFT trains on: ids and loss mask), and
 the JSONL file they live in (`write_demos`, `read_demos`).
 Does not own: the solvers (each environment's `solve`), rendering (`core.renderer`), training on
 them (`sft`).
@@ -16,14 +17,14 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.types import Message, Trajectory
+from agent_rl.core.types import Message, Segment, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.scripted import ScriptedSampler
 
@@ -46,16 +47,36 @@ class _Script:
 
     def __init__(self, spec: EnvSpec, task: dict[str, Any], direct: bool, mistake_at: int | None, rng: random.Random):
         self.spec, self.task, self.direct, self.mistake_at, self.rng = spec, task, direct, mistake_at, rng
-        self.erred = False
+        self.sampled = 0  # turns sampled so far: the index of the next one in `Trajectory.turns`
+        self.slip_turn: int | None = None  # that index for the turn that erred
+
+    @property
+    def erred(self) -> bool:
+        return self.slip_turn is not None
 
     def __call__(self, messages: Sequence[Message]) -> Message:
         turn = sum(1 for m in messages if m.role == "assistant")
+        self.sampled += 1
         if self.mistake_at is not None and not self.erred and turn >= self.mistake_at:
             reply = self.spec.mistake(self.task, messages, self.rng)
             if reply is not None:
-                self.erred = True
+                self.slip_turn = self.sampled - 1
                 return reply
         return self.spec.solve(self.task, messages, self.direct)
+
+
+def _untrain_turn(traj: Trajectory, k: int) -> Trajectory:
+    """`traj` with its assistant turn `k` out of the loss (mask and log-probs 0) and still in the context:
+    SFT on an imperfect demonstration then learns to repair a slip, not to make it."""
+    turn = traj.turns[k]
+    seg = traj.all_segments[turn.segment]
+    keep = [0 if turn.start <= i < turn.end else m for i, m in enumerate(seg.loss_mask)]
+    lps = tuple(lp if m else 0.0 for lp, m in zip(seg.logprobs, keep))
+    if turn.segment == len(traj.segments):  # the trajectory's own (last) segment
+        return replace(traj, loss_mask=tuple(keep), logprobs=lps)
+    segments = list(traj.segments)
+    segments[turn.segment] = Segment(seg.token_ids, tuple(keep), lps)
+    return replace(traj, segments=tuple(segments))
 
 
 def _check_shares(spec: EnvSpec, direct_share: float, imperfect_share: float) -> None:
@@ -98,6 +119,8 @@ async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0
         if traj.infra_error or traj.truncated or traj.reward < min_reward:
             dropped += 1
             continue
+        if script.slip_turn is not None:
+            traj = _untrain_turn(traj, script.slip_turn)
         demos.append(traj)
         erred += script.erred
     direct_kept = sum(1 for t in demos if t.task_id in direct_ids)
@@ -115,7 +138,7 @@ def write_demos(path: str | Path, demos: Sequence[Trajectory]) -> Path:
         "task_id": t.task_id, "token_ids": list(seg.token_ids), "loss_mask": list(seg.loss_mask),
         "direct": not t.used_tools, "reward": t.reward,
         "messages": [{"role": m.role, "content": m.content} for m in t.messages],
-    }) for t in demos for seg in t.all_segments))
+    }) for t in demos for seg in t.all_segments if seg.num_sampled))  # a segment with nothing to train is left out
 
 
 def read_demos(path: str | Path) -> list[Demo]:

@@ -83,6 +83,33 @@ async def test_imperfect_demos_make_one_mistake_and_recover(renderer):
     assert [t.token_ids for t in again] == [t.token_ids for t in demos]  # seeded
 
 
+async def test_a_slip_stays_in_the_context_but_out_of_the_loss(renderer):
+    """SFT on an imperfect demonstration learns the repair, not the slip: the slipped turn's tokens are in
+    the ids with loss mask 0, every other assistant turn is trained. A refused slip changes nothing else,
+    so what is trained is then exactly the clean twin's trained tokens."""
+    spec = load_env("gui").with_task_args({"levels": [1]})
+    clean = {t.task_id: t for t in (await make_demos(spec, renderer, 20, seed=4))[0]}
+    demos, _ = await make_demos(spec, renderer, 20, seed=4, imperfect_share=0.4)
+    slipped = [t for t in demos if t.messages != clean[t.task_id].messages]
+    refused = 0
+    for t in slipped:
+        untrained = [turn for turn in t.turns if not any(t.loss_mask[turn.start:turn.end])]
+        assert len(untrained) == 1, t.task_id  # the slip, and only it
+        assert all(all(t.loss_mask[turn.start:turn.end]) for turn in t.turns if turn not in untrained)
+        [slip] = untrained
+        assert set(t.logprobs[slip.start:slip.end]) == {0.0}
+        assert sum(t.loss_mask) == sum(turn.end - turn.start for turn in t.turns) - (slip.end - slip.start)
+        twin = clean[t.task_id]
+        trained = [i for i, m in zip(t.token_ids, t.loss_mask) if m]
+        if t.reward_parts["invalid_actions"] == 1.0:  # refused: the page did not change
+            refused += 1
+            assert trained == [i for i, m in zip(twin.token_ids, twin.loss_mask) if m]
+    assert refused >= 1 and len(slipped) == 8
+    for t in demos:
+        if t not in slipped:
+            assert sum(t.loss_mask) == sum(turn.end - turn.start for turn in t.turns)
+
+
 async def test_demos_cut_by_the_rollout_limits_are_dropped_and_counted(renderer):
     demos, stats = await make_demos(load_env("calculator"), renderer, 3, limits=EpisodeLimits(max_tokens_per_turn=8))
     assert demos == [] and stats["dropped"] == 3.0
