@@ -13,7 +13,8 @@ Steps (each an ordinary `agent-rl` command in its own process, all on one vLLM s
 Outputs in RUN (default runs/gui_recipe): eval.json (step 4's report), curves.png (training curves, a
 line per seed), summary.json (per adapter: success rate, actions per solved task, invalid-action
 rate, tool-call failure rate; per seed the gain over SFT; the smallest gain and the seed spread; per
-seed the training diagnostics: zero-variance groups, truncation, alarms; wall times). Its last line on
+seed the training diagnostics: zero-variance groups, truncation, alarms, failed tool calls by reason;
+wall times). Its last line on
 stdout is summary.json. A step whose output exists is skipped (delete RUN to start over).
 
 Definitions. Success: the saved settings equal the goal (reward 1). Actions per solved task: tool calls
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
+from collections import Counter
 from pathlib import Path
 
 from recipe_steps import (alarm_steps, attempts, cold_start, evaluate_runs, finite, grpo, mean, note, per_step,
@@ -51,6 +54,22 @@ def figures(result: dict) -> dict[str, float | None]:
             "tool_failure_rate": result["tool_failure_rate"], "truncation_rate": result["truncation_rate"]}
 
 
+def failed_calls_by_reason(run_dir: Path, top: int = 5) -> dict[str, float]:
+    """Share of the failed tool calls in a run's traced groups (`run.trace_groups`, chosen with a
+    failure where any) by reason: the tool message's first line, element ids and quoted text blanked."""
+    from agent_rl.runs.traces import TraceError, read_traces
+
+    try:
+        traced = read_traces(run_dir)
+    except TraceError:  # run.trace_groups: 0
+        return {}
+    reasons = Counter(re.sub(r"'[^']*'|\([^)]*\)|\be\d+\b", "_", m["content"].splitlines()[0])[:80]
+                      for records in traced.values() for t in records for m in t["messages"]
+                      if m["role"] == "tool" and m["content"].startswith("Error"))
+    total = sum(reasons.values())
+    return {why: round(n / total, 3) for why, n in reasons.most_common(top)} if total else {}
+
+
 def diagnostics(run_dir: Path) -> dict:
     """Why a run did or did not learn, from its training curves."""
     curves = {name: per_step(run_dir, key) for name, key in
@@ -58,6 +77,7 @@ def diagnostics(run_dir: Path) -> dict:
                ("truncation_rate", "truncation_rate"), ("entropy", "entropy"),
                ("invalid_action_rate", ratio("reward/invalid_actions", "reward/actions")))}
     return {"per_step": curves, **{f"{k}_mean": mean(v) for k, v in curves.items()},
+            "failed_calls_by_reason": failed_calls_by_reason(run_dir),
             "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
             "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}
 

@@ -3,6 +3,7 @@ tasks load, and its episode budget fits its server's context."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,6 @@ def _example(name: str, monkeypatch):
 
 
 def _metrics_file(run_dir: Path, records: list[dict]) -> Path:
-    import json
-
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **r}) + "\n" for i, r in enumerate(records)))
     return run_dir
@@ -74,6 +73,12 @@ def test_gui_recipe_figures_gains_and_spread_by_hand(tmp_path, monkeypatch):
          "truncation_rate": 0.0, "entropy": 0.4, "alarm/tool_collapse": 0.0},
         {"reward/solved": 0.75, "reward/actions": 2.0, "reward/invalid_actions": 0.0, "zero_variance_group_share": 0.25,
          "truncation_rate": 0.5, "entropy": 0.3, "alarm/tool_collapse": 1.0}])) for s in (0, 1)}
+    tool = lambda text: {"role": "tool", "content": text + "\npage \"Settings\" ..."}  # noqa: E731
+    (tmp_path / "grpo-seed0" / "traces").mkdir()  # seed 1 has none: no breakdown
+    (tmp_path / "grpo-seed0" / "traces" / "step-000001.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "Error: not a tool message"}, tool("Saved 1 change."),
+        tool("Error: e66 (Save) is disabled: nothing to save"), tool("Error: e12 (Save) is disabled: nothing to save"),
+        tool("Error: no element 'e99' on the page; use an id in [brackets] from the tree")]}) + "\n")
     report = {"results": {"sft": result(0.25, 4.0, 1.0), runs[0]: result(0.75, 3.0, 0.0),
                           runs[1]: result(0.5, float("nan"), 2.0)}}
     out = recipe.summarise(report, "sft", runs, {"eval": 1.0})
@@ -86,6 +91,9 @@ def test_gui_recipe_figures_gains_and_spread_by_hand(tmp_path, monkeypatch):
     d = out["diagnostics"][0]
     assert d["per_step"]["invalid_action_rate"] == [0.25, 0.0] and d["zero_variance_group_share_mean"] == 0.375
     assert d["truncation_rate_mean"] == 0.25 and d["tool_collapse_alarm_steps"] == [2]
+    assert d["failed_calls_by_reason"] == {"Error: _ _ is disabled: nothing to save": 0.667,
+                                           "Error: no element _ on the page; use an id in [brackets] from the tree": 0.333}
+    assert out["diagnostics"][1]["failed_calls_by_reason"] == {}
     assert out["wall_s"] == {"eval": 1.0}
     png = recipe.plot_panels({"seed 0": Path(runs[0])}, recipe.CURVES, tmp_path / "c.png", recipe.SCRIPT, "t")
     assert png.read_bytes()[:4] == b"\x89PNG"
