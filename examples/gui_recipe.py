@@ -14,8 +14,8 @@ Outputs in RUN (default runs/gui_recipe): eval.json (step 4's report), curves.pn
 line per seed), summary.json (per adapter: success rate, actions per solved task, invalid-action
 rate, tool-call failure rate; per seed the gain over SFT; the smallest gain and the seed spread; per
 seed the training diagnostics: zero-variance groups, truncation, alarms, failed tool calls by reason;
-wall times). Its last line on
-stdout is summary.json. A step whose output exists is skipped (delete RUN to start over).
+wall times). Its last line on stdout is summary.json. A step whose output exists is skipped (delete
+RUN to start over).
 
 Definitions. Success: the saved settings equal the goal (reward 1). Actions per solved task: tool calls
 of the solved rollouts, failed ones included. Invalid-action rate: page actions the page refused
