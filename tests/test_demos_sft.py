@@ -110,6 +110,19 @@ async def test_a_slip_stays_in_the_context_but_out_of_the_loss(renderer):
             assert sum(t.loss_mask) == sum(turn.end - turn.start for turn in t.turns)
 
 
+async def test_a_segment_left_with_nothing_to_train_is_not_written(renderer, tmp_path):
+    """An earlier segment whose only sampled turn was a slip has an all-zero mask: read_demos would refuse
+    that line, so write_demos leaves it out and keeps the rest of the demonstration."""
+    from dataclasses import replace
+
+    from agent_rl.core.types import Segment
+
+    [demo], _ = await make_demos(load_env("calculator"), renderer, 1, seed=0)
+    empty = Segment(demo.token_ids[:5], (0,) * 5, (0.0,) * 5)
+    path = write_demos(tmp_path / "d.jsonl", [replace(demo, segments=(empty,))])
+    assert [(d.token_ids, d.loss_mask) for d in read_demos(path)] == [(demo.token_ids, demo.loss_mask)]
+
+
 async def test_demos_cut_by_the_rollout_limits_are_dropped_and_counted(renderer):
     demos, stats = await make_demos(load_env("calculator"), renderer, 3, limits=EpisodeLimits(max_tokens_per_turn=8))
     assert demos == [] and stats["dropped"] == 3.0
