@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.audit_targets import profile_for
 from agent_rl.core.registry import EnvSpec

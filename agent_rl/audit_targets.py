@@ -15,9 +15,10 @@ it is not audited.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import ToolCall
@@ -30,7 +31,7 @@ from agent_rl.hacks import (
     Hack,
     Target,
 )
-from rewards.answers import rational
+from agent_rl.rewards.answers import rational
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def _math(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) 
 
 
 def _country_answers(task: dict[str, Any]) -> dict[str, Any]:
-    from envs.search_qa import candidate_names
+    from agent_rl.envs.search_qa import candidate_names
 
     accepted = {task["answer"], *task.get("aliases", [])}
     others = sorted(candidate_names(task["answer_type"]) - accepted)
@@ -94,7 +95,7 @@ def _search_qa(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvS
 
 
 def _kg_qa(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) -> Target:
-    from envs.search_qa import hop_path
+    from agent_rl.envs.search_qa import hop_path
 
     entity, relations = hop_path(task["facts"])
     probes = (ToolCall("search_entities", {"name": entity}), ToolCall("get_relations", {"entity": entity}),
@@ -125,7 +126,7 @@ def _generic(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpe
 
 
 def _mcp_units(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) -> Target:
-    from envs.mcp_units import _units
+    from agent_rl.envs.mcp_units import _units
 
     gold = _units().show(task["answer"])  # as the server writes numbers: plain, 6 significant digits
     probes = (ToolCall("list_units", {}),)  # what the server offers: no answer in it
@@ -136,15 +137,15 @@ def _mcp_units(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvS
 
 ANSWERED = tuple(h.name for h in (*ANSWER_HACKS, *TOOL_HACKS))
 PROFILES = {
-    "envs.calculator": Profile(_hacks(*ANSWERED), _calculator),
-    "envs.math": Profile(_hacks(*ANSWERED), _math),
-    "envs.search_qa": Profile(_hacks(*ANSWERED), _search_qa),
-    "envs.kg_qa": Profile(_hacks(*ANSWERED), _kg_qa),
-    "envs.coding": Profile(_hacks("empty_reply", "several_answers", "echo_question", "answer_in_tool_call",
+    "agent_rl.envs.calculator": Profile(_hacks(*ANSWERED), _calculator),
+    "agent_rl.envs.math": Profile(_hacks(*ANSWERED), _math),
+    "agent_rl.envs.search_qa": Profile(_hacks(*ANSWERED), _search_qa),
+    "agent_rl.envs.kg_qa": Profile(_hacks(*ANSWERED), _kg_qa),
+    "agent_rl.envs.coding": Profile(_hacks("empty_reply", "several_answers", "echo_question", "answer_in_tool_call",
                                   "unknown_tool_then_guess", *(h.name for h in CODING_HACKS)), _coding),
-    "envs.gui": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
-    "envs.mcp_units": Profile(_hacks(*ANSWERED), _mcp_units),
-    "envs.gui_browser": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
+    "agent_rl.envs.gui": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
+    "agent_rl.envs.mcp_units": Profile(_hacks(*ANSWERED), _mcp_units),
+    "agent_rl.envs.gui_browser": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
 }
 GENERIC = Profile(_hacks(*(h.name for h in ANSWER_HACKS), "answer_in_tool_call", "unknown_tool_then_guess"), _generic)
 
@@ -152,7 +153,7 @@ GENERIC = Profile(_hacks(*(h.name for h in ANSWER_HACKS), "answer_in_tool_call",
 def profile_for(spec: EnvSpec) -> Profile:
     """The built-in environment's profile (by the module of its `make_env`), else the generic one."""
     module = getattr(spec.make_env, "__module__", "")
-    if module == "envs.toy":
+    if module == "agent_rl.envs.toy":
         raise ValueError(f"environment {spec.name!r} rewards short replies, not an answer, and has no scripted "
                          "solver: there is no reward hack to audit")
     return PROFILES.get(module, GENERIC)

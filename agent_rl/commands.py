@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 
@@ -77,7 +78,7 @@ def rollout(args: argparse.Namespace) -> int:
     try:
         tasks = session.env.load_tasks(args.tasks, seed=args.seed, split=args.split)
     except Exception as e:
-        raise CLIError(f"environment {args.env!r} could not load tasks: {type(e).__name__}: {e}", EXIT_BAD_INPUT)
+        raise CLIError(f"environment {args.env!r} could not load tasks: {type(e).__name__}: {e}", EXIT_BAD_INPUT) from None
     limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature)
 
     async def run():
@@ -288,18 +289,18 @@ def view(args: argparse.Namespace) -> int:
 
 
 def sandbox_exec(args: argparse.Namespace) -> int:
-    from tools.sandbox import exec_cli
+    from agent_rl.tools.sandbox import exec_cli
 
     return exec_cli(args.file, args.backend)
 
 
 def kg_serve(args: argparse.Namespace) -> int:
-    from tools.kg_service import kg_serve_cli
+    from agent_rl.tools.kg_service import kg_serve_cli
 
     return kg_serve_cli(args.host, args.port, args.db)
 
 
 def search_query(args: argparse.Namespace) -> int:
-    from tools.search import search_cli
+    from agent_rl.tools.search import search_cli
 
     return search_cli(" ".join(args.text), args.k, args.index)

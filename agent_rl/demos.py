@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec

@@ -18,10 +18,11 @@ import math
 import os
 import secrets
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups

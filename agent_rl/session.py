@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.models import resolve_model
+from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
+from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
 from agent_rl.rollout.sampler import VLLMSampler
 from agent_rl.rollout.server import serve_or_attach
-from rewards.group import combine_group_rewards, judge_group_reward
-from rewards.judge import DEFAULT_PROMPT, LLMJudge
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
 MAX_GAP, MEAN_GAP = 0.05, 0.005  # bf16 bounds (tests/test_bf16_vllm.py); fp32 agrees to ~1e-6
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.mcp import connect, mcp_server
+from agent_rl.tools.mcp import connect, mcp_server
 
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "mcp_units_server.py"
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config_file import load_config  # noqa: E402
-from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model  # noqa: E402
-from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
-from agent_rl.trainer import train  # noqa: E402
+from agent_rl.core.config_file import load_config
+from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
+from agent_rl.rollout.server import VLLMServer, attach
+from agent_rl.trainer import train
 
 
 def step_times(url: str, model_dir: Path, args, overlap: bool, run_dir: Path) -> list[float]:

@@ -35,18 +35,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import aiohttp  # noqa: E402
+import aiohttp
 
-from agent_rl.core.renderers import load_renderer  # noqa: E402
-from agent_rl.core.types import Message  # noqa: E402
-from agent_rl.learn.models import resolve_model  # noqa: E402
-from agent_rl.learn.policy import apply_lora, load_causal_lm  # noqa: E402
-from agent_rl.rollout.merged import MergedSync  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
-from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
-from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
-from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync  # noqa: E402
-from envs.base import Env, StepResult  # noqa: E402
+from agent_rl.core.renderers import load_renderer
+from agent_rl.core.types import Message
+from agent_rl.envs.base import Env, StepResult
+from agent_rl.learn.models import resolve_model
+from agent_rl.learn.policy import apply_lora, load_causal_lm
+from agent_rl.rollout.merged import MergedSync
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.server import VLLMServer, attach
+from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync
 
 
 class SlowToolEnv(Env):

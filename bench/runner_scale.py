@@ -39,20 +39,21 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.renderer import Renderer  # noqa: E402
-from agent_rl.core.renderers import load_renderer  # noqa: E402
-from agent_rl.core.types import Message, ToolCall  # noqa: E402
-from agent_rl.learn.models import resolve_model  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
-from agent_rl.rollout.sampler import Completion, SamplingParams, _completion  # noqa: E402
-from bench.sim_servers import GpuModel, SimCluster  # noqa: E402
-from envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks  # noqa: E402
+from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers import load_renderer
+from agent_rl.core.types import Message, ToolCall
+from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
+from agent_rl.learn.models import resolve_model
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.sampler import Completion, SamplingParams, _completion
+from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
           "tool helps, what arguments it needs, and how I will check the result before I answer. ")

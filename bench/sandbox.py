@@ -15,9 +15,9 @@ import logging
 import sys
 import time
 
-from tools.sandbox import Limits, get_backend
-from tools.sandbox_bwrap import unavailable_reason as bwrap_missing
-from tools.sandbox_docker import unavailable_reason as docker_missing
+from agent_rl.tools.sandbox import Limits, get_backend
+from agent_rl.tools.sandbox_bwrap import unavailable_reason as bwrap_missing
+from agent_rl.tools.sandbox_docker import unavailable_reason as docker_missing
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

@@ -16,9 +16,9 @@ import json
 import sys
 import time
 
-from tools import runners
-from tools.base import Tool
-from tools.calculator import calculator
+from agent_rl.tools import runners
+from agent_rl.tools.base import Tool
+from agent_rl.tools.calculator import calculator
 
 EXPRESSION = {"expression": "(123 + 456) * 789 / 3"}
 
@@ -38,7 +38,7 @@ async def timed(coro) -> float:
 
 async def to_thread_call(tool: Tool):
     """The old path: validate, then `asyncio.to_thread` under `wait_for` (no stop at the deadline)."""
-    from tools.base import ToolResult
+    from agent_rl.tools.base import ToolResult
 
     out = await asyncio.wait_for(asyncio.to_thread(tool.fn, **tool.validate(EXPRESSION)), tool.timeout_s)
     return ToolResult(ok=True, content=out)

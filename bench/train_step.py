@@ -59,14 +59,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config_file import load_config  # noqa: E402
-from agent_rl.learn.advantages import group_advantages, grpo_advantages  # noqa: E402
-from agent_rl.learn.models import resolve_model  # noqa: E402
-from agent_rl.learn.update import policy_update  # noqa: E402
-from agent_rl.rollout.merged import start_weight_sync  # noqa: E402
-from agent_rl.rollout.server import VLLMServer, attach  # noqa: E402
-from agent_rl.runs.runlog import read_metrics  # noqa: E402
-from agent_rl.trainer import Stages, sample_step, train  # noqa: E402
+from agent_rl.core.config_file import load_config
+from agent_rl.learn.advantages import group_advantages, grpo_advantages
+from agent_rl.learn.models import resolve_model
+from agent_rl.learn.update import policy_update
+from agent_rl.rollout.merged import start_weight_sync
+from agent_rl.rollout.server import VLLMServer, attach
+from agent_rl.runs.runlog import read_metrics
+from agent_rl.trainer import Stages, sample_step, train
 
 
 class Probe:

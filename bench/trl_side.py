@@ -48,7 +48,7 @@ from trl.chat_template_utils import qwen2_5_chat_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vs_trl import bench_rows, calculator, correct  # noqa: E402
+from bench.vs_trl import bench_rows, calculator, correct
 
 
 class StepClock(TrainerCallback):

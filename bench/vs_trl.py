@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
+from agent_rl.envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
 
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "peft", "datasets")  # torch: the CPU wheel found locally
@@ -93,8 +93,8 @@ def correct(prompts, completions, answer, **kwargs) -> list[float]:
 
 def make_env(task: dict[str, Any]):
     """agent-rl's environment of the work: the row's prompt, the calculator, the reward `correct`."""
-    from envs.dataset import RubricEnv
-    from rewards.rubric import Rubric
+    from agent_rl.envs.dataset import RubricEnv
+    from agent_rl.rewards.rubric import Rubric
 
     return RubricEnv(task, [calculator], Rubric([(correct, 1.0)]), required=("answer",))
 
@@ -199,7 +199,7 @@ def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
     from agent_rl.core.renderers import load_renderer
     from agent_rl.core.types import Message
     from agent_rl.learn.models import resolve_model
-    from tools.base import Tool
+    from agent_rl.tools.base import Tool
 
     r, a, o = cfg.rollout, cfg.algorithm, cfg.optim
     renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer)

@@ -32,12 +32,13 @@ import asyncio
 import inspect
 import secrets
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
-from envs.agent_proxy import ChatRequest, Proxy, ProxyError, completion, local_proxy, parse_request
+from agent_rl.envs.agent_proxy import ChatRequest, Proxy, ProxyError, completion, local_proxy, parse_request
 
 Agent = Callable[[dict[str, Any], str], Awaitable[Any]]  # agent(task, base_url) -> its answer (anything)
 Scorer = Callable[[dict[str, Any], Sequence[Message], Any], "float | Reward | Awaitable[float | Reward]"]

@@ -25,13 +25,14 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from aiohttp import web
 
 from agent_rl.core.types import Message, ToolCall
-from tools.http_service import ProcessService
+from agent_rl.tools.http_service import ProcessService
 
 START_DEADLINE_S = 60.0
 MAX_BODY_BYTES = 64 * 2**20  # a long agent conversation, resent whole with every request
@@ -226,7 +227,7 @@ class Proxy:
             raise ProxyError(410, f"episode {request.match_info['key']!r} is over", "episode_over") from None
         try:
             return web.json_response(await asyncio.wait_for(asyncio.wrap_future(done), episode.deadline_s))
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             raise ProxyError(504, f"no reply within {episode.deadline_s:g} s (the episode's request_timeout_s)",
                              "timeout") from None
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.types import Message, StopReason, ToolCall, ToolCallRecord
-from tools.base import Tool, ToolResult, as_tools
+from agent_rl.tools.base import Tool, ToolResult, as_tools
 
 __all__ = ["Env", "StepResult", "ToolEnv"]
 

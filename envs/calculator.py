@@ -7,12 +7,13 @@ with `question` and `answer`), answer extraction and comparison (`rewards.answer
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward, ToolCall
-from envs.base import ToolEnv
-from rewards.answers import correct_answer
-from tools.calculator import calculator
+from agent_rl.envs.base import ToolEnv
+from agent_rl.rewards.answers import correct_answer
+from agent_rl.tools.calculator import calculator
 
 __all__ = ["CalculatorEnv", "arithmetic_tasks", "calculator", "load_tasks", "make_env", "solve"]
 

@@ -2,7 +2,7 @@
 
 Owns: `calculator_agent`, about 30 lines of ordinary agent code (`openai.AsyncOpenAI(base_url=...)`,
 a tool loop, the final answer), its reward, and what the registry reads (`make_env`, `load_tasks`,
-`solve`), so `rollout.env: envs.calculator_agent` trains on it.
+`solve`), so `rollout.env: agent_rl.envs.calculator_agent` trains on it.
 Does not own: the episode plumbing (`envs.agent_env`, `envs.agent_proxy`); the tasks, the system
 prompt and the scripted solver (`envs.calculator`); the tool (`tools.calculator`).
 
@@ -14,15 +14,16 @@ id for id). Needs the `openai` package (`pip install -e '.[agent]'`; vLLM depend
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from openai import AsyncOpenAI
 
 from agent_rl.core.types import Message, Reward
-from envs.agent_env import AgentEnv
-from envs.calculator import SYSTEM, calculator, load_tasks, solve
-from rewards.answers import correct_answer
-from tools.base import Tool
+from agent_rl.envs.agent_env import AgentEnv
+from agent_rl.envs.calculator import SYSTEM, calculator, load_tasks, solve
+from agent_rl.rewards.answers import correct_answer
+from agent_rl.tools.base import Tool
 
 __all__ = ["calculator_agent", "load_tasks", "make_env", "score", "solve"]
 

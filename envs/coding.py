@@ -19,13 +19,14 @@ import ast
 import functools
 import hashlib
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward, ToolCall
-from envs.base import ToolEnv
-from rewards.code import extract_code, run_hidden_tests, split_check
-from tools.python_tool import PythonSessionTool
-from tools.sandbox import Limits, get_backend
+from agent_rl.envs.base import ToolEnv
+from agent_rl.rewards.code import extract_code, run_hidden_tests, split_check
+from agent_rl.tools.python_tool import PythonSessionTool
+from agent_rl.tools.sandbox import Limits, get_backend
 
 SYSTEM = (
     "You are an expert Python programmer. Complete the function the user gives you. You may run code "

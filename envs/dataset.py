@@ -16,12 +16,13 @@ Every column but `prompt` goes to the reward functions (`answer`, `id`, your own
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward
-from envs.base import ToolEnv
-from rewards.rubric import Messages, Rubric
-from tools.base import Tool
+from agent_rl.envs.base import ToolEnv
+from agent_rl.rewards.rubric import Messages, Rubric
+from agent_rl.tools.base import Tool
 
 PROMPT_ROLES = ("system", "user", "assistant")
 RESERVED = ("prompts", "completions")  # TRL passes these itself

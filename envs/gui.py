@@ -26,11 +26,12 @@ import inspect
 import json
 import random
 import re
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from agent_rl.core.types import Message, Reward, ToolCall
-from envs.base import ToolEnv
-from envs.gui_app import (
+from agent_rl.envs.base import ToolEnv
+from agent_rl.envs.gui_app import (
     BY_NAME,
     CONTROLS,
     SAVE,
@@ -41,7 +42,7 @@ from envs.gui_app import (
     Value,
     value_problem,
 )
-from tools.base import ToolError
+from agent_rl.tools.base import ToolError
 
 SYSTEM = ("You operate a settings page with the click, type, select and scroll tools. Each tool returns the "
           "page's updated accessibility tree. Only saved changes count. When the task is complete, reply "

@@ -3,7 +3,7 @@
 Owns: the page as HTML plus a small script (`page_html`, built from a `SettingsApp`: same controls,
 element ids and values), `BrowserApp` (the four actions through Playwright; the tree built from
 Chromium's accessibility snapshot), and `BrowserGuiEnv`. The tasks, reward and scripted solver are
-`envs.gui`'s, so `--env envs.gui_browser` plays the same tasks as `--env envs.gui`.
+`envs.gui`'s, so `--env agent_rl.envs.gui_browser` plays the same tasks as `--env agent_rl.envs.gui`.
 Does not own: the page's wording and rules (`envs.gui_app`), tasks and reward (`envs.gui`).
 
 Needs Debian's Chromium and the playwright package (no `playwright install`: no browser download):
@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from envs.gui import GuiEnv, load_tasks, solve
-from envs.gui_app import (
+from agent_rl.envs.gui import GuiEnv, load_tasks, solve
+from agent_rl.envs.gui_app import (
     APPS,
     CONTROLS,
     LIST_NAME,

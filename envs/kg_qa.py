@@ -23,13 +23,14 @@ service's explanation, e.g. the closest names) or "bare" (a plain `[]`; see `too
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward
-from envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
-from tools.kg import EMPTY_RESULTS, KGClient
-from tools.http_service import ProcessService
-from tools.kg_service import DEFAULT_DB, start_kg_service
+from agent_rl.envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
+from agent_rl.tools.http_service import ProcessService
+from agent_rl.tools.kg import EMPTY_RESULTS, KGClient
+from agent_rl.tools.kg_service import DEFAULT_DB, start_kg_service
 
 SYSTEM = ("Answer the question about countries with the knowledge-graph tools. follow(entity, relation) reads "
           "facts, e.g. follow(\"France\", \"capital\") gives Paris; a relation ending in _of goes backwards, e.g. "

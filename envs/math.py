@@ -17,19 +17,20 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import datasets
 
 from agent_rl.core.types import Message, ToolCall
-from envs.calculator import calculator
-from envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
-from rewards.answers import correct_answer
-from rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
-from rewards.rubric import Rubric
-from tools.base import ToolError
-from tools.python_tool import PythonSessionTool
-from tools.sandbox import Backend
+from agent_rl.envs.calculator import calculator
+from agent_rl.envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
+from agent_rl.rewards.answers import correct_answer
+from agent_rl.rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
+from agent_rl.rewards.rubric import Rubric
+from agent_rl.tools.base import ToolError
+from agent_rl.tools.python_tool import PythonSessionTool
+from agent_rl.tools.sandbox import Backend
 
 SYSTEM = ("You are a careful math assistant. Solve the problem. You may use the calculator or the python "
           "tool for arithmetic, or answer directly. End your final reply with the answer in \\boxed{}, "

@@ -17,10 +17,11 @@ episode's error.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from envs.base import ToolEnv
-from tools.mcp import (
+from agent_rl.envs.base import ToolEnv
+from agent_rl.tools.mcp import (
     MCPConnection,
     MCPServerSpec,
     connect,
@@ -47,7 +48,7 @@ class MCPEnv(ToolEnv):
         super().__init__(tools, max_parallel_calls=max_parallel_calls)
         self._local = list(self.tools)  # wrapped once; the servers' tools join them on entering
 
-    async def __aenter__(self) -> "MCPEnv":
+    async def __aenter__(self) -> MCPEnv:
         try:  # every start runs to its end (return_exceptions) so that close() sees all it opened
             opened = await asyncio.gather(*(self._open(s) for s in self.servers), return_exceptions=True)
             failed = [e for e in opened if isinstance(e, BaseException)]

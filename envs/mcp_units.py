@@ -17,13 +17,14 @@ import importlib.util
 import random
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward, ToolCall
-from envs.mcp_env import MCPEnv
-from rewards.answers import numeric_answer
-from tools.mcp import MCPServerSpec, mcp_server
+from agent_rl.envs.mcp_env import MCPEnv
+from agent_rl.rewards.answers import numeric_answer
+from agent_rl.tools.mcp import MCPServerSpec, mcp_server
 
 SERVER_FILE = Path(__file__).resolve().parents[1] / "examples" / "mcp_units_server.py"
 SYSTEM = ("Answer the unit conversion question with the convert tool (list_units names the units it "
@@ -39,7 +40,7 @@ NAMES = {"m": "meters", "km": "kilometers", "cm": "centimeters", "mm": "millimet
 def _units() -> Any:
     """The server's module, loaded for its table (it imports the MCP SDK only when it serves)."""
     if not SERVER_FILE.is_file():
-        raise FileNotFoundError(f"envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; it is missing")
+        raise FileNotFoundError(f"agent_rl.envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; it is missing")
     spec = importlib.util.spec_from_file_location("mcp_units_server", SERVER_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

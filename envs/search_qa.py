@@ -22,14 +22,15 @@ import difflib
 import functools
 import hashlib
 import re
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from agent_rl.core.types import Message, Reward, ToolCall
-from envs.base import ToolEnv
-from rewards.qa import final_answer, judge_answer, mentions, normalize
-from tools.base import Tool, ToolError
-from tools.countries import (
+from agent_rl.envs.base import ToolEnv
+from agent_rl.rewards.qa import final_answer, judge_answer, mentions, normalize
+from agent_rl.tools.base import Tool, ToolError
+from agent_rl.tools.countries import (
     INVERSE_SUFFIX,
     LITERAL_TYPES,
     RELATIONS,
@@ -38,7 +39,7 @@ from tools.countries import (
     entity_key,
     qa_pairs,
 )
-from tools.search import DEFAULT_INDEX, LocalSearch, SearchIndex
+from agent_rl.tools.search import DEFAULT_INDEX, LocalSearch, SearchIndex
 
 if TYPE_CHECKING:
     import datasets

@@ -9,10 +9,11 @@ Does not own: anything a real agent needs; use envs.calculator and friends for t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward
-from envs.base import Env, StepResult
+from agent_rl.envs.base import Env, StepResult
 
 
 class BrevityEnv(Env):

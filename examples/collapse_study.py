@@ -31,8 +31,19 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import (alarm_steps, attempts, cold_start, evaluate_runs, grpo, note, per_step, plot_panels,
-                          recipe_args, recipe_server, seed_summary)
+from recipe_steps import (
+    alarm_steps,
+    attempts,
+    cold_start,
+    evaluate_runs,
+    grpo,
+    note,
+    per_step,
+    plot_panels,
+    recipe_args,
+    recipe_server,
+    seed_summary,
+)
 
 CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
 SCRIPT = "examples/collapse_study.py"

@@ -32,8 +32,22 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from recipe_steps import (alarm_steps, attempts, cold_start, evaluate_runs, finite, grpo, mean, note, per_step,
-                          plot_panels, ratio, recipe_args, recipe_server, seed_summary)
+from recipe_steps import (
+    alarm_steps,
+    attempts,
+    cold_start,
+    evaluate_runs,
+    finite,
+    grpo,
+    mean,
+    note,
+    per_step,
+    plot_panels,
+    ratio,
+    recipe_args,
+    recipe_server,
+    seed_summary,
+)
 
 CONFIG = str(Path(__file__).with_name("gui_recipe.yaml"))
 SCRIPT = "examples/gui_recipe.py"

@@ -21,8 +21,9 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 from urllib.request import Request, urlopen
 
 from agent_rl.cli import raise_on_sigterm

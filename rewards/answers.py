@@ -45,11 +45,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
-from rewards.rubric import Messages, final_reply
+from agent_rl.rewards.rubric import Messages, final_reply
 
 log = logging.getLogger(__name__)
 

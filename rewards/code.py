@@ -38,7 +38,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from tools.sandbox import Backend
+from agent_rl.tools.sandbox import Backend
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)

@@ -12,10 +12,11 @@ Does not own: whether the answer is right (`rewards.answers`) or how checks are 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from rewards.answers import answer_span, is_number_list
-from rewards.rubric import Messages, final_reply
+from agent_rl.rewards.answers import answer_span, is_number_list
+from agent_rl.rewards.rubric import Messages, final_reply
 
 TAGS = ("answer", "tool_call", "tool_response", "think")
 _TAG = re.compile(r"<(/?)(" + "|".join(TAGS) + r")>")

@@ -15,11 +15,12 @@ already applied), and its parts are logged by name, unweighted.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward, Trajectory
-from rewards.judge import LLMJudge, question_of
-from rewards.rubric import Messages, Rubric, final_reply
+from agent_rl.rewards.judge import LLMJudge, question_of
+from agent_rl.rewards.rubric import Messages, Rubric, final_reply
 
 GroupReward = Callable[[dict[str, Any], Sequence[Trajectory]],
                        Sequence[float | Reward] | None | Awaitable[Sequence[float | Reward] | None]]

@@ -17,21 +17,21 @@ asked for once; failed requests are not cached.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 
 from agent_rl.core.files import write_text
 from agent_rl.core.http import SessionOwner
-from rewards.rubric import Messages, final_reply
+from agent_rl.rewards.rubric import Messages, final_reply
 
 log = logging.getLogger(__name__)
 NEUTRAL = 0.5
@@ -161,7 +161,7 @@ class LLMJudge(SessionOwner):
         try:
             async with self.http().post(endpoint, json=body, headers=headers) as resp:
                 text = await resp.text()
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             raise JudgeError(f"the judge at {self.url} did not answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientError as e:
             raise JudgeError(f"the judge at {self.url} is unreachable ({type(e).__name__}: {e})") from None

@@ -27,8 +27,9 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 RewardFn = Callable[..., Sequence[float] | Awaitable[Sequence[float]]]
 Messages = list[dict[str, Any]]

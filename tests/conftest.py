@@ -214,7 +214,7 @@ REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
 def docker_or_skip() -> None:
     """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
     fail it when REQUIRE_DOCKER is set."""
-    from tools.sandbox_docker import unavailable_reason
+    from agent_rl.tools.sandbox_docker import unavailable_reason
 
     if reason := unavailable_reason():
         if os.environ.get(REQUIRE_DOCKER):

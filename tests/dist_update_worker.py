@@ -18,14 +18,14 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_update import config, make_batch  # noqa: E402
+from test_update import config, make_batch
 
-from agent_rl.learn.distributed import full_optimizer_state, full_state_dict, init_distributed  # noqa: E402
-from agent_rl.learn.models import cache_dir  # noqa: E402
-from agent_rl.learn.policy import build_policy  # noqa: E402
-from agent_rl.learn.reference import FrozenCopy  # noqa: E402
-from agent_rl.learn.update import policy_update  # noqa: E402
-from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from agent_rl.learn.distributed import full_optimizer_state, full_state_dict, init_distributed
+from agent_rl.learn.models import cache_dir
+from agent_rl.learn.policy import build_policy
+from agent_rl.learn.reference import FrozenCopy
+from agent_rl.learn.update import policy_update
+from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_rl.core.types import Reward
-from envs.toy import BrevityEnv
+from agent_rl.envs.toy import BrevityEnv
 
 
 class HalfFlatEnv(BrevityEnv):

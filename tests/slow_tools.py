@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from tools.base import ToolError
+from agent_rl.tools.base import ToolError
 
 progress = [0]  # how far `spin` got: it must stop growing once spin's deadline has passed
 

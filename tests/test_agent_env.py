@@ -23,11 +23,11 @@ import pytest
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
 from agent_rl.core.types import Message, StopReason, ToolCall  # noqa: E402
+from agent_rl.envs import calculator, calculator_agent  # noqa: E402
+from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
+from agent_rl.envs.agent_proxy import ProxyError, completion, local_proxy, parse_request  # noqa: E402
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode  # noqa: E402
 from agent_rl.rollout.sampler import SamplerError  # noqa: E402
-from envs import calculator, calculator_agent  # noqa: E402
-from envs.agent_env import AgentEnv  # noqa: E402
-from envs.agent_proxy import ProxyError, completion, local_proxy, parse_request  # noqa: E402
 
 CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
 

@@ -11,12 +11,12 @@ import pytest
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
 from agent_rl.core.types import Message, StopReason  # noqa: E402
+from agent_rl.envs import calculator, calculator_agent  # noqa: E402
+from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
+from agent_rl.envs.base import StepResult, ToolEnv  # noqa: E402
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
 from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
-from envs import calculator, calculator_agent  # noqa: E402
-from envs.agent_env import AgentEnv  # noqa: E402
-from envs.base import StepResult, ToolEnv  # noqa: E402
-from tools.base import Tool  # noqa: E402
+from agent_rl.tools.base import Tool  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ from agent_rl import cli
 from agent_rl.audit import audit_env, format_matrix, format_report
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import Message, Reward
+from agent_rl.envs.base import ToolEnv
 from agent_rl.hacks import arithmetic_in, lookalike
-from envs.base import ToolEnv
-from tools.sandbox_bwrap import unavailable_reason
+from agent_rl.tools.sandbox_bwrap import unavailable_reason
 
 ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_question", "flood",
             "lookalike_digits", "echo_tool_output", "answer_in_tool_call", "unknown_tool_then_guess"]
@@ -91,7 +91,7 @@ HACKABLE = EnvSpec("any_number", AnyNumberEnv, lambda n, seed=0, split="train": 
 HACKABLE_MODULE = """
 import re
 from agent_rl.core.types import Message, Reward
-from envs.base import ToolEnv
+from agent_rl.envs.base import ToolEnv
 
 class AnyNumberEnv(ToolEnv):
     def __init__(self, task):

@@ -2,10 +2,10 @@
 
 import pytest
 
+from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks, calculator
+from agent_rl.rewards.answers import final_number, numeric_answer
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.calculator import CalculatorEnv, arithmetic_tasks, calculator
-from rewards.answers import final_number, numeric_answer
-from tools.base import ToolError
+from agent_rl.tools.base import ToolError
 
 
 def test_calculator_evaluates_arithmetic_only():

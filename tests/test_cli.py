@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.cli import main
+from agent_rl.envs.base import Env
 from agent_rl.learn.models import ModelError, resolve_model
-from envs.base import Env
 
 
 class RaisingEnv(Env):

@@ -8,8 +8,7 @@ import time
 import datasets
 import pytest
 
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.coding import (
+from agent_rl.envs.coding import (
     GRADER_LIMITS,
     CodingEnv,
     check_row,
@@ -17,9 +16,10 @@ from envs.coding import (
     load_tasks,
     solve,
 )
-from rewards.code import extract_code, run_hidden_tests, split_check
-from tools.sandbox import Limits, get_backend
-from tools.sandbox_bwrap import unavailable_reason
+from agent_rl.rewards.code import extract_code, run_hidden_tests, split_check
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
+from agent_rl.tools.sandbox import Limits, get_backend
+from agent_rl.tools.sandbox_bwrap import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no bubblewrap: {unavailable_reason()}")
 

@@ -7,12 +7,12 @@ import pytest
 
 from agent_rl.core.chatml import format_tool_call
 from agent_rl.core.types import Message, Reward
+from agent_rl.envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
+from agent_rl.rewards.answers import correct_answer
+from agent_rl.rewards.format import used_tools
+from agent_rl.rewards.rubric import Rubric
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
-from rewards.answers import correct_answer
-from rewards.format import used_tools
-from rewards.rubric import Rubric
-from tools.base import ToolError
+from agent_rl.tools.base import ToolError
 
 
 def add(a: int, b: int) -> int:

@@ -23,7 +23,7 @@ async def test_demos_have_the_rollout_format_and_mask(renderer):
     ids, mask = tool_demo.token_ids, tool_demo.loss_mask
     # the assistant's own tokens, and only those, are trained on: two turns, each closed by <|im_end|>
     sampled = renderer.render_text([i for i, m in zip(ids, mask) if m])
-    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % task["expression"]
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{task["expression"]}"}}}}\n</tool_call>'
     assert sampled == f"{call}<|im_end|>The answer is {task['answer']}.<|im_end|>"
     # the masked-out part is the prompt, the template scaffolding and the tool's output
     assert f"<tool_response>\n{task['answer']}\n</tool_response>" in renderer.render_text(

@@ -48,8 +48,8 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
         answer = f"The answer is {task['answer']}."
         if i == 0:  # the calculator, then its result
             if "<tool_response>" not in text:
-                return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % (
-                    task["expression"])
+                expression = task["expression"]
+                return f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
             return answer
         if i == 1:
             n = counter[i] = counter.get(i, 0) + 1
@@ -158,7 +158,7 @@ async def test_play_from_a_script(renderer):
 
 
 def test_play_cli_driven_by_stdin():
-    from envs.calculator import load_tasks
+    from agent_rl.envs.calculator import load_tasks
 
     task = load_tasks(2, seed=0)[1]
     proc = subprocess.run([sys.executable, "-m", "agent_rl.cli", "play", "calculator", "--task", "1"],

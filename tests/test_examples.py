@@ -16,7 +16,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml
 
 def test_there_is_a_config_per_environment():
     envs = {name for p in CONFIGS for name, _ in load_config(str(p)).rollout.mixture}
-    assert {"calculator", "envs.math", "envs.coding", "envs.search_qa", "envs.kg_qa", "envs.gui"} <= \
+    assert {"calculator", "agent_rl.envs.math", "agent_rl.envs.coding", "agent_rl.envs.search_qa", "agent_rl.envs.kg_qa", "agent_rl.envs.gui"} <= \
         envs | {f"envs.{e}" for e in envs}
 
 

@@ -16,11 +16,11 @@ from agent_rl.core.types import (
     Trajectory,
     Turn,
 )
+from agent_rl.envs.calculator import calculator
+from agent_rl.envs.dataset import RubricEnv
+from agent_rl.rewards.group import combine_group_rewards, conversation, rubric_group_reward
+from agent_rl.rewards.rubric import RewardTerm, Rubric
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
-from envs.calculator import calculator
-from envs.dataset import RubricEnv
-from rewards.group import combine_group_rewards, conversation, rubric_group_reward
-from rewards.rubric import RewardTerm, Rubric
 
 
 def traj(reward: float, text: str = "a", stop=StopReason.NO_TOOL_CALL, parts=None) -> Trajectory:
@@ -66,7 +66,7 @@ async def test_a_group_reward_has_a_deadline():
 
 GROUP_ENV = '''
 from agent_rl.core.types import Reward
-from envs.toy import load_tasks, make_env  # noqa: F401
+from agent_rl.envs.toy import load_tasks, make_env  # noqa: F401
 
 
 async def group_reward(task, trajectories):

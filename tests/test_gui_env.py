@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from agent_rl.core.types import Message, StopReason
+from agent_rl.envs.gui import GuiEnv, check_task, load_tasks, make_env, mistake, solve
+from agent_rl.envs.gui_app import APPS, BY_NAME, CONTROLS, VISIBLE_ROWS, ActionError, SettingsApp
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.gui import GuiEnv, check_task, load_tasks, make_env, mistake, solve
-from envs.gui_app import APPS, BY_NAME, CONTROLS, VISIBLE_ROWS, ActionError, SettingsApp
 
 LIMITS = EpisodeLimits(max_turns=12, max_total_tokens=8192)
 # every switch and checkbox off, the first option of each dropdown, display name "Sam"
@@ -275,7 +275,7 @@ needs_browser = pytest.mark.skipif(_no_browser() is not None, reason=str(_no_bro
 
 
 async def test_browser_env_without_a_browser_says_what_to_install(monkeypatch):
-    from envs.gui_browser import BrowserGuiEnv
+    from agent_rl.envs.gui_browser import BrowserGuiEnv
 
     monkeypatch.setenv("AGENT_RL_CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(RuntimeError, match="pip install playwright|apt-get install -y chromium"):
@@ -285,7 +285,7 @@ async def test_browser_env_without_a_browser_says_what_to_install(monkeypatch):
 
 @needs_browser
 async def test_browser_page_shows_the_same_tree_and_answers_as_the_model():
-    from envs.gui_browser import BrowserApp
+    from agent_rl.envs.gui_browser import BrowserApp
 
     model = SettingsApp(PLAIN, layout=7)
     page = await BrowserApp.open(SettingsApp(PLAIN, layout=7))
@@ -312,7 +312,7 @@ async def test_browser_page_shows_the_same_tree_and_answers_as_the_model():
 
 @needs_browser
 async def test_browser_episode_earns_full_reward_only_when_saved(scripted, renderer):
-    from envs.gui_browser import BrowserGuiEnv
+    from agent_rl.envs.gui_browser import BrowserGuiEnv
 
     async with BrowserGuiEnv(TASK) as env:
         traj = await run_episode(env, scripted(lambda m: solve(TASK, m, False), on_messages=True), renderer, LIMITS, "t")

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from agent_rl.core.types import Message, StopReason
+from agent_rl.envs.base import Env, StepResult
+from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler
 from agent_rl.rollout.server import ServerError, VLLMServer
-from envs.base import Env, StepResult
-from envs.calculator import CalculatorEnv, arithmetic_tasks
 
 pytestmark = pytest.mark.integration
 

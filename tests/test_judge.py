@@ -13,12 +13,12 @@ from aiohttp import web
 
 from agent_rl.core.config_file import load_config
 from agent_rl.core.types import Message, StopReason, Trajectory, Turn
+from agent_rl.envs.dataset import RubricEnv
+from agent_rl.rewards.group import rubric_group_reward
+from agent_rl.rewards.judge import DEFAULT_PROMPT, NEUTRAL, LLMJudge, parse_ranking, rank_scores
+from agent_rl.rewards.rubric import RewardTerm, Rubric
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.session import Session, env_of, judging, open_session
-from envs.dataset import RubricEnv
-from rewards.group import rubric_group_reward
-from rewards.judge import DEFAULT_PROMPT, NEUTRAL, LLMJudge, parse_ranking, rank_scores
-from rewards.rubric import RewardTerm, Rubric
 
 
 @pytest.mark.parametrize("text, n, ranking", [
@@ -108,7 +108,7 @@ async def test_a_judge_that_cannot_judge_scores_neutral_with_one_logged_line(jud
                                                                              reason):
     url, server = await judge_server(reply)
     async with LLMJudge(url, timeout_s=0.5, out_dir=tmp_path) as judge:
-        with caplog.at_level(logging.WARNING, logger="rewards.judge"):
+        with caplog.at_level(logging.WARNING, logger="agent_rl.rewards.judge"):
             verdict = await asyncio.wait_for(judge.judge("q", ["a", "b"]), 5)
             await asyncio.wait_for(judge.judge("q", ["a", "b"]), 5)
     assert verdict.scores == [NEUTRAL, NEUTRAL] and not verdict.ok and reason in verdict.reason
@@ -193,7 +193,7 @@ async def test_one_real_call_to_the_test_vllm_server(vllm_server, tmp_path, capl
     the call goes through to a chat completion, the reply is cached, and the garbage is a neutral score
     with the reason logged."""
     async with LLMJudge(vllm_server.url, "base", out_dir=tmp_path, max_tokens=16, timeout_s=60) as judge:
-        with caplog.at_level(logging.WARNING, logger="rewards.judge"):
+        with caplog.at_level(logging.WARNING, logger="agent_rl.rewards.judge"):
             verdict = await judge.judge("What is 2 + 2?", ["4", "5", "It is 4."], reference="4")
         again = await judge.judge("What is 2 + 2?", ["4", "5", "It is 4."], reference="4")
     [entry] = [json.loads(x) for x in Path(tmp_path / "cache.jsonl").read_text().splitlines()]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.core.types import Message
+from agent_rl.envs.kg_qa import KGQAEnv, load_tasks, local_kg_url, make_env, solve
+from agent_rl.envs.search_qa import qa_dataset
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.kg_qa import KGQAEnv, load_tasks, local_kg_url, make_env, solve
-from envs.search_qa import qa_dataset
-from tools.kg_service import KGStore, start_kg_service
+from agent_rl.tools.kg_service import KGStore, start_kg_service
 
 LIMITS = EpisodeLimits(max_turns=8, max_tokens_per_turn=256, max_total_tokens=4096)
 

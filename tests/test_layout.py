@@ -3,9 +3,9 @@
 Floors (a module may import its own package and anything on a lower floor, never a higher one):
 
     0  agent_rl.core                                  the RL nouns, Env protocol, renderers, registry, config
-    1  tools                                          tool protocol, sandboxes, search, knowledge graph
-    2  rewards                                        reward functions
-    3  envs                                           example environments
+    1  agent_rl.tools     (folder tools/)             tool protocol, sandboxes, search, knowledge graph
+    2  agent_rl.rewards   (folder rewards/)           reward functions
+    3  agent_rl.envs      (folder envs/)              example environments
     4  agent_rl.rollout | agent_rl.learn | agent_rl.runs   siblings: none imports another
     5  agent_rl (the commands: trainer, sft, evaluate, demos, play, session, cli, ...)
 
@@ -20,30 +20,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent_rl", "tools", "rewards", "envs")
+# import name -> folder: envs/, tools/ and rewards/ install as subpackages of agent_rl (pyproject.toml)
+PACKAGES = {"agent_rl": "agent_rl", "agent_rl.tools": "tools", "agent_rl.rewards": "rewards", "agent_rl.envs": "envs"}
+FLOORS = {"core": 0, "tools": 1, "rewards": 2, "envs": 3, "rollout": 4, "learn": 4, "runs": 4}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 
 def floor(module: str) -> tuple[int, str]:
     """(floor, package) of a module of this project."""
     parts = module.split(".")
-    if parts[0] == "agent_rl":
-        sub = parts[1] if len(parts) > 1 else ""
-        if sub == "core":
-            return 0, "agent_rl.core"
-        if sub in ("rollout", "learn", "runs"):
-            return 4, f"agent_rl.{sub}"
-        return 5, "agent_rl"
-    return {"tools": 1, "rewards": 2, "envs": 3}[parts[0]], parts[0]
+    assert parts[0] == "agent_rl", module
+    sub = parts[1] if len(parts) > 1 else ""
+    return (FLOORS[sub], f"agent_rl.{sub}") if sub in FLOORS else (5, "agent_rl")
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).with_suffix("")
-            name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-            found[name] = path
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            if package == "agent_rl" and parts and f"agent_rl.{parts[0]}" in PACKAGES:
+                continue  # agent_rl/envs etc. are links to the folders walked as packages of their own
+            found[".".join((package, *parts))] = path
     return found
 
 
@@ -70,9 +69,9 @@ GRAPH = {name: imports(path, set(modules())) - {name} for name, path in modules(
 def test_floor_rules_hold_for_a_known_back_edge():
     # the rule itself, on made-up edges: a ground-floor module importing a command must fail
     assert floor("agent_rl.core.types") < floor("agent_rl.trainer")
-    assert not allowed("agent_rl.core.types", "envs.base")
+    assert not allowed("agent_rl.core.types", "agent_rl.envs.base")
     assert not allowed("agent_rl.learn.update", "agent_rl.rollout.sampler")
-    assert allowed("envs.base", "agent_rl.core.env") and allowed("agent_rl.learn.update", "agent_rl.learn.loss")
+    assert allowed("agent_rl.envs.base", "agent_rl.core.env") and allowed("agent_rl.learn.update", "agent_rl.learn.loss")
 
 
 def allowed(importer: str, imported: str) -> bool:
@@ -104,7 +103,7 @@ def test_no_import_circles():
     assert cycles == [], "import circles:\n" + "\n".join(cycles)
 
 
-@pytest.mark.parametrize("folder", [*PACKAGES, "bench", "examples"])
+@pytest.mark.parametrize("folder", [*PACKAGES.values(), "bench", "examples"])
 def test_modules_and_functions_stay_small(folder):
     too_long = []
     for path in sorted((ROOT / folder).rglob("*.py")):
@@ -137,3 +136,23 @@ def test_readme_module_table_matches_the_tree():
         on_disk = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
         assert named & on_disk == on_disk, f"{folder}: not in the README: {sorted(on_disk - named)}"
         assert {n for n in named if n not in on_disk and not (ROOT / folder / n).is_dir()} <= {"auto"}, folder
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists its packages by hand (the folders envs/, tools/, rewards/ are mapped into
+    agent_rl): a new subpackage left out of the list would be missing from the wheel."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setup["package-dir"] == PACKAGES
+    folders = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert set(setup["packages"]) == folders
+
+
+def test_the_checkout_imports_as_it_installs():
+    """agent_rl/envs, agent_rl/tools and agent_rl/rewards are relative links to the top-level folders, so a
+    checkout on PYTHONPATH, and type checkers, see the package layout the wheel installs."""
+    for package, folder in PACKAGES.items():
+        if package != "agent_rl":
+            link = ROOT / "agent_rl" / package.split(".")[1]
+            assert link.is_symlink() and link.readlink() == Path("..") / folder, link

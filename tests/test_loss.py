@@ -285,9 +285,9 @@ def test_micro_batches_sum_to_full_batch(variant, reduction):
 
     def reducer(num_tokens, num_seqs):
         return {
-            "token": lambda l, m: token_mean(l, m, num_tokens),
-            "sequence": lambda l, m: sequence_mean(l, m, num_seqs),
-            "constant": lambda l, m: constant_normalised_sum(l, m, num_seqs, max_tokens=6),
+            "token": lambda loss, m: token_mean(loss, m, num_tokens),
+            "sequence": lambda loss, m: sequence_mean(loss, m, num_seqs),
+            "constant": lambda loss, m: constant_normalised_sum(loss, m, num_seqs, max_tokens=6),
         }[reduction]
 
     def grads(loss):

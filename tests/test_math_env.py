@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.core.chatml import format_tool_call
+from agent_rl.envs.calculator import calculator
+from agent_rl.envs.math import MathEnv, final_step, load_tasks, make_env, math_dataset, solve
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.calculator import calculator
-from envs.math import MathEnv, final_step, load_tasks, make_env, math_dataset, solve
-from tools.sandbox import get_backend
+from agent_rl.tools.sandbox import get_backend
 
 PARTS = {"correct_answer", "single_answer", "no_tool_markup", "tags_closed", "used_tools"}
 LIMITS = EpisodeLimits(max_turns=6)
@@ -78,7 +78,7 @@ class TestEpisodes:
     async def test_scripted_solver_earns_full_reward(self, tasks, scripted, renderer):
         for task in tasks:
             for direct in (False, True):
-                sampler = scripted(lambda m: solve(task, m, direct), on_messages=True)
+                sampler = scripted(lambda m, task=task, direct=direct: solve(task, m, direct), on_messages=True)
                 async with make_env(task) as env:
                     traj = await run_episode(env, sampler, renderer, LIMITS, task["id"])
                 assert traj.error is None and traj.reward == 1.0, (task, traj.messages)

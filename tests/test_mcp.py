@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from agent_rl.core.types import Message, StopReason
+from agent_rl.envs.mcp_env import MCPEnv
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
-from envs.mcp_env import MCPEnv
-from tools.base import ToolLike, ToolResult, as_tools
-from tools.mcp import MCPStartError, close_shared, connect, mcp_server
+from agent_rl.tools.base import ToolLike, ToolResult, as_tools
+from agent_rl.tools.mcp import MCPStartError, close_shared, connect, mcp_server
 
 pytestmark = pytest.mark.timeout(90)
 TOY = [sys.executable, str(Path(__file__).with_name("mcp_toy_server.py"))]
@@ -267,7 +267,7 @@ async def test_tool_names_must_be_unique_across_servers_and_local_tools():
 
 
 def test_shared_servers_stop_when_the_process_exits(tmp_path):
-    code = ("import asyncio; from tools.mcp import shared_connection, mcp_server\n"
+    code = ("import asyncio; from agent_rl.tools.mcp import shared_connection, mcp_server\n"
             "async def main():\n"
             f"    conn = await shared_connection(mcp_server({TOY!r}))\n"
             "    tools = {t.name: t for t in conn.tools}\n"

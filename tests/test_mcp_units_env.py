@@ -12,9 +12,9 @@ import time
 import pytest
 
 from agent_rl.core.types import StopReason
+from agent_rl.envs.mcp_units import SERVER_FILE, UnitsEnv, _units, load_tasks, make_env, solve
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
-from envs.mcp_units import SERVER_FILE, UnitsEnv, _units, load_tasks, make_env, solve
-from tools.mcp import close_shared
+from agent_rl.tools.mcp import close_shared
 
 pytestmark = pytest.mark.timeout(90)
 LIMITS = EpisodeLimits(max_turns=4, max_tokens_per_turn=256, max_total_tokens=4096)

@@ -86,7 +86,7 @@ async def test_readme_dataset_env_scores_with_trl_style_functions(tmp_path, scri
 
 async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, scripted, renderer):
     """The MCP example starts the real example server (a path from the repository root, as documented)."""
-    from tools.mcp import close_shared
+    from agent_rl.tools.mcp import close_shared
 
     monkeypatch.chdir(README.parent)
     module = load_example(tmp_path, "mcp")
@@ -113,7 +113,7 @@ async def test_readme_agent_is_token_identical_to_the_native_calculator(tmp_path
     """The openai-client agent of "Bring your own agent", played by the runner through the proxy: the same
     ids, mask, log-probs and messages as `envs.calculator` for the same script, and the same rewards."""
     pytest.importorskip("openai", reason="the README's agent is written with the openai client")
-    from envs import calculator
+    from agent_rl.envs import calculator
 
     module = load_example(tmp_path, "agent")
     tasks = module.load_tasks(3)

@@ -27,9 +27,9 @@ from agent_rl.core.config_file import load_config
 from agent_rl.core.mixture import Mixture
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import EPISODE_REWARD
+from agent_rl.rewards.judge import LLMJudge
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
 from agent_rl.session import open_session
-from rewards.judge import LLMJudge
 
 
 def example(name: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from agent_rl.core.chatml import ChatMLRenderer
 from agent_rl.core.types import Message
-from envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
+from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
 
 
 def test_the_system_turn_is_tokenised_once_and_rendered_the_same(renderer):

@@ -12,15 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rewards.answers import (
+from agent_rl.rewards.answers import (
     answer_span,
     correct_answer,
     is_number_list,
     math_answer,
     math_equal,
 )
-from rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
-from rewards.rubric import RewardError, RewardTerm, Rubric, final_reply
+from agent_rl.rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
+from agent_rl.rewards.rubric import RewardError, RewardTerm, Rubric, final_reply
 
 MUST_HOLD = [
     ("The answer is 84.", "84"),

@@ -7,8 +7,8 @@ change in rendering, masking or stitching shows up here as a diff of numbers.
 import pytest
 
 from agent_rl.core.types import Message, StopReason
+from agent_rl.envs.base import ToolEnv
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.base import ToolEnv
 
 
 def add(a: int, b: int) -> int:

@@ -10,10 +10,9 @@ import gc
 import weakref
 
 import agent_rl.rollout.runner as runner_module
-
 from agent_rl.core.types import Message
+from agent_rl.envs.base import Env, StepResult
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from envs.base import Env, StepResult
 
 
 class SlowEnv(Env):

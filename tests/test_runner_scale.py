@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from agent_rl.core.types import StopReason
+from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from envs.calculator import CalculatorEnv, arithmetic_tasks
 
 _spec = importlib.util.spec_from_file_location("runner_scale", Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")
 rs = importlib.util.module_from_spec(_spec)

@@ -21,9 +21,9 @@ import pydantic
 import pytest
 from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
 
-from tools.base import Tool
-from tools.python_tool import PythonSessionTool, PythonTool
-from tools.sandbox import (
+from agent_rl.tools.base import Tool
+from agent_rl.tools.python_tool import PythonSessionTool, PythonTool
+from agent_rl.tools.sandbox import (
     SANDBOX_ENV,
     ExecResult,
     Limits,
@@ -31,9 +31,9 @@ from tools.sandbox import (
     format_result,
     get_backend,
 )
-from tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
-from tools.sandbox_docker import DockerBackend, container_config
-from tools.sandbox_subprocess import SubprocessBackend
+from agent_rl.tools.sandbox_bwrap import BwrapBackend, UidPool, unavailable_reason
+from agent_rl.tools.sandbox_docker import DockerBackend, container_config
+from agent_rl.tools.sandbox_subprocess import SubprocessBackend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,11 +18,11 @@ import tempfile
 import pytest
 from conftest import deadline_slack_s, docker_or_skip
 
-from tools.sandbox import Limits
-from tools.sandbox_bwrap import BwrapBackend, shared_pool
-from tools.sandbox_bwrap import unavailable_reason as bwrap_missing
-from tools.sandbox_docker import DockerBackend
-from tools.sandbox_subprocess import SubprocessBackend
+from agent_rl.tools.sandbox import Limits
+from agent_rl.tools.sandbox_bwrap import BwrapBackend, shared_pool
+from agent_rl.tools.sandbox_bwrap import unavailable_reason as bwrap_missing
+from agent_rl.tools.sandbox_docker import DockerBackend
+from agent_rl.tools.sandbox_subprocess import SubprocessBackend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,10 +8,10 @@ import time
 import aiohttp
 import pytest
 
-from tools.base import Tool, ToolError
-from tools.countries import country_articles
-from tools.search import LocalSearch, RemoteSearch, SearchIndex, query_terms, search_cli
-from tools.search_service import start_search_service
+from agent_rl.tools.base import Tool, ToolError
+from agent_rl.tools.countries import country_articles
+from agent_rl.tools.search import LocalSearch, RemoteSearch, SearchIndex, query_terms, search_cli
+from agent_rl.tools.search_service import start_search_service
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.core.types import Message
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from envs.search_qa import (
+from agent_rl.envs.search_qa import (
     ARTICLE_CHARS,
     SearchQAEnv,
     articles,
@@ -18,9 +17,10 @@ from envs.search_qa import (
     solve,
     split_of,
 )
-from rewards.qa import MAX_ANSWER_WORDS, judge_answer, mentions, normalize
-from tools.countries import country_triples, entity_key
-from tools.search import SearchIndex
+from agent_rl.rewards.qa import MAX_ANSWER_WORDS, judge_answer, mentions, normalize
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
+from agent_rl.tools.countries import country_triples, entity_key
+from agent_rl.tools.search import SearchIndex
 
 LIMITS = EpisodeLimits(max_turns=6, max_tokens_per_turn=256, max_total_tokens=4096)
 

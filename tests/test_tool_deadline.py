@@ -16,9 +16,9 @@ import pytest
 import slow_tools
 
 from agent_rl.core.types import Message, ToolCall
-from envs.calculator import CalculatorEnv, calculator
-from tools import runners
-from tools.base import Tool, tool_options
+from agent_rl.envs.calculator import CalculatorEnv, calculator
+from agent_rl.tools import runners
+from agent_rl.tools.base import Tool, tool_options
 
 MAX_GAP_S = 0.25
 

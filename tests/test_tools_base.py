@@ -8,8 +8,8 @@ import gc
 
 import pytest
 
-from tools import base
-from tools.base import Tool, ToolError
+from agent_rl.tools import base
+from agent_rl.tools.base import Tool, ToolError
 
 
 def add(a: int, b: int = 1) -> int:

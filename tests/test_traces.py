@@ -13,13 +13,12 @@ import re
 import pytest
 
 from agent_rl import cli
-from agent_rl.core.types import Message, StopReason, Trajectory, TrajectoryGroup
+from agent_rl.core.types import Message, Segment, StopReason, Trajectory, TrajectoryGroup
+from agent_rl.envs.base import ToolEnv
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.core.types import Segment
 from agent_rl.runs import traces, view
 from agent_rl.runs.display import mask_runs
-from envs.base import ToolEnv
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 BAD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'

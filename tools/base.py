@@ -31,12 +31,13 @@ import inspect
 import json
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pydantic
 
-from tools.runners import function_address, run_in_thread, run_in_worker
+from agent_rl.tools.runners import function_address, run_in_thread, run_in_worker
 
 
 class ToolError(Exception):
@@ -134,7 +135,7 @@ class Tool:
             out = await self._run(self.validate(arguments))
         except ToolError as e:
             return ToolResult(ok=False, content=f"Error: {e}", error=str(e))
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             msg = f"{self.name} did not finish within {self.timeout_s:g} s"
             return ToolResult(ok=False, content=f"Error: {msg}", error=msg)
         except _WorkerFailure as e:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
-from tools.base import ToolError, tool_options
+from agent_rl.tools.base import ToolError, tool_options
 
 MAX_CHARS = 200
 MAX_DIGITS = 1000  # of an integer result

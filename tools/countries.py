@@ -179,7 +179,7 @@ def country_articles() -> list[Article]:
         by_subject.setdefault(t.subject, {}).setdefault(t.relation, []).append(t.object)
     articles = []
     for name, f in sorted(by_subject.items()):
-        get = lambda rel: ", ".join(f.get(rel, []))  # noqa: E731
+        get = lambda rel, f=f: ", ".join(f.get(rel, []))  # noqa: E731
         where = ", ".join(x for x in (get("intermediate_region"), get("subregion"), get("region")) if x)
         lines = [f"{name} is a country" + (f" in {where}." if where else ".")]
         if "alt_name" in f:

@@ -13,7 +13,8 @@ import asyncio
 import queue
 import re
 import threading
-from typing import Any, Awaitable, Callable, Generic, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
@@ -77,7 +78,7 @@ def json_errors(endpoints: str, deadline_s: float = 10.0) -> Callable:
             return web.json_response({"error": msg}, status=405)
         except web.HTTPException as e:
             return web.json_response({"error": f"{e.status} {e.reason}: {e.text or ''}".strip()}, status=e.status)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             return web.json_response({"error": f"{request.path} took longer than {deadline_s:g} s"}, status=503)
 
     return middleware

@@ -16,14 +16,12 @@ and infrastructure failures stay errors. The bare mode exists to measure what ex
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Literal
 
 import aiohttp
 
 from agent_rl.core.http import SessionOwner
-from tools.base import Tool, ToolError
-
+from agent_rl.tools.base import Tool, ToolError
 
 EMPTY_RESULTS = ("explain", "bare")
 BARE_EMPTY = "[]"
@@ -57,7 +55,7 @@ class KGClient(SessionOwner):
         try:
             async with self.http().post(f"{self.url}/{endpoint}", json=payload) as resp:
                 body = await resp.json(content_type=None)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             raise ToolError(f"the knowledge graph at {self.url} did not answer within {self.timeout_s:g} s") from None
         except (aiohttp.ClientError, ValueError) as e:
             raise ToolError(f"the knowledge graph at {self.url} is unreachable ({type(e).__name__}: {e})") from None

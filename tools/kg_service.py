@@ -25,15 +25,16 @@ import signal
 import sqlite3
 import sys
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
-from tools.countries import LITERAL_TYPES, Triple, country_triples, entity_key
-from tools.http_service import RequestError, Service, json_errors, request_params, serve
-from tools.sqlite_files import open_versioned, write_atomically
+from agent_rl.tools.countries import LITERAL_TYPES, Triple, country_triples, entity_key
+from agent_rl.tools.http_service import RequestError, Service, json_errors, request_params, serve
+from agent_rl.tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_DB = Path("~/.cache/agent-rl/countries-kg.sqlite")
 SCHEMA_VERSION = "countries-kg-1"

@@ -43,11 +43,12 @@ import inspect
 import os
 import shlex
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from tools.base import ToolResult
-from tools.mcp_schema import ArgumentCheck, clean_schema, error, one_line, to_tool_result
+from agent_rl.tools.base import ToolResult
+from agent_rl.tools.mcp_schema import ArgumentCheck, clean_schema, error, one_line, to_tool_result
 
 CLOSE_TIMEOUT_S = 10.0  # the SDK's stdio shutdown takes at most ~6.5 s (stdin EOF, SIGTERM, SIGKILL)
 # (asyncio.wait_for raises the builtin TimeoutError: Python >= 3.11)
@@ -104,7 +105,7 @@ def mcp_server(target: str | Sequence[str] | MCPServerSpec, name: str | None = N
 class MCPTool:
     """One tool of one MCP server, usable wherever a `tools.base.Tool` is (`tools.base.ToolLike`)."""
 
-    def __init__(self, connection: "MCPConnection", listed: Any):
+    def __init__(self, connection: MCPConnection, listed: Any):
         self.connection = connection
         self.name: str = listed.name
         self.description: str = inspect.cleandoc(listed.description or "")  # docstrings keep their indent
@@ -154,7 +155,7 @@ class MCPConnection:
             pass  # _close gave up on the holder task itself; nothing left to wait for
 
     # -- below: runs on the MCP loop -----------------------------------------------------------------
-    async def _open(self) -> "MCPConnection":
+    async def _open(self) -> MCPConnection:
         started = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._hold(started), name=f"mcp:{self.spec.name}")

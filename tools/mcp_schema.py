@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from tools.base import ToolResult
+from agent_rl.tools.base import ToolResult
 
 _SDK_PREFIX = re.compile(r"^Error executing tool [^:\s]+: ")  # what MCPServer puts before a ToolError's text
 

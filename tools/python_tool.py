@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.sandbox import Backend, Limits, Session, format_result, get_backend
+from agent_rl.tools.sandbox import Backend, Limits, Session, format_result, get_backend
 
 
 class PythonTool:

@@ -39,12 +39,13 @@ import subprocess
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # concurrent isolated calls per event loop
 START_TIMEOUT_S = 120.0  # a worker's start-up and the import of a tool's module (not the call's deadline)
-_BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from tools.worker import serve; serve()"
+_BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agent_rl.tools.worker import serve; serve()"
 
 
 class ToolOverrun(BaseException):
@@ -309,16 +310,16 @@ class WorkerPool:
         except (EOFError, BrokenPipeError):
             try:  # it closed its pipe: it is exiting, or already gone
                 code = await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 2.0)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 code = "unknown"
             raise RuntimeError(f"the worker process exited (status {code}) during the {what}") from None
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             if what == "call":
                 raise
             raise RuntimeError(f"the worker process did not start within {START_TIMEOUT_S:g} s") from None
 
 
-_POOLS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WorkerPool]" = weakref.WeakKeyDictionary()
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WorkerPool] = weakref.WeakKeyDictionary()
 
 
 async def run_in_worker(address: tuple[str, str], kwargs: dict[str, Any], timeout_s: float) -> tuple[str, Any]:

@@ -20,8 +20,8 @@ import logging
 import sys
 from pathlib import Path
 
-from tools import sandbox_bwrap, sandbox_docker, sandbox_subprocess
-from tools.sandbox_core import SANDBOX_ENV, Backend, ExecResult, Limits, Session, Status
+from agent_rl.tools import sandbox_bwrap, sandbox_docker, sandbox_subprocess
+from agent_rl.tools.sandbox_core import SANDBOX_ENV, Backend, ExecResult, Limits, Session, Status
 
 __all__ = [  # the sandbox's public names: callers import them from here
     "BACKENDS", "SANDBOX_ENV", "Backend", "ExecResult", "Limits", "Session", "Status",

@@ -33,8 +33,8 @@ import subprocess
 import tempfile
 import time
 
-from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
-from tools.sandbox_subprocess import KillTree, LocalProc, host_tool, kill_group, limit_argv, spawn_local
+from agent_rl.tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+from agent_rl.tools.sandbox_subprocess import KillTree, LocalProc, host_tool, kill_group, limit_argv, spawn_local
 
 PYTHON = "/usr/bin/python3"
 

@@ -22,8 +22,10 @@ import contextlib
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import AsyncContextManager, Awaitable, Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 import pydantic
 from pydantic import Field
@@ -99,7 +101,7 @@ class Backend(Protocol):
         """Run a whole program in a fresh sandbox."""
         ...
 
-    def session(self) -> AsyncContextManager[Session]:
+    def session(self) -> AbstractAsyncContextManager[Session]:
         """A warm interpreter whose state persists between `run` calls."""
         ...
 
@@ -197,7 +199,7 @@ async def run_oneshot(spawn: Spawn, code: str, limits: Limits) -> ExecResult:
 
     try:
         await asyncio.wait_for(pump(), limits.wall_s)
-    except (asyncio.TimeoutError, TimeoutError):
+    except TimeoutError:
         stopped = "timeout"
     finally:
         code_ = await _close(proc)
@@ -277,7 +279,7 @@ class DriverSession:
             exchange = _exchange(proc, secrets.token_hex(8).encode(), code, out, self.limits.output_bytes)
             try:
                 failure, trailer = await asyncio.wait_for(exchange, self.limits.wall_s)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 failure, trailer = "timeout", b""
             except asyncio.CancelledError:  # our caller gave up mid-call: the protocol state is unknown
                 self._lost_unreported = True

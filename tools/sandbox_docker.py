@@ -35,7 +35,7 @@ import socket
 import time
 from typing import Any
 
-from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
+from agent_rl.tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, python_argv, run_oneshot
 
 IMAGE = "agent-rl-python"
 CHUNK = 64 * 1024

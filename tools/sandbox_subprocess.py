@@ -18,9 +18,17 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from tools.sandbox_core import SANDBOX_ENV, DriverSession, ExecResult, Limits, exit_code, python_argv, run_oneshot
+from agent_rl.tools.sandbox_core import (
+    SANDBOX_ENV,
+    DriverSession,
+    ExecResult,
+    Limits,
+    exit_code,
+    python_argv,
+    run_oneshot,
+)
 
 CHUNK = 64 * 1024
 KillTree = Callable[[asyncio.subprocess.Process], Awaitable[None]]

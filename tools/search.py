@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 
 from agent_rl.core.http import SessionOwner
-from tools.base import ToolError
-from tools.sqlite_files import open_versioned, write_atomically
+from agent_rl.tools.base import ToolError
+from agent_rl.tools.sqlite_files import open_versioned, write_atomically
 
 DEFAULT_INDEX = Path("~/.cache/agent-rl/countries-fts.sqlite")
 SCHEMA_VERSION = "countries-fts-1"
@@ -70,7 +70,7 @@ class SearchIndex:
     def build(cls, path: str | Path, articles: list[tuple[str, str]] | None = None) -> SearchIndex:
         """Write (title, text) articles, by default the country corpus, to `path` atomically."""
         if articles is None:
-            from tools.countries import country_articles
+            from agent_rl.tools.countries import country_articles
 
             articles = country_articles()
 
@@ -159,7 +159,7 @@ class RemoteSearch(SessionOwner, _SearchTool):
         try:
             async with self.http().get(f"{self.url}/search", params={"q": " ".join(terms), "k": str(k)}) as resp:
                 body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             raise ToolError(f"search service at {self.url} failed: {type(e).__name__} {e}".strip()) from None
         if resp.status != 200 or not isinstance(body, dict) or "hits" not in body:
             error = body.get("error", body) if isinstance(body, dict) else body

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tools.http_service import Service, json_errors, request_params, serve
-from tools.search import SearchIndex, format_hits, query_terms
+from agent_rl.tools.http_service import Service, json_errors, request_params, serve
+from agent_rl.tools.search import SearchIndex, format_hits, query_terms
 
 MAX_HITS = 20
 

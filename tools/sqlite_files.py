@@ -8,8 +8,8 @@ Does not own: what goes in the files (`tools.search`, `tools.kg_service`).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agent_rl.core.files import atomic_path
 

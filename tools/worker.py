@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 
-from tools.base import ToolError, tool_content
-from tools.runners import read_message, resolve, write_message
+from agent_rl.tools.base import ToolError, tool_content
+from agent_rl.tools.runners import read_message, resolve, write_message
 
 
 def serve() -> None:

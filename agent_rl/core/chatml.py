@@ -28,7 +28,8 @@ which the tests check; for anything the policy samples, the sampled ids are kept
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.toolcalls import parse_tool_calls

@@ -18,8 +18,9 @@ An episode, as the runner plays it:
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
 
@@ -47,13 +48,13 @@ class Env(abc.ABC):
 
     tools: Sequence[Any] = ()
 
-    async def __aenter__(self) -> "Env":
+    async def __aenter__(self) -> Env:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027  (optional: most environments own nothing)
         """Release what the environment owns (sandboxes, HTTP sessions)."""
 
     @property

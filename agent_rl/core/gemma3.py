@@ -26,7 +26,8 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.toolcalls import bad_call, short

@@ -18,7 +18,8 @@ tokenizer's eos). A sampled assistant turn is passed back to the template as pla
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.chatml import format_tool_call
 from agent_rl.core.renderer import Renderer

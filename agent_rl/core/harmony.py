@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.toolcalls import bad_call, call_from_json, short

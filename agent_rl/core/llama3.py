@@ -26,7 +26,8 @@ the templates do; sampled replies are kept as they are. Tool results are written
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.toolcalls import bad_call, call_from_json, short

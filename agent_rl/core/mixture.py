@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.core.env import Env
 from agent_rl.core.registry import EnvSpec, load_env

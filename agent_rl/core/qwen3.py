@@ -27,7 +27,8 @@ an attempt (a turn whose `<think>` never closes makes no call).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.chatml import (
     TOOLS_POSTAMBLE,

@@ -27,17 +27,17 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from agent_rl.core.env import Env
 from agent_rl.core.types import Message
 
-BUILTIN = {"calculator": "envs.calculator", "coding": "envs.coding", "gui": "envs.gui", "gui_browser": "envs.gui_browser",
-           "kg_qa": "envs.kg_qa", "math": "envs.math", "mcp_units": "envs.mcp_units", "search_qa": "envs.search_qa",
-           "toy": "envs.toy"}
+BUILTIN = {name: f"agent_rl.envs.{name}" for name in
+           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa", "toy")}
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,9 @@ def _import(module_name: str, name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        if module_name.startswith("envs.") and e.name and module_name.startswith(e.name):  # the old spelling
+            raise ValueError(f"unknown environment {name!r}: agent-rl's environments are agent_rl.envs now; write "
+                             f"'agent_rl.{module_name}' (or a built-in name: {', '.join(BUILTIN)})") from None
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise ValueError(f"unknown environment {name!r} (built-in: {', '.join(BUILTIN)}; or a module name, "
                              f"or a .py file): {e}") from None

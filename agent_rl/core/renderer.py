@@ -21,7 +21,8 @@ a fresh context that starts a new training segment (`core.types.Segment`).
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent_rl.core.types import Message, ToolCall
 

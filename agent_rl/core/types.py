@@ -83,7 +83,7 @@ class Reward:
 EPISODE_REWARD = "episode_reward"
 
 
-class StopReason(str, enum.Enum):
+class StopReason(str, enum.Enum):  # noqa: UP042  (StrEnum would change what str() of a member prints)
     """Why an episode ended."""
 
     NO_TOOL_CALL = "no_tool_call"  # the policy answered without calling a tool

@@ -16,8 +16,8 @@ factor sqrt(4/3); Dr. GRPO and RLOO have no std and are unaffected.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

@@ -27,8 +27,9 @@ one row per segment, each with the trajectory's advantage; so `step_num_sequence
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

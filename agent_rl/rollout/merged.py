@@ -149,7 +149,7 @@ async def _dev_mode(url: str) -> bool:
         try:
             async with http.get(url + "/is_paused") as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
 

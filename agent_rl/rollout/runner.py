@@ -27,8 +27,9 @@ import gc
 import hashlib
 import inspect
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -105,7 +106,7 @@ class VLLMSampler(SessionOwner):
                         raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
                     data = await resp.json()
                 return _completion(data, prompt_ids, version, replica.url)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                 last = e
             finally:
                 replica.outstanding -= 1

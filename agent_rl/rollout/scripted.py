@@ -10,8 +10,8 @@ Does not own: the episode loop (`rollout.runner`), the solvers (each environment
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import Message

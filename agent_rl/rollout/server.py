@@ -24,9 +24,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 class ServerError(Exception):
@@ -178,12 +179,12 @@ class VLLMServer:
             cmd += ["--no-enable-chunked-prefill"]
         return cmd + list(self.extra_args)
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         """Launch and wait until healthy; on any failure (an interrupt included) the process is stopped."""
         self.launch()
         return self.wait()
 
-    def launch(self) -> "VLLMServer":
+    def launch(self) -> VLLMServer:
         """Start the process without waiting for it (`wait` does): several servers start side by side."""
         if importlib.util.find_spec("vllm") is None:
             raise ServerError("vLLM is not installed: pip install 'agent-rl[cpu]' (CPU) or 'agent-rl[gpu]' (GPU)")
@@ -205,7 +206,7 @@ class VLLMServer:
         log.close()
         return self
 
-    def wait(self) -> "VLLMServer":
+    def wait(self) -> VLLMServer:
         """Wait for /health within `startup_timeout_s`; a process that dies or never answers is stopped
         and reported with the end of its log."""
         deadline = time.monotonic() + self.startup_timeout_s
@@ -259,7 +260,7 @@ class VLLMServer:
             time.sleep(0.1)
         self.proc = None
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

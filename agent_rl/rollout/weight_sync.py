@@ -23,8 +23,9 @@ import contextlib
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
@@ -69,7 +70,7 @@ class _Http:
         try:
             async with http.post(url + path, json=body if body is not None else {}) as resp:
                 status, text = resp.status, await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise WeightSyncError(f"vLLM server {url} did not answer POST {path} ({what}): "
                                   f"{type(e).__name__}: {e or 'timed out'}") from None
         if status >= 400 and status not in ok:

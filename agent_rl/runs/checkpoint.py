@@ -119,7 +119,7 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
         m = _STEP_DIR.match(name)
         if m:  # latest first, then everything else newest first
             candidates = [(int(m.group(1)), root / name)] + [c for c in candidates if c[1].name != name]
-    for step, path in candidates:
+    for _, path in candidates:
         problem = _verify(path)
         if problem:
             log.warning("skipping checkpoint %s: %s", path, problem)

@@ -7,9 +7,9 @@ trajectory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Sequence
 
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import Trajectory

@@ -12,8 +12,8 @@ policy that stopped calling tools.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from statistics import fmean
-from typing import Sequence
 
 from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agent_rl.core.files import write_lines
 from agent_rl.core.renderer import Renderer
