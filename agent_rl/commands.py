@@ -1,9 +1,9 @@
 """What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
 
 Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `audit-reward`,
-`plot`, `view`, and the tool services), the mapping of library errors to one `error: ...` line with an exit status (2 for bad
-input such as a config, a model path or an environment name; 1 for a failed run such as an
-unreachable server), and printing results.
+`plot`, `view`, and the tool services), the mapping of library errors to one `error: ...` line with
+an exit status (2 for bad input such as a config, a model path or an environment name; 1 for a
+failed run such as an unreachable server), and printing results.
 Does not own: argument parsing (`cli`), any logic a library module can own.
 """
 
@@ -78,7 +78,8 @@ def rollout(args: argparse.Namespace) -> int:
     try:
         tasks = session.env.load_tasks(args.tasks, seed=args.seed, split=args.split)
     except Exception as e:
-        raise CLIError(f"environment {args.env!r} could not load tasks: {type(e).__name__}: {e}", EXIT_BAD_INPUT) from None
+        raise CLIError(f"environment {args.env!r} could not load tasks: {type(e).__name__}: {e}",
+                       EXIT_BAD_INPUT) from None
     limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature)
 
     async def run():
@@ -198,7 +199,8 @@ def evaluate(args: argparse.Namespace) -> int:
         session = open_session(cfg)
         announce_server(cfg)
         def serve(model_dir):  # saved full weights have no tokenizer files: the base model's
-            return serve_or_attach(cfg, model_dir, tokenizer=None if model_dir == session.model_dir else session.model_dir)
+            return serve_or_attach(cfg, model_dir,
+                                   tokenizer=None if model_dir == session.model_dir else session.model_dir)
 
         report = asyncio.run(run_eval(session, adapters, serve, groups))
     for label, gs in groups.items():

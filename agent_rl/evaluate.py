@@ -101,7 +101,8 @@ class PolicySpec:
 
 
 def _newest(path: Path, pattern: str, marker: str) -> Path | None:
-    versions = sorted((int(p.name[1:]), p) for p in path.glob(pattern) if p.name[1:].isdigit() and (p / marker).is_file())
+    versions = sorted((int(p.name[1:]), p) for p in path.glob(pattern)
+                      if p.name[1:].isdigit() and (p / marker).is_file())
     return versions[-1][1] if versions else None
 
 
@@ -188,8 +189,8 @@ def format_report(report: dict[str, Any]) -> str:
     labels = list(results)
     keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
                         "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "tool_calls_per_traj",
-                        "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean", "truncation_rate",
-                        "infra_error_rate") if k in results[labels[0]]]
+                        "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean",
+                        "truncation_rate", "infra_error_rate") if k in results[labels[0]]]
     keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
     keys += [k for k in results[labels[0]] if k.startswith("env/") and not k.endswith(("/tasks", "/rollouts"))]
     head = [""] + [_short(lb) for lb in labels] + (["delta"] if "delta" in report else [])

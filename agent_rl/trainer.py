@@ -271,7 +271,8 @@ def served_weights(run: Run) -> Any:
     model = run.policy.model
     if not sharded_full(run):
         return model
-    return GatheredModel(full_state_dict(model, run.policy.dist), model.config, getattr(model, "generation_config", None))
+    return GatheredModel(full_state_dict(model, run.policy.dist), model.config,
+                         getattr(model, "generation_config", None))
 
 
 def checkpoint_due(cfg: TrainConfig, step: int) -> bool:

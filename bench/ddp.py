@@ -74,7 +74,8 @@ def worker(args) -> None:
 def run(nproc: int, args, tmp: Path) -> dict:
     out = tmp / f"ranks-{nproc}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", __file__,
-           "--worker", "--out", str(out), "--rows", str(args.rows), "--tokens", str(args.tokens), "--reps", str(args.reps)]
+           "--worker", "--out", str(out), "--rows", str(args.rows), "--tokens", str(args.tokens),
+           "--reps", str(args.reps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"error: {nproc} rank(s) failed: {proc.stderr.strip().splitlines()[-1:]}")

@@ -34,7 +34,8 @@ def served_logprobs(url: str, model: str, ids: list[int]) -> torch.Tensor:
     import urllib.request
 
     body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         entries = json.load(resp)["choices"][0]["prompt_logprobs"][1:]
     return torch.tensor([e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])])

@@ -89,7 +89,8 @@ async def main(episodes: int, calls: int) -> dict:
         proc.terminate()
         proc.wait(10)
     starts = sorted(s for s, _ in opened)
-    return {"episodes": episodes, "stdio_start_s": {"p50": round(starts[len(starts) // 2], 3), "max": round(starts[-1], 3)},
+    return {"episodes": episodes,
+            "stdio_start_s": {"p50": round(starts[len(starts) // 2], 3), "max": round(starts[-1], 3)},
             "per_episode_starts_wall_s": round(per_episode_wall, 3), "shared_start_wall_s": round(shared_wall, 3),
             "per_episode_over_shared": round(per_episode_wall / shared_wall, 2),
             "call_ms": {"stdio": percentiles(stdio_calls), "http": percentiles(http_calls)},

@@ -203,7 +203,8 @@ def report(args, figures) -> None:
         "prefix_cache_hit_rate": m["cache_hit_merged"], "prefix_cache_hit_rate_adapter": m["cache_hit_adapter"],
         "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
         **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
-        "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items() if not k.startswith(("cache", "prefill"))},
+        "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items()
+                       if not k.startswith(("cache", "prefill"))},
     }))
 
 

@@ -100,7 +100,8 @@ class SimSampler:
         json.dumps({"model": "sim", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
                     "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
-        await self.cluster.generate(conv, len(prompt_ids), n + len(tail), check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
+        await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
+                                    check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
         ids = [*self.filler[:n], *tail]
@@ -221,7 +222,8 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     gc.callbacks.append(collections)
     try:
         await asyncio.sleep(warmup)
-        first, cpu0, wait0, t0, n_lags = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time(), len(meter.lags)
+        first, cpu0, wait0, t0, n_lags = (cluster.snapshot(), time.process_time(), run_queue_s(), loop.time(),
+                                          len(meter.lags))
         await asyncio.sleep(window)
         last, cpu1, wait1, t1 = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time()
         lags = sorted(meter.lags[n_lags:])
@@ -241,7 +243,8 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
             "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
             "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
             "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds,
-            "gc_in_window_ms": 1000 * collections.longest(t0, t1), "gc_after_ms": 1000 * collections.longest(t1, math.inf)}
+            "gc_in_window_ms": 1000 * collections.longest(t0, t1),
+            "gc_after_ms": 1000 * collections.longest(t1, math.inf)}
 
 
 async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Workload, renderer: Renderer,
@@ -273,7 +276,8 @@ async def measure_ceiling(work: Workload, renderer: Renderer, seconds: float = 8
     gc.collect()
     ideal = await measure_side("ideal", 8, 512, INSTANT, work, renderer, seconds / 4, seconds, "sticky")
     gc.collect()
-    return {"runner_turns_s": round(runner["turns_s"], 1), "runner_cpu_ms_per_turn": round(runner["cpu_ms_per_turn"], 3),
+    return {"runner_turns_s": round(runner["turns_s"], 1),
+            "runner_cpu_ms_per_turn": round(runner["cpu_ms_per_turn"], 3),
             "ideal_cpu_ms_per_turn": round(ideal["cpu_ms_per_turn"], 3), "cpu_wait": round(runner["cpu_wait"], 3)}
 
 

@@ -302,7 +302,8 @@ def main() -> None:
     else:
         print("starting a vLLM server (dev mode, LoRA)...", file=sys.stderr)
         recipe = load_config(str(Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.yaml"))
-        server = VLLMServer(resolve_model(recipe.model.name), max_lora_rank=16, kv_cache_gib=recipe.sampler.kv_cache_gib,
+        server = VLLMServer(resolve_model(recipe.model.name), max_lora_rank=16,
+                            kv_cache_gib=recipe.sampler.kv_cache_gib,
                             max_model_len=recipe.sampler.max_model_len, dev_mode=True).start()
         url = server.url
         rss = TreeRSS(server.proc.pid)
@@ -331,7 +332,8 @@ def comparison(results: dict[str, dict], rss) -> dict:
         "merged_tok_per_step_s_ratio": ratio("merged-ckpt", "adapter-ckpt", "sampled_tok_per_step_s"),
         "step_time_vs_before": ratio("merged-ckpt", "adapter-full", "step_s"),
         "vllm_rss_peak_mib": round(rss.peak_kib / 1024, 1) if rss else None,
-        **{name: {k: v for k, v in r.items() if k not in ("bench", "variant", "run_dir")} for name, r in results.items()},
+        **{name: {k: v for k, v in r.items() if k not in ("bench", "variant", "run_dir")}
+           for name, r in results.items()},
     }
 
 

@@ -82,7 +82,8 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...]:
         raise ProxyError(400, f"tools: must be a list of {TOOL_SHAPE}")
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if not (t.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
+        if not (t.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str)
+                and fn["name"]):
             raise ProxyError(400, f"tools[{i}]: expected {TOOL_SHAPE}")
     return tuple(tools)
 
@@ -132,7 +133,8 @@ def _assistant(where: str, text: str, wire: Any, replies: Mapping[str, tuple[Mes
     if not (same and [_wire_call(c) for c in wire] == [(c.name, c.arguments) for c in reply.tool_calls]
             and text in ("", reply.content)):
         raise ProxyError(400, f"{where}: a reply this proxy sampled, with its content or tool_calls changed; send "
-                              "sampled replies back as they came (or leave them out: that starts a new training segment)")
+                              "sampled replies back as they came "
+                              "(or leave them out: that starts a new training segment)")
     for c, (_, k) in zip(wire, found):  # type: ignore[misc]
         calls[c["id"]] = reply.tool_calls[k]
     return reply
@@ -233,7 +235,8 @@ class Proxy:
 
     async def models(self, request: web.Request) -> web.Response:
         self.lookup(request.match_info["key"])
-        return web.json_response({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "agent-rl"}]})
+        return web.json_response({"object": "list",
+                                  "data": [{"id": "policy", "object": "model", "owned_by": "agent-rl"}]})
 
 
 @web.middleware
@@ -247,7 +250,8 @@ async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse
         return error_response(404, f"unknown endpoint {request.path}; use /episodes/<key>/v1/chat/completions",
                               "not_found_error")
     except web.HTTPException as e:
-        return error_response(e.status, f"{e.status} {e.reason} on {request.method} {request.path}", "invalid_request_error")
+        return error_response(e.status, f"{e.status} {e.reason} on {request.method} {request.path}",
+                              "invalid_request_error")
     except Exception as e:  # an episode handler's bug: the agent reads it, the server goes on
         return error_response(500, f"the proxy failed: {type(e).__name__}: {e}", "server_error")
 

@@ -40,7 +40,8 @@ NAMES = {"m": "meters", "km": "kilometers", "cm": "centimeters", "mm": "millimet
 def _units() -> Any:
     """The server's module, loaded for its table (it imports the MCP SDK only when it serves)."""
     if not SERVER_FILE.is_file():
-        raise FileNotFoundError(f"agent_rl.envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; it is missing")
+        raise FileNotFoundError(f"agent_rl.envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; "
+                                "it is missing")
     spec = importlib.util.spec_from_file_location("mcp_units_server", SERVER_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -91,7 +92,8 @@ def unit_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
         from_unit, to_unit = rng.sample(by_kind[kinds[i % len(kinds)]], 2)
         value = rng.choice([rng.randint(1, 100), rng.randint(1, 200) / 2])
         answer = float(f"{units.convert_value(value, from_unit, to_unit):.6g}")
-        question = (f"What is {value:g} {NAMES[from_unit]} in {NAMES[to_unit]}?" if kinds[i % len(kinds)] == "temperature"
+        question = (f"What is {value:g} {NAMES[from_unit]} in {NAMES[to_unit]}?"
+                    if kinds[i % len(kinds)] == "temperature"
                     else f"How many {NAMES[to_unit]} are in {value:g} {NAMES[from_unit]}?")
         rows.append({"id": f"units-{seed}-{i}", "question": question, "answer": answer,
                      "value": value, "from_unit": from_unit, "to_unit": to_unit})

@@ -167,7 +167,8 @@ def check_task(task: dict[str, Any], env: str) -> None:
         raise ValueError(f"{row}: column 'hops' must be a positive integer, got {task['hops']!r}"[:300])
 
 
-def grounded(final: str, accepted: Sequence[str], candidates: Collection[str], tool_messages: Sequence[Message]) -> bool:
+def grounded(final: str, accepted: Sequence[str], candidates: Collection[str],
+             tool_messages: Sequence[Message]) -> bool:
     """Tool-grounded answer: the final answer names at least one known name (an accepted one or a
     candidate of the answer's type) and every name it gives appears, as whole words, in a successful
     tool result of the episode. Right or wrong alike: a grounded wrong answer read the wrong fact; an

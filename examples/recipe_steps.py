@@ -86,8 +86,9 @@ def cold_start(config: str, out: Path, sets: Sequence[str], wall: dict) -> list[
 
 def grpo(common: Sequence[str], out: Path, run_dir: Path, seed: int, server: Any, *extra: str) -> float | None:
     """Step 3 for one seed: GRPO from the SFT adapter into `run_dir`, resumed if a checkpoint is there."""
-    return step(run_dir / "adapter", "train", *common, *extra, "--resume", "--set", f"model.init_adapter={out}/sft/adapter",
-                "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}", server=server)
+    return step(run_dir / "adapter", "train", *common, *extra, "--resume",
+                "--set", f"model.init_adapter={out}/sft/adapter", "--set", f"run.run_dir={run_dir}",
+                "--set", f"run.seed={seed}", server=server)
 
 
 def evaluate_runs(path: Path, common: Sequence[str], out: Path, run_dirs: Sequence[str], server: Any,

@@ -110,7 +110,8 @@ class Recorder:
 
 async def play_agent(agent, sampler, renderer, limits=EpisodeLimits(), reward=lambda task, messages, answer: 0.0,
                      **deadlines):
-    async with AgentEnv({"id": "t", "question": "Say hi."}, agent, reward, **{"finish_timeout_s": 5, **deadlines}) as env:
+    async with AgentEnv({"id": "t", "question": "Say hi."}, agent, reward,
+                        **{"finish_timeout_s": 5, **deadlines}) as env:
         return await run_episode(env, sampler, renderer, limits, "t")
 
 
@@ -173,7 +174,8 @@ async def test_sampler_failure_is_an_infra_error_and_the_agent_reads_why(rendere
 
 
 @pytest.mark.parametrize("agent, error", [
-    (lambda task, url: asyncio.sleep(0, "no question"), "AgentError: the agent returned before asking the model anything"),
+    (lambda task, url: asyncio.sleep(0, "no question"),
+     "AgentError: the agent returned before asking the model anything"),
     (lambda task, url: _raises(), "AgentError: the agent raised KeyError: 'oops'"),
 ])
 async def test_an_agent_that_fails_is_an_infra_error_with_one_line(scripted, renderer, agent, error):
@@ -275,7 +277,8 @@ async def test_bad_requests_get_openai_error_json_with_one_line_and_the_episode_
                     answers.append((resp.status, (await resp.json())["error"], resp.headers.get("x-should-retry")))
             async with http.get(base_url + "/models") as resp:
                 answers.append((resp.status, (await resp.json())["data"][0]["id"], None))
-            for url in (base_url.replace("/episodes/", "/episodes/nope") + "/chat/completions", base_url + "/elsewhere"):
+            for url in (base_url.replace("/episodes/", "/episodes/nope") + "/chat/completions",
+                        base_url + "/elsewhere"):
                 async with http.post(url, json={}) as resp:
                     answers.append((resp.status, (await resp.json())["error"]["message"], None))
         async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
@@ -294,8 +297,8 @@ async def test_bad_requests_get_openai_error_json_with_one_line_and_the_episode_
         line.endswith("/v1/elsewhere; use /episodes/<key>/v1/chat/completions")
 
 
-CHANGED_REPLY = ("messages[1]: a reply this proxy sampled, with its content or tool_calls changed; send sampled replies "
-                 "back as they came (or leave them out: that starts a new training segment)")
+CHANGED_REPLY = ("messages[1]: a reply this proxy sampled, with its content or tool_calls changed; send sampled "
+                 "replies back as they came (or leave them out: that starts a new training segment)")
 
 
 async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(scripted, renderer):
@@ -311,10 +314,12 @@ async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(script
             lines.append(str(refused))
             reply = ok.choices[0].message.model_dump(exclude_none=True)
             history = [{"role": "user", "content": "A?" if ok is first else "B?"}]
-            changed = {**reply, "tool_calls": [{**reply["tool_calls"][0], "function": {"name": "calculator",
-                                                                                      "arguments": '{"expression": "9"}'}}]}
+            changed = {**reply,
+                       "tool_calls": [{**reply["tool_calls"][0],
+                                       "function": {"name": "calculator", "arguments": '{"expression": "9"}'}}]}
             try:
-                await ask([*history, changed, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "1"}])
+                await ask([*history, changed,
+                           {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "1"}])
             except openai.BadRequestError as e:
                 lines.append(str(e))
             answer = await ask([*history, reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],

@@ -52,7 +52,8 @@ async def follow_up_agent(task, base_url):
     async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
         while True:
             response = await client.chat.completions.create(model="policy", messages=messages,
-                                                            tools=[CALCULATOR.schema], temperature=0.0)  # the run samples
+                                                            tools=[CALCULATOR.schema],
+                                                            temperature=0.0)  # the run samples
             choice = response.choices[0]
             messages.append(choice.message.model_dump(exclude_none=True))
             if choice.finish_reason == "length":
@@ -74,7 +75,8 @@ async def follow_up_agent(task, base_url):
 
 
 def agent_env(task):
-    return AgentEnv(task, follow_up_agent, lambda task, messages, answer: float(str(task["answer"]) in messages[-1].content))
+    return AgentEnv(task, follow_up_agent,
+                    lambda task, messages, answer: float(str(task["answer"]) in messages[-1].content))
 
 
 async def play(make_env, server, renderer, limits, tasks):

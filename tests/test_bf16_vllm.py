@@ -22,7 +22,8 @@ BF16_MEAN_TOL = 0.005  # mean abs gap; measured 0.0008
 
 def served(url: str, ids: list[int]) -> torch.Tensor:
     body = {"model": "base", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         entries = json.load(resp)["choices"][0]["prompt_logprobs"][1:]
     return torch.tensor([e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])])

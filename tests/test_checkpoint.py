@@ -101,7 +101,8 @@ def test_full_finetune_weights_round_trip_frozen_ones_are_not_stored(tmp_path):
     for name in ("0.weight", "2.weight", "2.bias"):
         assert torch.equal(other.state_dict()[name], model.state_dict()[name])
     assert torch.equal(other[0].bias, frozen_before)
-    assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"],
+                       opt.state_dict()["state"][0]["momentum_buffer"])
 
 
 KILLED_SAVE = textwrap.dedent("""

@@ -43,7 +43,8 @@ def one_error_line(capsys) -> str:
 def test_missing_model_path(capsys):
     assert main(["rollout", "--model", "/no/such/model"]) == 2
     assert one_error_line(capsys) == ("error: model path '/no/such/model' does not exist "
-                                      "(nor is it a hub id or a built-in: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)")
+                                      "(nor is it a hub id or a built-in: "
+                                      "smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)")
 
 
 def test_model_errors_name_the_problem(tmp_path):
@@ -74,7 +75,8 @@ def test_unknown_environment(capsys):
     assert one_error_line(capsys).startswith("error: unknown environment 'no_such_env_module' (built-in: calculator")
 
 
-ENV_MODULE = "def make_env(task):\n    return task\n\n\ndef load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n"
+ENV_MODULE = ("def make_env(task):\n    return task\n\n\n"
+              "def load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n")
 
 
 @pytest.fixture
@@ -104,13 +106,16 @@ def test_environment_from_the_current_folder_or_a_file(user_folder):
 
 @pytest.mark.parametrize("name, files, message", [
     ("./missing.py", {}, "environment file './missing.py' does not exist"),
-    ("./notes.txt", {"notes.txt": ENV_MODULE}, "environment file './notes.txt' must be a .py file named like a Python module"),
-    ("./json.py", {"json.py": ENV_MODULE}, "environment file './json.py' cannot be imported as 'json': that name is taken by "),
+    ("./notes.txt", {"notes.txt": ENV_MODULE},
+     "environment file './notes.txt' must be a .py file named like a Python module"),
+    ("./json.py", {"json.py": ENV_MODULE},
+     "environment file './json.py' cannot be imported as 'json': that name is taken by "),
     ("broken_env_c", {"broken_env_c.py": "import no_such_package_x\n"},
      "environment 'broken_env_c' failed to import: No module named 'no_such_package_x'"),
     ("./syntax_env_d.py", {"syntax_env_d.py": "def f(:\n"},
      "environment './syntax_env_d.py' failed to import: SyntaxError: "),
-    ("half_env_e", {"half_env_e.py": "def make_env(task):\n    return task\n"}, "environment module 'half_env_e' lacks load_tasks"),
+    ("half_env_e", {"half_env_e.py": "def make_env(task):\n    return task\n"},
+     "environment module 'half_env_e' lacks load_tasks"),
 ])
 def test_environment_that_cannot_load_is_one_error_line(user_folder, capsys, name, files, message):
     for file, text in files.items():

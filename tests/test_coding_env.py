@@ -68,7 +68,8 @@ async def test_tool_using_episode_earns_full_reward(scripted, renderer):
     task = PROBLEMS["HumanEval/0"]
     async with CodingEnv(task) as env:
         messages = await env.initial_messages()
-        traj = await run_episode(env, scripted(lambda m: solve(task, m, False), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, False), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert "assert candidate" not in "".join(m.content for m in messages)  # hidden tests stay hidden
     assert traj.reward == 1.0, traj.reward_parts
     assert traj.reward_parts == {"tests_passed": 1.0, "submitted": 1.0, "compiled": 1.0, "solved": 1.0}
@@ -80,7 +81,8 @@ async def test_tool_using_episode_earns_full_reward(scripted, renderer):
 async def test_direct_demonstration_and_no_code_block(scripted, renderer):
     task = PROBLEMS["HumanEval/38"]  # check() assigns `str`: it must not leak into the submission's globals
     async with CodingEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m, True), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, True), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.tool_calls == ()
     report = await score(task, "def decode_cyclic(s):\n    return str(encode_cyclic(encode_cyclic(s)))\n")
     assert report.share == 1.0

@@ -200,7 +200,8 @@ def test_gspo_gets_its_paper_defaults_unless_set():
     gspo = load_config(None, ["algorithm.loss=gspo"]).algorithm
     assert (gspo.eps_low, gspo.eps_high, gspo.aggregation) == (3e-4, 4e-4, "sequence_mean")
     mixed = load_config(None, ["algorithm.loss=gspo", "algorithm.eps_high=0.001", "algorithm.aggregation=token_mean"])
-    assert (mixed.algorithm.eps_low, mixed.algorithm.eps_high, mixed.algorithm.aggregation) == (3e-4, 1e-3, "token_mean")
+    assert (mixed.algorithm.eps_low, mixed.algorithm.eps_high, mixed.algorithm.aggregation) == \
+        (3e-4, 1e-3, "token_mean")
     ppo = load_config(None, []).algorithm
     assert (ppo.eps_low, ppo.eps_high, ppo.aggregation, ppo.epochs, ppo.mini_batches) == (0.2, 0.28, "token_mean", 1, 1)
     # written out and read back, the resolved values stay

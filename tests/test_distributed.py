@@ -189,8 +189,10 @@ def test_two_ranks_full_finetune_push_checkpoint_and_resume(tmp_path, dev_server
     assert load_checkpoint(straight, model, restore_rng=False).step == 2
     ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same everywhere.")
     with torch.no_grad():
-        ours = token_logprobs(model.eval(), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
-    start = token_logprobs(load_causal_lm(str(tiny_dir)), torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+        ours = token_logprobs(model.eval(), torch.tensor([ids]),
+                              torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+    start = token_logprobs(load_causal_lm(str(tiny_dir)), torch.tensor([ids]),
+                           torch.ones(1, len(ids), dtype=torch.long))
     assert (ours - start.logp_B_T[0, :-1]).abs().max().item() > 10 * LOGPROB_TOL  # two steps moved the policy
     assert (ours - server_logprobs(dev_server.url, "base", ids)).abs().max().item() < LOGPROB_TOL
 

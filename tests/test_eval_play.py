@@ -49,7 +49,8 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
         if i == 0:  # the calculator, then its result
             if "<tool_response>" not in text:
                 expression = task["expression"]
-                return f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+                return (f'<tool_call>\n{{"name": "calculator", "arguments": '
+                        f'{{"expression": "{expression}"}}}}\n</tool_call>')
             return answer
         if i == 1:
             n = counter[i] = counter.get(i, 0) + 1
@@ -128,14 +129,16 @@ async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir
     assert [t.token_ids for g in groups["base"] for t in g.trajectories] == \
            [t.token_ids for g in groups[str(tmp_path / "fresh")] for t in g.trajectories]
     figures = {k: v for k, v in report["delta"].items() if not k.endswith("_s")}  # timings differ, of course
-    undefined = {k for k in figures if math.isnan(base[k]) and math.isnan(fresh[k])}  # e.g. calls per solved, none solved
+    undefined = {k for k in figures
+                 if math.isnan(base[k]) and math.isnan(fresh[k])}  # e.g. calls per solved, none solved
     assert len(figures) - len(undefined) > 10 and {figures[k] for k in figures.keys() - undefined} == {0.0}
     assert fresh["reward_mean"] == base["reward_mean"]
 
 
 def test_read_reply_shortcuts(renderer):
     stream = io.StringIO('/call calculator {"expression": "2 + 3"}\n.\nline one\nline two\n.\n/quit\n')
-    assert read_reply(stream, renderer) == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+    assert read_reply(stream, renderer) == ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}'
+                                            '\n</tool_call>')
     assert read_reply(stream, renderer) == "line one\nline two"
     with pytest.raises(Exception, match="the player quit"):
         read_reply(stream, renderer)

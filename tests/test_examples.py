@@ -16,7 +16,8 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml
 
 def test_there_is_a_config_per_environment():
     envs = {name for p in CONFIGS for name, _ in load_config(str(p)).rollout.mixture}
-    assert {"calculator", "agent_rl.envs.math", "agent_rl.envs.coding", "agent_rl.envs.search_qa", "agent_rl.envs.kg_qa", "agent_rl.envs.gui"} <= \
+    assert {"calculator", "agent_rl.envs.math", "agent_rl.envs.coding", "agent_rl.envs.search_qa",
+            "agent_rl.envs.kg_qa", "agent_rl.envs.gui"} <= \
         envs | {f"envs.{e}" for e in envs}
 
 
@@ -42,7 +43,8 @@ def test_recipe_summary_gains_and_seed_spread_by_hand():
     out = recipe.summarise(report, "sft", {0: "s0", 1: "s1"}, {"eval": 60.0})
     assert out["gain"][0]["accuracy"] == 0.5 and out["gain"][1]["accuracy"] == 0.25
     assert out["accuracy_min_gain"] == 0.25 and out["accuracy_seed_spread"] == 0.25
-    assert out["tool_use_rate_min_gain"] == pytest.approx(0.5) and out["tool_use_rate_seed_spread"] == pytest.approx(0.3)
+    assert out["tool_use_rate_min_gain"] == pytest.approx(0.5) and \
+        out["tool_use_rate_seed_spread"] == pytest.approx(0.3)
     assert out["before"]["accuracy"] == 0.25 and out["wall_s"] == {"eval": 60.0}
 
 
@@ -59,7 +61,8 @@ def _example(name: str, monkeypatch):
 
 def _metrics_file(run_dir: Path, records: list[dict]) -> Path:
     run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **r}) + "\n" for i, r in enumerate(records)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **r}) + "\n"
+                                                   for i, r in enumerate(records)))
     return run_dir
 
 
@@ -91,8 +94,9 @@ def test_gui_recipe_figures_gains_and_spread_by_hand(tmp_path, monkeypatch):
     d = out["diagnostics"][0]
     assert d["per_step"]["invalid_action_rate"] == [0.25, 0.0] and d["zero_variance_group_share_mean"] == 0.375
     assert d["truncation_rate_mean"] == 0.25 and d["tool_collapse_alarm_steps"] == [2]
-    assert d["failed_calls_by_reason"] == {"Error: _ _ is disabled: nothing to save": 0.667,
-                                           "Error: no element _ on the page; use an id in [brackets] from the tree": 0.333}
+    assert d["failed_calls_by_reason"] == {
+        "Error: _ _ is disabled: nothing to save": 0.667,
+        "Error: no element _ on the page; use an id in [brackets] from the tree": 0.333}
     assert out["diagnostics"][1]["failed_calls_by_reason"] == {}
     assert out["wall_s"] == {"eval": 1.0}
     png = recipe.plot_panels({"seed 0": Path(runs[0])}, recipe.CURVES, tmp_path / "c.png", recipe.SCRIPT, "t")
@@ -113,8 +117,10 @@ def test_collapse_study_summary_per_arm_by_hand(tmp_path, monkeypatch):
                "bare": {"results": {"sft": result(0.2, 0.7, 0.2), runs["bare"][0]: result(0.1, 0.2, 0.0)}}}
     out = study.summarise(reports, "sft", runs, {})
     explain, bare = out["arms"]["explain"], out["arms"]["bare"]
-    assert explain["gain"][0]["accuracy"] == pytest.approx(0.2) and bare["gain"][0]["tool_use_rate"] == pytest.approx(-0.5)
+    assert explain["gain"][0]["accuracy"] == pytest.approx(0.2) and \
+        bare["gain"][0]["tool_use_rate"] == pytest.approx(-0.5)
     assert bare["grounded_rate_min_gain"] == pytest.approx(-0.2) and bare["accuracy_seed_spread"] == 0.0
     assert bare["runs"][0]["tool_collapse_alarm_steps"] == [2] and explain["runs"][0]["tool_collapse_alarm_steps"] == []
     assert bare["runs"][0]["per_step"]["tool-use rate"] == [0.8, 0.3]
-    assert bare["gain"][0]["empty_lookups_per_traj"] == 0.0 and bare["runs"][0]["per_step"]["empty_lookups_per_traj"] == [0.25] * 2
+    assert bare["gain"][0]["empty_lookups_per_traj"] == 0.0 and \
+        bare["runs"][0]["per_step"]["empty_lookups_per_traj"] == [0.25] * 2

@@ -315,7 +315,8 @@ async def test_browser_episode_earns_full_reward_only_when_saved(scripted, rende
     from agent_rl.envs.gui_browser import BrowserGuiEnv
 
     async with BrowserGuiEnv(TASK) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(TASK, m, False), on_messages=True), renderer, LIMITS, "t")
+        traj = await run_episode(env, scripted(lambda m: solve(TASK, m, False), on_messages=True),
+                                 renderer, LIMITS, "t")
     assert traj.reward == 1.0 and len(traj.tool_calls) == 6 and all(c.ok for c in traj.tool_calls)
     assert TREE in traj.messages[1].content
 

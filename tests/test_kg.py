@@ -273,7 +273,8 @@ def test_kg_serve_cli_reports_a_busy_port(db_path, capsys):
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 async def test_kg_serve_cli_serves_until_stopped(db_path, stop):
-    code = f"from agent_rl.tools.kg_service import kg_serve_cli as s; raise SystemExit(s('127.0.0.1', 0, {str(db_path)!r}))"
+    code = ("from agent_rl.tools.kg_service import kg_serve_cli as s; "
+            f"raise SystemExit(s('127.0.0.1', 0, {str(db_path)!r}))")
     # Ctrl-C's default action, whatever this test process inherited: started as a background job of
     # a script, pytest (and so the child) has SIGINT ignored, and Python then never raises on it
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stderr=asyncio.subprocess.PIPE,

@@ -31,7 +31,8 @@ def rows(kg_url):
 async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, scripted, renderer):
     task = rows["What is the capital of the only country that borders Lesotho?"]
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True),
+                                 renderer, LIMITS, task["id"])
         assert env.client._session is not None  # the env's client talked to the service...
     assert env.client._session is None  # ...and leaving the env closed it
     assert traj.reward == 1.0 and traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0,
@@ -47,7 +48,8 @@ async def test_two_hop_episode_follows_the_value_the_first_call_returned(rows, s
 async def test_backward_hop_through_capital_of(rows, scripted, renderer):
     task = rows["Which subregion is the country whose capital is Ashgabat in?"]
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert [m.content for m in traj.messages if m.role == "tool"] == [
         "Ashgabat capital_of: Turkmenistan [country]", "Turkmenistan subregion: Central Asia [subregion]"]
     assert traj.reward == 1.0
@@ -61,7 +63,8 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, scripted, renderer):
             traj = await run_episode(env, scripted(lambda p, r=reply: r), renderer, LIMITS, task["id"])
         assert traj.reward == 0.0 and traj.reward_parts["hedged"] == hedged
     async with KGQAEnv(task) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.tool_calls == ()
 
 
@@ -110,7 +113,8 @@ async def test_empty_results_arm_goes_from_load_tasks_to_the_tool(rows, scripted
     """`load_tasks(empty_results="bare")` (what `rollout.env_args` sets) reaches the episode's tools: a
     misspelt entity gets `[]`, where the default arm gets the explanation."""
     default, bare = load_tasks(2, seed=1), load_tasks(2, seed=1, empty_results="bare")
-    assert [t["kg_empty_results"] for t in default] == ["explain"] * 2 and [t["kg_empty_results"] for t in bare] == ["bare"] * 2
+    assert [t["kg_empty_results"] for t in default] == ["explain"] * 2 and \
+        [t["kg_empty_results"] for t in bare] == ["bare"] * 2
     assert [{**t, "kg_empty_results": "explain"} for t in bare] == default  # the same questions otherwise
     with pytest.raises(ValueError, match="kg_qa empty_results must be one of explain, bare"):
         load_tasks(2, empty_results="silent")
@@ -161,7 +165,8 @@ async def test_without_a_url_every_env_shares_the_process_service(scripted, rend
     urls = set()
     for task in tasks:
         async with make_env(task) as env:
-            traj = await run_episode(env, scripted(lambda m, t=task: solve(t, m), on_messages=True), renderer, LIMITS, task["id"])
+            traj = await run_episode(env, scripted(lambda m, t=task: solve(t, m), on_messages=True),
+                                     renderer, LIMITS, task["id"])
         urls.add(env.client.url)
         assert traj.reward == 1.0 and traj.reward_parts["tool_calls"] == 2.0
     assert urls == {local_kg_url()}

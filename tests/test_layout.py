@@ -71,7 +71,8 @@ def test_floor_rules_hold_for_a_known_back_edge():
     assert floor("agent_rl.core.types") < floor("agent_rl.trainer")
     assert not allowed("agent_rl.core.types", "agent_rl.envs.base")
     assert not allowed("agent_rl.learn.update", "agent_rl.rollout.sampler")
-    assert allowed("agent_rl.envs.base", "agent_rl.core.env") and allowed("agent_rl.learn.update", "agent_rl.learn.loss")
+    assert allowed("agent_rl.envs.base", "agent_rl.core.env") and \
+        allowed("agent_rl.learn.update", "agent_rl.learn.loss")
 
 
 def allowed(importer: str, imported: str) -> bool:

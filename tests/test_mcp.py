@@ -108,7 +108,8 @@ async def test_calls_give_results_and_errors_give_error_messages(toy):
     assert await toy["add"].call({"a": 2, "b": 40}) == ToolResult(ok=True, content="42")
     assert (await toy["add"].call({"a": -2, "b": 0})).content == "-2"
     res = await toy["divide"].call({"a": 1, "b": 0})  # the tool raises the SDK's ToolError
-    assert not res.ok and res.content == "Error: cannot divide by zero" and res.error == "divide failed: cannot divide by zero"
+    assert not res.ok and res.content == "Error: cannot divide by zero" and \
+        res.error == "divide failed: cannot divide by zero"
     res = await toy["buggy"].call({})  # an unexpected exception: the server hides its text
     assert not res.ok and res.content == "Error: Error executing tool buggy"
     res = await toy["add"].call({"a": "2", "c": 1})  # refused here: the server never sees it
@@ -213,7 +214,8 @@ async def test_episodes_through_the_runner_get_one_tool_message_per_call(scripte
     tasks = [{"id": "a"}, {"id": "b"}]
     t0 = time.perf_counter()
     groups = await rollout_groups(tasks, ToyEnv, scripted_calls([turn], lambda p: "It is 42."), renderer, LIMITS, 2)
-    assert time.perf_counter() - t0 < 20.0  # a server start, then four episodes side by side, each waiting 1 s for sleep
+    # a server start, then four episodes side by side, each waiting 1 s for sleep
+    assert time.perf_counter() - t0 < 20.0
     for t in (t for g in groups for t in g.trajectories):
         assert t.stop_reason is StopReason.NO_TOOL_CALL and t.reward == 1.0, t.error
         assert [m.content for m in t.messages if m.role == "tool"] == [

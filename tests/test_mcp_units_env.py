@@ -120,7 +120,8 @@ async def test_solver_over_http_on_every_quantity(units_url, scripted, renderer)
 
 @pytest.mark.parametrize("change, message", [
     ({"answer": None}, "mcp_units task 'bad' has no 'answer' column"),
-    ({"mcp_url": "localhost:8765"}, "mcp_units task 'bad': column 'mcp_url' must be an http(s) URL, got 'localhost:8765'"),
+    ({"mcp_url": "localhost:8765"},
+     "mcp_units task 'bad': column 'mcp_url' must be an http(s) URL, got 'localhost:8765'"),
 ])
 def test_malformed_row_names_the_row_and_the_column(change, message):
     task = {k: v for k, v in {**load_tasks(1)[0], "id": "bad", **change}.items() if v is not None}

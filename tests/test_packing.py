@@ -36,7 +36,8 @@ def test_layout_by_hand():
     attends = [set(torch.nonzero(row).flatten().tolist()) for row in p.attend_P_P]
     assert attends == [{0}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}, {0, 1, 2, 3, 4}, {0, 1, 5}, {6}, {6, 7}]
     eager = p.attention_mask("eager", torch.float32)
-    assert eager.shape == (1, 1, 8, 8) and eager[0, 0, 5, 1] == 0 and eager[0, 0, 5, 2] == torch.finfo(torch.float32).min
+    assert eager.shape == (1, 1, 8, 8) and eager[0, 0, 5, 1] == 0 and \
+        eager[0, 0, 5, 2] == torch.finfo(torch.float32).min
 
 
 def _rotary_in_float64(model):
@@ -96,7 +97,8 @@ def _packed_and_padded(model):
         model.zero_grad()
         out = token_logprobs(model, ids, attn, chunk_size=5, positions_B_T=picked, share_prefixes=share)
         (out.logp_B_T * torch.linspace(0.5, 1.5, ids.shape[1], dtype=torch.float64)).sum().backward()
-        results.append((out.logp_B_T.detach(), out.entropy_B_T, [prm.grad.clone() for prm in trainable_parameters(model)]))
+        results.append((out.logp_B_T.detach(), out.entropy_B_T,
+                        [prm.grad.clone() for prm in trainable_parameters(model)]))
     assert (results[0][0][picked] != 0).all() and (results[0][0][~picked] == 0).all()
     assert all(g.abs().sum() > 0 for g in results[0][2])
     return results
@@ -154,8 +156,10 @@ def test_micro_batches_count_packed_tokens_and_keep_prefixes_together():
     assert len(micro_batches(batch, max_tokens=16)) == 2
     # 12 packed tokens: a's two rows (10), then b's (7 + 2 = 9); a row longer than the budget goes alone
     assert [mb.index_B.tolist() for mb in micro_batches(batch, max_tokens=12, share_prefixes=True)] == [[0, 2], [1, 3]]
-    assert [mb.index_B.tolist() for mb in micro_batches(batch, max_tokens=4, share_prefixes=True)] == [[0], [2], [1], [3]]
-    assert [mb.index_B.tolist() for mb in micro_batches(batch, max_sequences=3, share_prefixes=True)] == [[0, 2, 1], [3]]
+    assert [mb.index_B.tolist() for mb in micro_batches(batch, max_tokens=4, share_prefixes=True)] == \
+        [[0], [2], [1], [3]]
+    assert [mb.index_B.tolist() for mb in micro_batches(batch, max_sequences=3, share_prefixes=True)] == \
+        [[0, 2, 1], [3]]
 
 
 def test_which_models_can_run_packed():

@@ -189,7 +189,8 @@ def test_readme_model_lines_run_in_a_fresh_folder_against_the_test_server(tmp_pa
         if " rollout " in line:
             extra = f"--server-url {vllm_server.url} --model {vllm_server.model_dir} {SMALL_ROLLOUT}"
         else:
-            extra = f"--set model.name={vllm_server.model_dir} --set sampler.server_urls=[{vllm_server.url}] {SMALL_TRAIN}"
+            extra = (f"--set model.name={vllm_server.model_dir} --set sampler.server_urls=[{vllm_server.url}] "
+                     f"{SMALL_TRAIN}")
         proc = in_fresh_folder(tmp_path, name, f"{line} {extra}", timeout_s=280)
         assert proc.returncode == 0, (line, proc.stderr[-2000:])
         metrics = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -210,7 +211,8 @@ def page_data(path: Path) -> dict:
 def test_readme_trace_lines_train_then_view_against_the_test_server(tmp_path, vllm_server):
     """A real two-step run (calculator config, the test server) leaves traces that `view` renders."""
     (tmp_path / "examples").mkdir()
-    (tmp_path / "examples" / "calculator_grpo.yaml").write_text((ROOT / "examples" / "calculator_grpo.yaml").read_text())
+    (tmp_path / "examples" / "calculator_grpo.yaml").write_text(
+        (ROOT / "examples" / "calculator_grpo.yaml").read_text())
     env = {**os.environ, "PATH": f"{AGENT_RL.parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
     for line in readme_commands("traces"):
         extra = (f"--set model.name={vllm_server.model_dir} --set sampler.server_urls=[{vllm_server.url}] "
@@ -228,7 +230,8 @@ def test_readme_trace_lines_train_then_view_against_the_test_server(tmp_path, vl
             assert len(seg["token_ids"]) == len(seg["loss_mask"]) == len(seg["logprobs"]) == r["num_tokens"] > 0
             assert sum(seg["loss_mask"]) == r["num_sampled"] > 0 and r["stop_reason"] != "error"
             sampled = "".join(run["text"] for run in seg["runs"] if run["sampled"])
-            assert [m["content"] in sampled for m in r["messages"] if m["role"] == "assistant"] == [True] * len(r["turns"])
+            assert [m["content"] in sampled for m in r["messages"] if m["role"] == "assistant"] == \
+                [True] * len(r["turns"])
             assert (r["advantage"] is None) == (r["dropped"] is not None)
     data = page_data(run / "traces.html")
     assert [s["step"] for s in data["steps"]] == [1, 2] and "reward_mean" in data["steps"][0]["metrics"]

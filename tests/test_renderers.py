@@ -75,7 +75,8 @@ def hf_messages(turns, reasoning: bool = False):
     """The conversation as chat-template dicts (OpenAI-style tool_calls)."""
     out = []
     for role, content, calls, thought in turns:
-        m = {"role": role, "content": format_thinking(thought, content) if reasoning and role == "assistant" else content}
+        m = {"role": role,
+             "content": format_thinking(thought, content) if reasoning and role == "assistant" else content}
         if calls:
             m["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                for c in calls]
@@ -190,7 +191,8 @@ def test_llama3_equals_the_official_template(llama3_standin, version, name):
         with pytest.raises(Exception, match="only supports single tool-calls"):
             official(llama3_standin, template(version), hf_messages(turns), tools, gen, **kwargs)
         text = r.render_text(r.render(our_messages(r, turns), tools, gen))
-        assert '{"name": "mul", "parameters": {"x": 5, "y": 4}}; {"name": "add", "parameters": {"a": 2, "b": 2}}' in text
+        assert ('{"name": "mul", "parameters": {"x": 5, "y": 4}}; '
+                '{"name": "add", "parameters": {"a": 2, "b": 2}}') in text
         return
     for ts in variants(turns):
         expected = official(llama3_standin, template(version), hf_messages(ts), tools, gen, **kwargs)

@@ -121,7 +121,8 @@ MALFORMED = [
     ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
      "Error: invalid arguments for add: b: Field required"),
     ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2',
-     "Error: tool call 1: unclosed <tool_call> tag (no </tool_call> after '{\"name\": \"add\", \"arguments\": {\"a\": 1,...')"),
+     "Error: tool call 1: unclosed <tool_call> tag (no </tool_call> after "
+     "'{\"name\": \"add\", \"arguments\": {\"a\": 1,...')"),
 ]
 
 
@@ -185,5 +186,6 @@ async def test_every_call_past_max_parallel_calls_gets_an_error_message(scripted
     over = "at most 2 tool calls per turn; make it in the next turn"
     assert [m.content for m in traj.messages if m.role == "tool"] == [
         "1", "2", f"Error: call 3 not run: {over}", f"Error: call 4 not run: {over}", f"Error: call 5 not run: {over}"]
-    assert [(c.name, c.ok) for c in traj.tool_calls] == [("add", True)] * 2 + [("add", False)] * 2 + [("<invalid>", False)]
+    assert [(c.name, c.ok) for c in traj.tool_calls] == \
+        [("add", True)] * 2 + [("add", False)] * 2 + [("<invalid>", False)]
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0

@@ -14,7 +14,8 @@ from agent_rl.core.types import StopReason
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 
-_spec = importlib.util.spec_from_file_location("runner_scale", Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")
+_spec = importlib.util.spec_from_file_location("runner_scale",
+                                               Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")
 rs = importlib.util.module_from_spec(_spec)
 sys.modules["runner_scale"] = rs  # dataclasses look their module up
 _spec.loader.exec_module(rs)

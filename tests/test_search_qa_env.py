@@ -123,7 +123,8 @@ def test_subregion_questions_accept_the_intermediate_region(rows):
 async def test_two_hop_episode_reads_the_country_from_the_first_search(rows, index_path, scripted, renderer):
     task = rows["Which region is the country whose capital is Paris in?"]
     async with SearchQAEnv(task, index_path) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert traj.reward == 1.0, traj.messages[-1]
     assert traj.reward_parts == {"correct": 1.0, "exact": 1.0, "hedged": 0.0, "hops": 2.0, "tool_calls": 2.0,
                                  "tool_errors": 0.0, "grounded": 1.0}  # "Europe" stands in the second search's result
@@ -136,7 +137,8 @@ async def test_two_hop_episode_reads_the_country_from_the_first_search(rows, ind
 async def test_snippet_without_the_fact_opens_the_article(rows, index_path, scripted, renderer):
     task = rows["What currency is used in Laos?"]
     async with SearchQAEnv(task, index_path) as env:
-        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and [c.name for c in traj.tool_calls] == ["search", "read_article"]
     assert "LAK" not in traj.messages[3].content and "Currency: LAK." in traj.messages[5].content
 
@@ -149,7 +151,8 @@ async def test_wrong_and_hedged_answers_earn_nothing(rows, index_path, scripted,
             traj = await run_episode(env, scripted(lambda p, r=reply: r), renderer, LIMITS, task["id"])
         assert traj.reward == 0.0 and traj.reward_parts["hedged"] == hedged and traj.tool_calls == ()
     async with SearchQAEnv(task, index_path) as env:  # the direct answer of the solver
-        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True), renderer, LIMITS, task["id"])
+        traj = await run_episode(env, scripted(lambda m: solve(task, m, direct=True), on_messages=True),
+                                 renderer, LIMITS, task["id"])
     assert traj.reward == 1.0 and traj.reward_parts["tool_calls"] == 0.0
 
 

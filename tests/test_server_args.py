@@ -29,7 +29,8 @@ def test_the_rank_is_the_smallest_vllm_accepts_above_the_adapter(tmp_path):
 def test_an_unreadable_starting_adapter_is_one_line(tmp_path):
     with pytest.raises(ServerError) as e:
         max_lora_rank(model_cfg(init_adapter=tmp_path / "missing"))
-    assert str(e.value).startswith("model.init_adapter: cannot read the adapter's rank from") and "\n" not in str(e.value)
+    assert str(e.value).startswith("model.init_adapter: cannot read the adapter's rank from") and \
+        "\n" not in str(e.value)
 
 
 class FakeVLLM:

@@ -115,7 +115,8 @@ async def test_worker_failures_become_tool_messages():
     assert (await tool.call({"text": "exit"})).content == (
         "Error: refuse failed: RuntimeError: the worker process exited (status 3) during the call")
     assert (await tool.call({"text": "refuse"})).content == "Error: refused 'refuse'"  # a fresh worker
-    assert (await tool.call({"nope": 1})).content.startswith("Error: invalid arguments for refuse: text: Field required")
+    assert (await tool.call({"nope": 1})).content.startswith(
+        "Error: invalid arguments for refuse: text: Field required")
 
 
 def test_only_importable_sync_functions_can_be_isolated():

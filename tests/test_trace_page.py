@@ -92,7 +92,8 @@ async def test_page_lists_steps_and_shows_a_trajectorys_turns(tmp_path, play, re
     assert await background(page, ".msg.sampled") != await background(page, ".msg.prompt")
     assert await background(page, ".msg.sampled") != await background(page, ".msg.tool")
 
-    crash, cut = page.locator('tr.traj[data-group="2"][data-index="1"]'), page.locator('tr.traj[data-group="3"][data-index="0"]')
+    crash, cut = (page.locator('tr.traj[data-group="2"][data-index="1"]'),
+                  page.locator('tr.traj[data-group="3"][data-index="0"]'))
     assert "failed" in await crash.get_attribute("class") and await crash.locator(".badge.error").count() == 1
     assert "truncated" in await cut.get_attribute("class") and await cut.locator(".badge.truncated").count() == 1
     await cut.click()

@@ -84,7 +84,8 @@ PLAN = {  # 4 groups of 3: a learning group, a group without variance, one with 
 
 def test_mask_runs_by_hand():
     runs = mask_runs([5, 6, 7, 8, 9], [0, 0, 1, 1, 0], [0.0, 0.0, -1.0, -0.5, 0.0])
-    assert [(r.sampled, r.start, r.token_ids) for r in runs] == [(False, 0, (5, 6)), (True, 2, (7, 8)), (False, 4, (9,))]
+    assert [(r.sampled, r.start, r.token_ids) for r in runs] == \
+        [(False, 0, (5, 6)), (True, 2, (7, 8)), (False, 4, (9,))]
     assert runs[1].mean_logprob == -0.75
 
 
@@ -127,10 +128,12 @@ async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, re
     # the advantages the batch got (GRPO, rewards 1, 0, 0: (1 - 1/3) / (std 0.5774 + eps)); t-flat did not train,
     # the crash and the truncated episode were left out of their groups
     assert adv.trajectories[:3] == groups[0].trajectories and len(adv.trajectories) == 3 + 2 + 2
-    assert learn["reward"] == 1.0 and learn["advantage"] == adv.advantages[0] == pytest.approx(2 / 3 / 0.57735, abs=1e-4)
+    assert learn["reward"] == 1.0 and \
+        learn["advantage"] == adv.advantages[0] == pytest.approx(2 / 3 / 0.57735, abs=1e-4)
     assert by["t-learn", 1]["advantage"] == adv.advantages[1] < 0 and learn["dropped"] is None
     assert [m["role"] for m in learn["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
-    assert learn["messages"][2]["tool_calls"] == [{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "call_1", "error": None}]
+    assert learn["messages"][2]["tool_calls"] == \
+        [{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "call_1", "error": None}]
     assert learn["messages"][3]["content"] == "5" and learn["tool_calls"][0]["ok"] is True
     assert [t["finish_reason"] for t in learn["turns"]] == ["stop", "stop"]
     sampled = [run for run in learn["segments"][0]["runs"] if run["sampled"]]
@@ -230,7 +233,8 @@ async def test_view_command_writes_the_page_and_bad_input_is_one_line(tmp_path, 
     assert embedded((tmp_path / "traces.html").read_text())["steps"][0]["step"] == 1
     assert cli.main(["view", str(tmp_path), "--out", str(tmp_path / "p.html"), "--steps", "1"]) == 0
     assert (tmp_path / "p.html").is_file()
-    for argv, problem in ([str(tmp_path / "missing")], "is not a directory"), ([str(tmp_path / "traces")], "no traces"), \
+    for argv, problem in ([str(tmp_path / "missing")], "is not a directory"), \
+            ([str(tmp_path / "traces")], "no traces"), \
             ([str(tmp_path), "--steps", "5"], "traced steps: 1"), ([str(tmp_path), "--steps", "x"], "--steps"):
         capsys.readouterr()
         assert cli.main(["view", *argv]) == 2

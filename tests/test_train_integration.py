@@ -50,7 +50,8 @@ def killed_after_step_2(monkeypatch, cfg) -> None:
 
 def server_logprobs(url: str, model: str, ids: list[int]) -> torch.Tensor:
     body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         data = json.load(resp)
     entries = data["choices"][0]["prompt_logprobs"][1:]  # the first token has no prediction
@@ -77,7 +78,8 @@ def test_two_steps_then_server_matches_trainer(tmp_path, vllm_server, renderer):
     with torch.no_grad():
         ours = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
         with model.disable_adapter():
-            before = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+            before = token_logprobs(model, torch.tensor([ids]),
+                                    torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
     theirs = server_logprobs(vllm_server.url, served_name_of(vllm_server.url, adapter), ids)
     assert (ours - theirs).abs().max().item() < LOGPROB_TOL
     # and the update really moved the policy: the step-0 (base) log-probs differ clearly
@@ -119,7 +121,8 @@ def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path,
     with torch.no_grad():
         ours = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
         with model.disable_adapter():
-            before = token_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
+            before = token_logprobs(model, torch.tensor([ids]),
+                                    torch.ones(1, len(ids), dtype=torch.long)).logp_B_T[0, :-1]
     [theirs] = served_last
     assert (ours - theirs).abs().max().item() < LOGPROB_TOL
     assert (before - theirs).abs().mean().item() > 1e-3

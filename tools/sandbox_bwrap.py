@@ -11,9 +11,10 @@ further user namespaces; a read-only root holding only /usr (and the /bin, /lib.
 environment of a few fixed variables (and bwrap itself is started with an empty one). It runs as a
 host uid of its own (60000 + slot by default, no groups; prlimit and setpriv set rlimits and uid in
 front of bwrap): RLIMIT_NPROC counts per uid, so without that a fork bomb could not be bounded, and
-the kernel only lets a uid signal its own processes. The interpreter is pid 1 of its namespace (`--as-pid-1`): when it exits the
-kernel kills everything it started, and bwrap reaps it itself (bwrap's own init would be orphaned
-and linger as a zombie still counted against the uid). The interpreter is the system
+the kernel only lets a uid signal its own processes. The interpreter is pid 1 of its namespace
+(`--as-pid-1`): when it exits the kernel kills everything it started, and bwrap reaps it itself
+(bwrap's own init would be orphaned and linger as a zombie still counted against the uid). The
+interpreter is the system
 /usr/bin/python3, as anything under /root is unreadable to the sandbox uid.
 
 Known gap: RLIMIT_AS is per process, so memory is bounded by nproc * memory_mb, not memory_mb;

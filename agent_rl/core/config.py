@@ -62,7 +62,8 @@ class ModelConfig(_Section):
         "auto", description="what servers sample a LoRA policy with: the adapter, merged weights reloaded "
                             "in place, or auto (a burst of each at start decides)")
     renderer: str = Field("auto", description="chat format: 'auto' (picked from the tokenizer) or a family name "
-                                              "from agent_rl.core.renderers (chatml, qwen3, llama3, gemma3, generic...)")
+                                              "from agent_rl.core.renderers "
+                                              "(chatml, qwen3, llama3, gemma3, generic...)")
 
     @field_validator("renderer")
     @classmethod
@@ -86,9 +87,11 @@ class ModelConfig(_Section):
 class SamplerConfig(_Section):
     server_urls: list[str] = Field(
         default_factory=list, description="running vLLM servers to attach to; empty: start one here")
-    temperature: float = Field(1.0, gt=0.0, description="sampling temperature (>0: the policy's own distribution at 1.0)")
+    temperature: float = Field(1.0, gt=0.0,
+                               description="sampling temperature (>0: the policy's own distribution at 1.0)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps the log-probs on-policy")
-    request_timeout_s: float = Field(300.0, gt=0.0, description="seconds before one completion request is an infra error")
+    request_timeout_s: float = Field(300.0, gt=0.0,
+                                     description="seconds before one completion request is an infra error")
     kv_cache_gib: int = Field(2, ge=1, description="KV-cache size in whole GiB of a server started here (CPU build)")
     num_servers: int = Field(1, ge=1, description="vLLM servers a run starts itself (one per GPU on a GPU machine: "
                                                  "server i sees GPU i mod count); ignored with server_urls")
@@ -183,7 +186,8 @@ class AlgorithmConfig(_Section):
     mini_batches: int = Field(
         1, ge=1, description="optimizer steps per pass: the batch is shuffled and split into this many; "
                              "epochs x mini_batches > 1 makes the PPO ratio move (and clip)")
-    kl_beta: float = Field(0.0, ge=0.0, description="weight of the k3 KL penalty to the starting policy; 0: no reference")
+    kl_beta: float = Field(0.0, ge=0.0,
+                           description="weight of the k3 KL penalty to the starting policy; 0: no reference")
     tis_cap: float | None = Field(
         2.0, gt=0.0, description="cap of truncated importance weights pi_trainer / pi_sampler; None: off")
     mismatch_bounds: tuple[float, float] | None = Field(

@@ -49,7 +49,8 @@ def py_literal(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {py_literal(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {py_literal(v)}"
+                               for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(py_literal(v) for v in value) + "]"
     return repr(value)
@@ -62,7 +63,8 @@ def format_tool_calls(calls: Sequence[ToolCall]) -> str:
 
 def _one_call(node: ast.expr, index: int) -> ToolCall:
     if not isinstance(node, ast.Call):
-        return bad_call(index, f"tool call {index}: expected name(arg=value, ...), got {short(ast.unparse(node), 40)!r}")
+        return bad_call(index, f"tool call {index}: expected name(arg=value, ...), "
+                               f"got {short(ast.unparse(node), 40)!r}")
     name = ast.unparse(node.func)
     if node.args:
         return bad_call(index, f"tool call {index} ({name}): arguments must be keywords (name=value)", name)

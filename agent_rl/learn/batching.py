@@ -70,7 +70,8 @@ class Batch:
         keep = rows_B.to(home) >= 0  # -1: a filler row (`learn.distributed.masked`), not a row of this batch
         for name, part in columns.items():
             full = getattr(self, name)
-            full = torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=home) if full is None else full.clone()
+            full = (torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=home) if full is None
+                    else full.clone())
             full[rows_B.to(home)[keep], : part.shape[1]] = part.to(home)[keep]
             out[name] = full
         return replace(self, **out)

@@ -92,7 +92,8 @@ class MergedSync(FullWeightSync):
             try:
                 await self._on_all(http, "/pause?mode=wait", "pausing generation")
                 await self._on_all(http, "/collective_rpc", f"reloading the base weights from {self.base_dir}",
-                                   {"method": "reload_weights", "kwargs": {"weights_path": str(self.base_dir.resolve())}})
+                                   {"method": "reload_weights",
+                                    "kwargs": {"weights_path": str(self.base_dir.resolve())}})
                 await self._on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
             finally:
                 await self._on_all(http, "/resume", "resuming generation")

@@ -73,8 +73,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer:
 
     `data_position` and `extra` must be JSON-serialisable. `weights` and `optimizer_state` stand in for
     the model's trainable weights and the optimizer's `state_dict()` where those are sharded over ranks:
-    the caller gathered them whole (`learn.distributed.full_state_dict`, `full_optimizer_state`). Checkpoints with a step above `step` are
-    deleted: they belong to a timeline abandoned when the run resumed from an older checkpoint.
+    the caller gathered them whole (`learn.distributed.full_state_dict`, `full_optimizer_state`).
+    Checkpoints with a step above `step` are deleted: they belong to a timeline abandoned when the run
+    resumed from an older checkpoint.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (got {keep})")
