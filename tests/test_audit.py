@@ -12,9 +12,9 @@ import json
 import os
 import re
 import shutil
-from pathlib import Path
 
 import pytest
+from doc_pages import marked_block
 
 from agent_rl import cli
 from agent_rl.audit import audit_env, format_matrix, format_report
@@ -129,9 +129,7 @@ async def test_the_audit_catches_a_reward_that_accepts_a_list(renderer):
 
 async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):
     # its TRL-style `exact` reward checks that the reply ends with the answer: "390, 391" earns it
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"<!-- example:dataset -->\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    (tmp_path / "readme_dataset_env.py").write_text(code)
+    (tmp_path / "readme_dataset_env.py").write_text(marked_block("example", "dataset"))
     monkeypatch.syspath_prepend(str(tmp_path))
     report = await audit_env(load_env("readme_dataset_env"), renderer, n_tasks=2)
     # by hand: the listings and hedges that end with the answer; the flood's cut falls after "1000"
