@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.learn.batching import collate
-from agent_rl.learn.distributed import Dist, rank_micro_batches, rows_of
+from agent_rl.learn.batching import collate, rank_micro_batches, rows_of
+from agent_rl.learn.distributed import Dist
 
 WORKER = Path(__file__).resolve().parent / "dist_update_worker.py"
 
