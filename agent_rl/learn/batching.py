@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -82,7 +82,18 @@ class Batch:
         return replace(self, **out)
 
 
-def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
+class Row(Protocol):
+    """What `collate` reads of a row: a `core.types.Trajectory` (its segments too), an SFT demonstration.
+    Optional, read when present: `logprobs` (the sampler's; 0.0 without), `all_segments`, `task_id`."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+
+
+def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
     """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc)."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")

@@ -132,7 +132,7 @@ def broadcast(obj: T, dist: Dist) -> T:
     return box[0]
 
 
-def gather_objects(obj: Any, dist: Dist) -> list[Any]:
+def gather_objects(obj: T, dist: Dist) -> list[T]:
     """Every rank's `obj`, in rank order, on every rank (pickled); one process: [obj]."""
     if not dist.active:
         return [obj]
