@@ -160,6 +160,13 @@ def test_every_variant_runs_through_policy_update(tiny_dir, sets):
         assert stats["kl"] == 0.0 and torch.equal(weights, plain)
 
 
+def test_a_kl_term_without_a_reference_is_a_one_line_error(tiny_dir):
+    cfg = config(tiny_dir, **{"algorithm.kl_beta": 0.1})
+    policy = build_policy(cfg.model, cfg.optim, tiny_dir)  # built without keeping its starting policy
+    with pytest.raises(ValueError, match="kl_beta > 0 needs the policy's KL reference"):
+        policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0)
+
+
 def test_stale_rollouts_take_the_ratio_against_the_sampler(tiny_dir):
     stats, _ = run(tiny_dir, stale=True, shift=-0.3)  # the sampler gave every token 0.3 nats less
     assert stats["ratio_mean"] > 1.2 and stats["clip_frac"] > 0.0

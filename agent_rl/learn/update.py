@@ -258,8 +258,6 @@ def fixed_logprobs(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: O
     (when the loss has a KL term), computed once, micro-batch by micro-batch, each rank its own rows."""
     if not rule.recompute and algo.kl_beta == 0:
         return batch
-    if algo.kl_beta > 0 and policy.reference is None:
-        raise ValueError("algorithm.kl_beta > 0 needs the policy's KL reference (build_policy(with_reference=True))")
     reference = policy.reference if algo.kl_beta > 0 else None
     if algo.kl_beta > 0 and reference is None:
         raise ValueError("algorithm.kl_beta > 0 needs the policy's KL reference (build_policy(with_reference=True))")
@@ -274,7 +272,7 @@ def fixed_logprobs(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: O
         assert mb.index_B is not None, "micro-batches of a collated batch know their rows"
         batch = batch.with_rows(mb.index_B, **columns)
     reshard(policy.model)  # several ranks: the layers this no-grad pass gathered, sharded again
-    names = (("recomputed_logp_B_T",) if rule.recompute else ()) + (("ref_logp_B_T",) if reference else ())
+    names = (("recomputed_logp_B_T",) if rule.recompute else ()) + (("ref_logp_B_T",) if reference is not None else ())
     return share_rows(batch, policy.dist, names)  # every rank's rows, on every rank
 
 
@@ -298,10 +296,10 @@ def policy_update(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: Op
             loss = 0.0
             for mb in rank_micro_batches(step, policy.dist, optim.micro_batch_tokens, scoring.share_prefixes):
                 terms = _micro_terms(policy, mb.to(policy.device), algo, scoring, rule)
+                tally.add(terms)
                 micro = _aggregate(terms, step, algo)
                 micro.backward()
                 loss += float(micro.detach())
-                tally.add(terms)
             all_reduce_adapter_grads(policy.replicated, policy.dist)  # the global gradient: a sum over ranks
             tally.add_sum("loss_sum", loss)  # this rank's share of the step's loss
             grad_norms.append(optimizer_step(policy.optimizer, optim.grad_clip))
