@@ -189,7 +189,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             if hasattr(sync, "finish"):
                 await sync.finish()  # merged weights: the servers' own base weights back
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
-        run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
+        run.policy.model.save_pretrained(str(run.run_dir / "adapter"), safe_serialization=True)
     return final
 
 
