@@ -32,7 +32,7 @@ import asyncio
 import inspect
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from agent_rl.core.env import Env, StepResult, Task
 from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
 from agent_rl.envs.agent_proxy import ChatRequest, Proxy, ProxyError, completion, local_proxy, parse_request
 
-Agent = Callable[[Task, str], Awaitable[Any]]  # agent(task, base_url) -> its answer (anything)
+Agent = Callable[[Task, str], Coroutine[Any, Any, Any]]  # async agent(task, base_url) -> its answer (anything)
 Scorer = Callable[[Task, Sequence[Message], Any], "float | Reward | Awaitable[float | Reward]"]
 
 

@@ -34,12 +34,12 @@ CALCULATOR = Tool(calculator)
 
 async def calculator_agent(task: Task, base_url: str) -> str:
     """Ask the question, run every tool call the model makes, return its final answer."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": str(task["question"])}]
+    # plain JSON dicts, as sent (the client's TypedDicts describe the same dicts)
+    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(task["question"])}]
+    tools: list[Any] = [CALCULATOR.schema]
     async with AsyncOpenAI(base_url=base_url, api_key="agent-rl", max_retries=0) as client:
         while True:  # the run ends the episode at its turn limit: the next request is refused
-            response = await client.chat.completions.create(model="policy", messages=messages,
-                                                            tools=[CALCULATOR.schema])
+            response = await client.chat.completions.create(model="policy", messages=messages, tools=tools)
             choice = response.choices[0]
             messages.append(choice.message.model_dump(exclude_none=True))
             if not choice.message.tool_calls or choice.finish_reason == "length":

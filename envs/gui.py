@@ -278,7 +278,7 @@ def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Mess
     known = _read("\n".join(trees))
     latest = trees[-1]
     on_screen = _read(latest[latest.rfind('page "Settings"'):])
-    top_row = min((BY_NAME[n].row for n in on_screen if n in BY_NAME and BY_NAME[n].row is not None), default=0)
+    top_row = min((row for n in on_screen if n in BY_NAME and (row := BY_NAME[n].row) is not None), default=0)
     goal = {**task["initial"], **task["changes"]}
     for control in CONTROLS:
         if control.name not in task["changes"] and control.name not in known:
@@ -286,7 +286,8 @@ def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Mess
         want = goal[control.name]
         if control.name in known and _shows(known[control.name][1], want):
             continue
-        if control.name not in on_screen:
+        if control.name not in on_screen:  # a row of the list: the controls above it are always on screen
+            assert control.row is not None
             return _act("scroll", direction="down" if control.row > top_row else "up")
         element = on_screen[control.name][0]
         if control.role == "combobox":

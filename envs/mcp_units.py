@@ -47,6 +47,7 @@ def units_module() -> Any:
         raise FileNotFoundError(f"agent_rl.envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; "
                                 "it is missing")
     spec = importlib.util.spec_from_file_location("mcp_units_server", SERVER_FILE)
+    assert spec is not None and spec.loader is not None  # a .py file that exists has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -124,7 +124,9 @@ def _question_count(triples: list, hops: int | None) -> int:
     try:
         qa_pairs(triples, 10**9, hops=hops)
     except ValueError as e:
-        return int(re.search(r"only (\d+) can be made", str(e)).group(1))
+        if found := re.search(r"only (\d+) can be made", str(e)):
+            return int(found.group(1))
+        raise
     raise AssertionError("qa_pairs accepted an impossible count")
 
 
