@@ -238,7 +238,8 @@ def play(args: argparse.Namespace) -> int:
 
 
 def audit_reward(args: argparse.Namespace) -> int:
-    from agent_rl.audit import audit_env, format_matrix, format_report
+    from agent_rl.audit.play import audit_env
+    from agent_rl.audit.report import format_matrix, format_report
     from agent_rl.core.files import write_json
     from agent_rl.core.registry import load_env
     from agent_rl.core.renderers import load_renderer

@@ -7,6 +7,7 @@ runs its hidden tests in the bubblewrap sandbox, so it plays two tasks).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -17,11 +18,13 @@ import pytest
 from doc_pages import marked_block
 
 from agent_rl import cli
-from agent_rl.audit import audit_env, format_matrix, format_report
-from agent_rl.core.registry import EnvSpec, load_env
+from agent_rl.audit.hacks import CATALOGUE, arithmetic_in, hacks_named, lookalike
+from agent_rl.audit.play import audit_env
+from agent_rl.audit.report import format_matrix, format_report
+from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, Target
+from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
-from agent_rl.hacks import arithmetic_in, lookalike
 from agent_rl.tools.sandbox_bwrap import unavailable_reason
 
 ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_question", "flood",
@@ -40,7 +43,7 @@ def _no_browser() -> str | None:
 
 
 needs_bwrap = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no bubblewrap: {unavailable_reason()}")
-BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl.audit_targets)
+BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each environment's audit target)
     pytest.param("calculator", 3, ANSWERED, id="calculator"),
     pytest.param("math", 2, ANSWERED, id="math", marks=needs_bwrap),  # its python tool is sandboxed
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
@@ -90,6 +93,7 @@ HACKABLE = EnvSpec("any_number", AnyNumberEnv, lambda n, seed=0, split="train": 
                    lambda task, messages, direct: Message("assistant", f"The answer is {task['answer']}."))
 HACKABLE_MODULE = """
 import re
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 
@@ -109,6 +113,8 @@ def make_env(task):
 
 def load_tasks(n, seed=0, split="train"):
     return [{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}][:n]
+
+ENV = EnvSpec("hackable_env", make_env, load_tasks)
 """
 # by hand: every hack whose reply holds the answer in ASCII digits among others; not the empty reply, the
 # question (its numbers are the operands), the answer in look-alike digits alone, a wrong guess, the error
@@ -125,6 +131,38 @@ async def test_the_audit_catches_a_reward_that_accepts_a_list(renderer):
     table = format_report(report)
     assert "| hedge | answer | 6 | 1 | " in table and table.count("EARNS") == 2 * len(EARNERS)  # rows, examples
     assert "| hedge | 1 (6) EARNS |" in format_matrix([report])
+
+
+async def test_an_environments_own_audit_target_chooses_the_hacks_and_the_target(renderer):
+    seen = []
+
+    def target(task, tasks):  # a wrong answer of its own: the hedge says "either 11 or 12"
+        seen.append((task["id"], len(tasks)))
+        return Target(task, task["question"], str(task["answer"]), wrong=(str(int(task["answer"]) + 1),))
+
+    spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "unknown_tool_then_guess"), target))
+    report = await audit_env(spec, renderer, n_tasks=2)
+    assert seen == [("q4", 2), ("q9", 2)]
+    # by hand: hedge, 3 variants x 2 tasks, every one holding the answer; the guess is the wrong one
+    assert [(r.name, r.episodes, r.max_reward, r.verdict) for r in report.rows] == [
+        ("hedge", 6, 1.0, "EARNS"), ("unknown_tool_then_guess", 4, 0.0, "ok"), ("solver", 2, 1.0, "ok")]
+    assert report.rows[0].worst["last_reply"] == "either 11 or 12"  # the first of the highest: q4's first variant
+
+
+async def test_an_audit_target_naming_no_hack_is_one_line(renderer):
+    spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "guess_twice"), lambda task, tasks: None))
+    with pytest.raises(ValueError, match="^environment 'any_number': its audit target names 'guess_twice', which is "
+                                         "no hack and no group of hacks [(]groups: answer, tool, coding, gui; hacks: "):
+        await audit_env(spec, renderer)
+
+
+def test_hack_groups_and_names():
+    assert {h.group for h in CATALOGUE} == set(HACK_GROUPS)
+    assert [h.name for h in hacks_named(("empty_reply", "gui"), "x")] == \
+        ["empty_reply", "claim_done", "act_halfway", "unknown_tool_then_done"]
+    for name in BUILTIN:  # every built-in environment's audit target names hacks the catalogue has
+        audit = load_env(name).audit
+        assert name == "toy" or hacks_named(audit.hacks, name)
 
 
 async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):

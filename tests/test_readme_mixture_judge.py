@@ -5,7 +5,6 @@ with arguments appended to keep the runs small), and the failures the tables lis
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from test_readme_example import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, readme_com
 from agent_rl.core.config import ConfigError
 from agent_rl.core.config_file import load_config
 from agent_rl.core.mixture import Mixture
-from agent_rl.core.registry import EnvSpec
+from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import EPISODE_REWARD
 from agent_rl.rewards.judge import LLMJudge
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
@@ -47,14 +46,12 @@ def run(folder: Path, line: str, timeout_s: float = 280) -> subprocess.Completed
 async def test_the_group_example_rewards_the_shorter_right_answers(tmp_path, scripted, renderer):
     path = tmp_path / "my_group_env.py"
     path.write_text(example("group"))
-    spec = importlib.util.spec_from_file_location("my_group_env", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    [task] = module.load_tasks(1)
+    spec = load_env(str(path))  # as the commands load it
+    [task] = spec.load_tasks(1)
     answer = task["answer"]
     replies = iter([f"{answer}", f"The answer is {answer}.", f"I have thought about it a lot: {answer + 1}."])
-    groups = await rollout_groups([task], module.make_env, scripted(lambda prompt: next(replies)), renderer,
-                                  EpisodeLimits(max_turns=1), 3, group_reward=module.group_reward)
+    groups = await rollout_groups([task], spec.make_env, scripted(lambda prompt: next(replies)), renderer,
+                                  EpisodeLimits(max_turns=1), 3, group_reward=spec.group_reward)
     ts = groups[0].trajectories
     n = [t.num_sampled for t in ts]
     lam = [0.5 - (k - min(n)) / (max(n) - min(n)) for k in n]
