@@ -138,7 +138,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
             return  # MAX_TURNS
         if result.history is not None:  # the env replaced the conversation: render it whole
             ep.messages = list(result.history)
-            ids, fresh = _render_anew(renderer, ep.messages, env.tool_schemas, buf.ids)
+            ids, fresh = renderer.extend_or_restart(ep.messages, env.tool_schemas, buf.ids)
         else:
             ep.messages.extend(result.messages)
             ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
@@ -146,17 +146,6 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if fresh:  # the template rewrote history: train on what was sampled so far, go on from the new render
             buf.new_segment()
         buf.add_context(ids)
-
-
-def _render_anew(renderer: Renderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]],
-                 buffer_ids: Sequence[int]) -> tuple[list[int], bool]:
-    """A replaced conversation's context: the new ids when its render extends the buffer token for
-    token, else the whole render (True: a new segment); sampled ids are never re-tokenised."""
-    full = renderer.render(messages, tools)
-    n = len(buffer_ids)
-    if len(full) > n and full[:n] == list(buffer_ids):
-        return full[n:], False
-    return full, True
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
