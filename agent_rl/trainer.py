@@ -52,7 +52,7 @@ from agent_rl.learn.distributed import (
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.merged import start_weight_sync
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, step_seed
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
@@ -94,7 +94,7 @@ async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sa
     rollout, algo = cfg.rollout, cfg.algorithm
 
     async def play(tasks: list[dict[str, Any]], batch: int) -> list[TrajectoryGroup]:
-        seeded = replace(limits, seed=(cfg.run.seed * 1_000_003 + step) * 101 + batch)
+        seeded = replace(limits, seed=step_seed(cfg.run.seed, step, batch))
         return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, seeded,
                                     rollout.group_size, rollout.max_concurrent, session.env.group_reward)
 
@@ -244,7 +244,7 @@ async def learn(run: Run, batch: Any, stages: Stages, step: int) -> dict[str, fl
         return {}
     stats = await asyncio.to_thread(stages.update, run.policy, batch, cfg.algorithm, cfg.optim,
                                     cfg.sampler.temperature, cfg.algorithm.overlap_rollouts,
-                                    cfg.run.seed * 1_000_003 + step)
+                                    step_seed(cfg.run.seed, step))
     run.policy.scheduler.step()
     return stats
 

@@ -6,8 +6,8 @@ cap (`rollout_groups`), with the group-level reward of a task added once its G e
 loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
 extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`,
 renders to ids that do not extend it); the stop rules (no tool call, env done, max turns, max
-total tokens, a turn cut by `length`); the per-request sampling seeds (`request_seed`), the episode
-limits (`EpisodeLimits`).
+total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and each request's
+(`request_seed`); the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`).
 
@@ -61,6 +61,15 @@ class EpisodeLimits:
         """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
         return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
                    max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+
+def step_seed(run_seed: int, step: int, batch: int | None = None) -> int:
+    """The seed of training step `step` (0-based) of a run seeded `run_seed`: the policy update's; with
+    `batch`, the base of that step's sampling round `batch` (0, then 1.. for dynamic sampling's extra
+    rounds), from which `request_seed` derives each request's. A resumed run draws the same numbers;
+    published figures depend on them, so the formula never changes."""
+    seed = run_seed * 1_000_003 + step
+    return seed if batch is None else seed * 101 + batch
 
 
 def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
