@@ -170,7 +170,7 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
                 for i, p in enumerate(shared):
                     groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
         for p in policies:
-            if p.kind == "weights":
+            if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
                 with serve(p.path) as urls:
                     groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
     if groups_out is not None:

@@ -26,8 +26,9 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
+from agent_rl.core.config import RolloutConfig
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import (
@@ -56,7 +57,7 @@ class EpisodeLimits:
     seed: int | None = None  # base of per-request sampling seeds: same seed, same rollouts
 
     @classmethod
-    def from_config(cls, rollout: Any, temperature: float = 1.0, top_p: float = 1.0,
+    def from_config(cls, rollout: RolloutConfig, temperature: float = 1.0, top_p: float = 1.0,
                     seed: int | None = None) -> EpisodeLimits:
         """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
         return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
@@ -210,9 +211,10 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
             traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
         return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
 
-    async def score(i: int) -> None:
+    async def score(i: int, hook: Callable[..., Any]) -> None:
         group = slice(i * group_size, (i + 1) * group_size)
-        flat[group] = await score_group(group_reward, tasks[i], flat[group], limits.env_timeout_s)
+        ended = cast(list[Trajectory], flat[group])  # every episode of the group has ended
+        flat[group] = await score_group(hook, tasks[i], ended, limits.env_timeout_s)
 
     async def worker() -> None:
         for k in order:
@@ -221,12 +223,13 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
             ROLLOUT_GC.collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
-                scoring.append(asyncio.ensure_future(score(i)))
+                scoring.append(asyncio.ensure_future(score(i, group_reward)))
 
     with ROLLOUT_GC.quiet():
         await asyncio.gather(*(worker() for _ in range(min(max(1, max_concurrent), total))))
         await asyncio.gather(*scoring)
-    return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
+    ended = cast(list[Trajectory], flat)  # every episode has ended
+    return [TrajectoryGroup(str(task.get("id", "")), tuple(ended[i * group_size:(i + 1) * group_size]))
             for i, task in enumerate(tasks)]
 
 
