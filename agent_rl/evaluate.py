@@ -27,7 +27,7 @@ from typing import Any
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.weight_sync import AdapterSync
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
 from agent_rl.session import Session
 

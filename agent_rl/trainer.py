@@ -55,7 +55,8 @@ from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
-from agent_rl.rollout.weight_sync import WeightSync, start_weight_sync
+from agent_rl.rollout.weight_sync.base import WeightSync
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
@@ -128,8 +129,9 @@ class AdvantageStage(Protocol):
 
 
 class UpdateStage(Protocol):
-    """The optimizer steps on one batch, in a thread; returns their statistics: `learn.update.policy_update`
-    (`stale`: the rollouts were sampled by the previous policy; `seed`: the step's, `rollout.runner.step_seed`)."""
+    """The optimizer steps on one batch, run in a thread; returns their statistics: `learn.update.policy_update`
+    (`stale`: rollouts may lag a version behind, `algorithm.overlap_rollouts`; `seed`: the step's, which
+    shuffles mini-batches, `rollout.runner.step_seed`)."""
 
     def __call__(self, policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
                  stale: bool, seed: int, /) -> dict[str, float]: ...

@@ -45,7 +45,9 @@ from agent_rl.learn.policy import apply_lora, load_causal_lm
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import VLLMSampler
 from agent_rl.rollout.server import VLLMServer, attach
-from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, MergedSync
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.merged import MergedSync
 
 
 class SlowToolEnv(Env):

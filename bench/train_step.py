@@ -64,7 +64,7 @@ from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.server import VLLMServer, attach
-from agent_rl.rollout.weight_sync import start_weight_sync
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.runlog import read_metrics
 from agent_rl.trainer import Stages, sample_step, train
 

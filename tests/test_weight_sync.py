@@ -21,7 +21,11 @@ from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
 from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
 from agent_rl.rollout.server import free_port
-from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, MergedSync, WeightSyncError, start_weight_sync
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.weight_sync.base import WeightSyncError
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
+from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.merged import MergedSync
 
 pytestmark = pytest.mark.integration
 

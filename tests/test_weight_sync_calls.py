@@ -14,7 +14,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agent_rl.learn.policy import apply_lora
 from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, MergedSync, WeightSyncError
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.weight_sync.base import WeightSyncError
+from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.merged import MergedSync
 
 
 class StandIn:

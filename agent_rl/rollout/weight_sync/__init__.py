@@ -1,7 +1,7 @@
 """Weight sync: after each optimizer step, make every vLLM server sample from the new policy.
 
-Every sync is a `WeightSync`: `push(model, version)` writes the version, gets it onto every server URL of
-the sampler and points the sampler at it (so every later rollout carries the version it was sampled
+Every sync is a `WeightSync`: `push(model, version)` writes the version, gets it onto every server URL
+of the sampler and points the sampler at it (so every later rollout carries the version it was sampled
 with); `finish()` leaves the servers as a later user expects them. The modules:
 
     base     the protocol, `WeightSyncError`, the calls to every server (`Servers`, with the one
@@ -11,14 +11,8 @@ with); `finish()` leaves the servers as a later user expects them. The modules:
     merged   `MergedSync`: a LoRA policy served as plain weights (base + scale * B @ A), reloaded in place
     choose   `start_weight_sync`, the factory a run calls (`model.sync`: adapter, merged or auto, measured)
 
+Owns nothing itself, and imports nothing: each name is imported from its module, so that loading one
+sync does not load them all (`merged` needs torch; a process that only evaluates adapters does not).
 Does not own: starting servers (`rollout.server`), sampling (`rollout.sampler`), training checkpoints
 (`runs.checkpoint`).
 """
-
-from agent_rl.rollout.weight_sync.adapter import AdapterSync
-from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
-from agent_rl.rollout.weight_sync.choose import start_weight_sync
-from agent_rl.rollout.weight_sync.full import FullWeightSync
-from agent_rl.rollout.weight_sync.merged import MergedSync
-
-__all__ = ["AdapterSync", "FullWeightSync", "MergedSync", "WeightSync", "WeightSyncError", "start_weight_sync"]
