@@ -17,7 +17,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_rl.core.config import TrainConfig
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 
@@ -43,7 +46,7 @@ def errors_as_lines() -> Iterator[None]:
         raise CLIError(str(e)) from None
 
 
-def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
+def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """The YAML file `args.config` (or the defaults) with `--set` overrides, then `extra` ones."""
     from agent_rl.core.config_file import load_config
 
@@ -51,7 +54,7 @@ def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
         return load_config(args.config, [*(args.set or []), *extra])
 
 
-def announce_server(cfg) -> None:
+def announce_server(cfg: TrainConfig) -> None:
     if not cfg.sampler.server_urls:
         print(f"starting a vLLM server for {cfg.model.name} (about a minute on a CPU)...", file=sys.stderr)
 

@@ -63,8 +63,8 @@ from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.update import policy_update
-from agent_rl.rollout.merged import start_weight_sync
 from agent_rl.rollout.server import VLLMServer, attach
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.runlog import read_metrics
 from agent_rl.trainer import Stages, sample_step, train
 
@@ -124,8 +124,7 @@ class TimedSync:
         return seconds
 
     async def finish(self):
-        if hasattr(self.sync, "finish"):
-            await self.sync.finish()
+        await self.sync.finish()
 
 
 def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):

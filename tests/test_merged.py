@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora
-from agent_rl.rollout.merged import merged_state_dict, prefer_merged, write_merged
+from agent_rl.rollout.weight_sync.choose import prefer_merged
+from agent_rl.rollout.weight_sync.merged import merged_state_dict, write_merged
 
 
 def tiny_lora(tied: bool):
