@@ -1,7 +1,7 @@
 # Two commands for a newcomer (see README.md):
 #   make train   set up everything, then the recipe: cold-start SFT, a real GRPO run of the default
 #                model on the calculator env, and the held-out evaluation before/after GRPO
-#   make test    set up everything, then the whole test suite
+#   make test    set up everything, then lint (ruff, mypy) and the whole test suite
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
@@ -15,7 +15,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study lint test bench gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -43,7 +43,12 @@ gui-recipe: setup
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2
 
-test: setup
+# lint first: ruff (rules in pyproject.toml) and mypy (the package, its seams typed); either fails the run
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup lint
 	$(VENV)/bin/pytest -q
 
 bench: setup
