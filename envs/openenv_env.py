@@ -4,7 +4,8 @@ Owns: `load_tasks` (one task row per reset: the server's `reset(seed=...)`, with
 train and eval splits), `make_env` and `OpenEnvEnv` (one WebSocket session of `GenericEnvClient` per
 episode: the reset's observation opens it, each tool call is one `step`, a `done` ends it, the step
 rewards add up), starting a local server the way an OpenEnv environment folder is served
-(`local_server`), and the one-line errors of all of these.
+(`local_server`), the scripted solver a served folder may bring (`solve`: its `solver.py`, for
+demonstrations), and the one-line errors of all of these.
 Does not own: the environment server (the OpenEnv environment's own code: `openenv.core.env_server`
 classes behind `create_app`), tokens and sampling (the rollout runner), tool-call parsing (the renderer).
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import importlib.util
 import json
 import os
 import signal
@@ -88,6 +90,20 @@ def load_tasks(n: int, seed: int = 0, split: str = "train", path: str | None = N
 
 def make_env(task: dict[str, Any]) -> OpenEnvEnv:
     return OpenEnvEnv(task)
+
+
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+    """The scripted solver of demonstrations (`agent-rl demos`): OpenEnv has none, so a served folder may hold
+    one, `solver.py` with `solve(task, messages, direct) -> Message`; without it, one line says so."""
+    path = Path(task.get("path") or "") / "solver.py"
+    if not task.get("path") or not path.is_file():
+        raise ValueError(f"OpenEnv environment {task.get('path') or task.get('url')!r} has no scripted solver: put "
+                         "solve(task, messages, direct) in a solver.py in its folder for demonstrations")
+    spec = importlib.util.spec_from_file_location(f"openenv_solver_{abs(hash(str(path)))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.solve(task, messages, direct)
 
 
 @dataclass(frozen=True)

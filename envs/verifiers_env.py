@@ -14,7 +14,8 @@ Use it as any environment module, with the verifiers environment named in `rollo
 
 `taskset` is a verifiers taskset id, resolved as `vf-eval` resolves it (`verifiers.v1.load_environment`:
 a built-in such as `openenv`, or an installed package or module exporting its `Taskset` subclass in
-`__all__`; a hub id `owner/name` imports `name`); `args` are its `TasksetConfig` fields
+`__all__`; a hub id `owner/name` imports `name`; a `.py` file is imported from its folder); `args` are its
+`TasksetConfig` fields
 (`--env.taskset.*` in verifiers' CLI); `env` an `Env` id, empty for the taskset's own or
 `SingleAgentEnv`. Every task of the taskset (an infinite one: its first `limit`) is a row; every
 `eval_every`-th by position (idx 4, 9, 14, ... for 5) is the eval split, the others train.
@@ -28,6 +29,9 @@ tasks, the environment's own `run()` (the engine that plays the user: a game, an
 simulated user), the toolsets' `@vf.tool` methods and the task's `@vf.reward` / `@vf.metric` scoring.
 The policy is the seat's agent: each segment it is asked for is sampled turn by turn by the runner, tool
 calls answered by the toolsets, so the tokens are the runner's (ids, mask, log-probs), as with a native env.
+
+Demonstrations: a taskset's module may define agent-rl's scripted solver, `solve(data, messages, direct)`
+(`solve` here calls it), so `agent-rl demos` and a cold start work as for a built-in environment.
 
 Reward: the trace's reward (the sum of weight x score over its rewards, as verifiers computes it), with
 every reward's score and every metric as named parts. Not supported, each one line: environments whose
@@ -44,8 +48,10 @@ import asyncio
 import functools
 import json
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 try:
@@ -53,7 +59,7 @@ try:
     from verifiers.v1.configs.agent import agent_config_fields
     from verifiers.v1.episode import EnvInfo, Episode
     from verifiers.v1.trace import TraceTask
-    from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+    from verifiers.v1.utils.loaders import import_taskset, load_environment, resolve_env_config
 except ImportError as e:
     raise ImportError(f"verifiers is not installed ({e.name}): pip install 'agent-rl[verifiers]'") from None
 
@@ -101,7 +107,33 @@ def _loaded(taskset: str, args_json: str, env_id: str) -> Loaded:
 def _load(taskset: str, args: dict[str, Any] | None, env: str) -> Loaded:
     if not isinstance(taskset, str) or not taskset:
         raise ValueError("rollout.env_args.taskset: name the verifiers taskset (its id, as vf-eval takes it)")
-    return _loaded(taskset, json.dumps(args or {}, sort_keys=True), env or "")
+    return _loaded(taskset_id(taskset), json.dumps(args or {}, sort_keys=True), env or "")
+
+
+def taskset_id(taskset: str) -> str:
+    """A verifiers taskset id as given, or a `.py` file's stem with its folder put on the import path (as
+    agent-rl's own environment names take a file); a missing file is a one-line error."""
+    if not taskset.endswith(".py"):
+        return taskset
+    path = Path(taskset).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"rollout.env_args.taskset: no file {taskset!r}")
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    return path.stem
+
+
+def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+    """The scripted solver of demonstrations (`agent-rl demos`): verifiers has none, so a taskset's module may
+    define one, `solve(data, messages, direct) -> Message` over its task data; without it, one line says so."""
+    name = taskset_id(task["taskset"])
+    solver = getattr(import_taskset(name), "solve", None)
+    if not callable(solver):
+        raise ValueError(f"verifiers taskset {name!r} has no scripted solver: define solve(data, messages, direct) "
+                         "in its module for demonstrations")
+    loaded = _load(task["taskset"], task.get("taskset_args"), task.get("vf_env", ""))
+    data_type = type(loaded.env.taskset).task_type().data_type()
+    return solver(data_type.model_validate(task["data"]), messages, direct)
 
 
 def load_tasks(n: int, seed: int = 0, split: str = "train", taskset: str = "", args: dict[str, Any] | None = None,
@@ -125,7 +157,7 @@ def load_tasks(n: int, seed: int = 0, split: str = "train", taskset: str = "", a
 
 def _row(task: Any, taskset: str, args: dict[str, Any] | None, env: str) -> dict[str, Any]:
     data = task.data
-    task_id = str(data.id) if data.id is not None else f"{taskset}/{data.idx}"
+    task_id = str(data.id) if data.id is not None else f"{taskset_id(taskset)}/{data.idx}"
     return {"id": task_id, "taskset": taskset, "taskset_args": dict(args or {}), "vf_env": env,
             "data": data.model_dump(mode="json")}
 
@@ -290,4 +322,4 @@ async def _setup_all(toolsets: Sequence[Any]) -> None:
         await toolset.setup()
 
 
-__all__ = ["VerifiersEnv", "VerifiersError", "load_tasks", "make_env", "vf"]
+__all__ = ["VerifiersEnv", "VerifiersError", "load_tasks", "make_env", "solve", "vf"]

@@ -211,14 +211,16 @@ def toolset_tools(toolset: Any, bridge: Bridge) -> list[Tool]:
 
 
 def _with_state(fn: Any, bridge: Bridge) -> Any:
-    """`fn` as an async function that runs with the episode's state as the toolset's `self.state`."""
+    """`fn` as an async function that runs with the episode's state as the toolset's `self.state`; a sync
+    tool runs in a thread (which copies the state's context), so a slow one does not stall the event loop."""
 
     @functools.wraps(fn)
     async def call(**kwargs: Any) -> Any:
         token = _call_state.set(bridge.state)
         try:
-            out = fn(**kwargs)
-            return await out if inspect.isawaitable(out) else out
+            if inspect.iscoroutinefunction(fn):
+                return await fn(**kwargs)
+            return await asyncio.to_thread(fn, **kwargs)
         finally:
             _call_state.reset(token)
 

@@ -1,6 +1,6 @@
 """OpenEnv environments as agent-rl episodes (envs.openenv_env), on the real `openenv-core` package.
 
-The environment is tests/openenv_guess, a guessing game built with openenv-core's own server classes
+The environment is examples/openenv_guess, a guessing game built with openenv-core's own server classes
 (`Environment`, `Action`, `Observation`, `create_app`), served as OpenEnv serves a folder (uvicorn on the
 app its openenv.yaml names) and reached by URL; the policy is a scripted sampler. The server is killed in
 the middle of an episode: that episode is one line of error, and the next ones go on.
@@ -20,7 +20,7 @@ from agent_rl.core.types import StopReason
 from agent_rl.envs import openenv_env
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 
-GUESS = str(Path(__file__).parent / "openenv_guess")
+GUESS = str(Path(__file__).parents[1] / "examples" / "openenv_guess")
 
 
 def call(guess) -> str:
@@ -28,7 +28,7 @@ def call(guess) -> str:
 
 
 def hidden(row) -> int:
-    return row["reset"]["seed"] % 9 + 1  # what the game hides for this seed (tests/openenv_guess)
+    return row["reset"]["seed"] % 9 + 1  # what the game hides for this seed (examples/openenv_guess)
 
 
 def test_rows_one_reset_each_seeds_disjoint_between_splits():
@@ -125,3 +125,16 @@ def test_missing_package_names_the_extra(monkeypatch):
     with pytest.raises(ValueError) as e:
         load_env("agent_rl.envs.openenv_env")
     assert "pip install 'agent-rl[openenv]'" in str(e.value) and "\n" not in str(e.value)
+
+
+async def test_the_folders_scripted_solver(scripted, renderer):
+    """examples/openenv_guess/solver.py (binary search on the answers) is what `agent-rl demos` plays; a
+    server reached by URL has no folder, hence no solver: one line."""
+    [row] = openenv_env.load_tasks(1, path=GUESS)  # seed 0 hides 1: 5, 2, 1
+    sampler = scripted(lambda messages: openenv_env.solve(row, messages), on_messages=True)
+    async with openenv_env.make_env(row) as env:
+        traj = await run_episode(env, sampler, renderer, EpisodeLimits(max_turns=4), row["id"])
+    assert [c.arguments for m in traj.messages for c in m.tool_calls] == [{"guess": 5}, {"guess": 2}, {"guess": 1}]
+    assert (traj.reward, traj.stop_reason) == (1.0, StopReason.ENV_DONE)
+    with pytest.raises(ValueError, match="^OpenEnv environment 'http://127.0.0.1:9' has no scripted solver"):
+        openenv_env.solve(openenv_env.load_tasks(1, url="http://127.0.0.1:9")[0], [])

@@ -1,9 +1,10 @@
 """verifiers environments as agent-rl episodes (envs.verifiers_env), on the real `verifiers` package.
 
-Two environments: one written here with verifiers' public API (tests/vf_add_taskset.py: a taskset, a
-toolset, rewards and a metric), played against the ids tests/test_rollout_tokens.py writes out by hand;
-and verifiers' own shipped `openenv` taskset (its `Env.run()` steps an OpenEnv server as the user), against
-the guessing game of tests/openenv_guess served by openenv-core. The policy is a scripted sampler.
+Environments: one written here with verifiers' public API (tests/vf_add_taskset.py: a taskset, a toolset,
+rewards and a metric), played against the ids tests/test_rollout_tokens.py writes out by hand; a package as
+verifiers' own `vf-init --add-tool` scaffolds one; examples/vf_calculator.py with its scripted solver; and
+verifiers' shipped `openenv` taskset (its `Env.run()` steps an OpenEnv server as the user), which fails in one
+line against openenv-core 0.3. The policy is a scripted sampler.
 """
 
 from __future__ import annotations
@@ -168,9 +169,28 @@ async def test_verifiers_shipped_openenv_taskset_fails_in_one_line(scripted, ren
 
     from agent_rl.envs import openenv_env
 
-    url = await openenv_env.local_server(str(Path(__file__).parent / "openenv_guess"))
+    url = await openenv_env.local_server(str(Path(__file__).parents[1] / "examples" / "openenv_guess"))
     row = verifiers_env.load_tasks(1, taskset="openenv", args={"base_url": url, "resets": [{"seed": 0}] * 5})[0]
     traj = await play(row, scripted(script_of(['{"guess": 1}'])), renderer)
     assert traj.stop_reason is StopReason.ERROR and "\n" not in traj.error
     assert traj.error == ("VerifiersError: the environment raised AttributeError: 'GenericEnvClient' object has "
                           "no attribute '_base_url'")
+
+
+async def test_example_taskset_file_and_its_scripted_solver(scripted, renderer):
+    """examples/vf_calculator.py, named by its file: the calculator as a verifiers taskset, solved by the
+    `solve` its module defines (what `agent-rl demos` plays); the tool is the one the native env offers."""
+    from pathlib import Path
+
+    from agent_rl.envs import calculator
+
+    path = str(Path(__file__).parents[1] / "examples" / "vf_calculator.py")
+    [row] = verifiers_env.load_tasks(1, taskset=path, args={"num_tasks": 6})
+    assert row["id"] in {f"arith-0-{i}" for i in (0, 1, 2, 3, 5)}
+    sampler = scripted(lambda messages: verifiers_env.solve(row, messages), on_messages=True)
+    async with verifiers_env.make_env(row) as env:
+        assert env.tool_schemas == [calculator.CalculatorEnv({"question": "", "answer": 0}).tools[0].schema]
+        traj = await run_episode(env, sampler, renderer, EpisodeLimits(), row["id"])
+    assert traj.error is None and (traj.reward, traj.reward_parts) == (1.0, {"correct": 1.0, "tool_calls": 1.0})
+    with pytest.raises(ValueError, match="^verifiers taskset 'vf_add_taskset' has no scripted solver: define solve"):
+        verifiers_env.solve(verifiers_env.load_tasks(1, taskset=ADD)[0], [])
