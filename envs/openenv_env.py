@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,10 +185,10 @@ class OpenEnvEnv(Env):
                 records.append(ToolCallRecord(call.name or "<invalid>", False, error, 0.0, turn))
                 continue
             t0 = time.perf_counter()
-            content, error = await self._call(call)
+            content, failed = await self._call(call)
             name = call.name if call.ok else "<invalid>"
             messages.append(Message("tool", content, name=name))
-            records.append(ToolCallRecord(name, error is None, error, time.perf_counter() - t0, turn))
+            records.append(ToolCallRecord(name, failed is None, failed, time.perf_counter() - t0, turn))
         return StepResult(messages=tuple(messages), tool_calls=tuple(records), done=self.done,
                           stop_reason=StopReason.ENV_DONE)
 
@@ -201,12 +202,13 @@ class OpenEnvEnv(Env):
             return f"Error: {error}", error
         try:
             result = await self._step(by_name[call.name].action(call.arguments))
+            content = _observation(result)
         except _Rejected as e:
             return f"Error: {e}", str(e)
         self.steps += 1
         self.total += float(result.reward or 0.0)
         self.done = bool(result.done)
-        return _observation(result), None
+        return content, None
 
     async def _step(self, action: dict[str, Any]) -> Any:
         assert self.client is not None
@@ -238,12 +240,29 @@ def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[s
 
 
 def _observation(result: Any) -> str:
-    """What the model reads of a step: the observation, without the fields the result carries itself."""
+    """What the model reads of a step: the observation without the fields the result carries itself; an MCP
+    tool's result as its text."""
     obs = result.observation if isinstance(result.observation, dict) else {"observation": result.observation}
+    if "tool_name" in obs and ("result" in obs or "error" in obs):
+        return _tool_result(obs)
     shown = {k: v for k, v in obs.items() if k not in ("done", "reward", "metadata") and v not in (None, "", [], {})}
     if result.done:
         shown["done"] = True
     return json.dumps(shown, ensure_ascii=False)
+
+
+def _tool_result(obs: dict[str, Any]) -> str:
+    """An MCP environment's `CallToolObservation`: its text content, or its error."""
+    if obs.get("error"):
+        raise _Rejected(str(obs["error"].get("message") if isinstance(obs["error"], dict) else obs["error"]))
+    result = obs.get("result")
+    blocks = result.get("content") if isinstance(result, dict) else None
+    if isinstance(result, dict) and isinstance(blocks, list):
+        text = "\n".join(str(b.get("text", b)) if isinstance(b, dict) else str(b) for b in blocks)
+        if result.get("is_error"):
+            raise _Rejected(text)
+        return text
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
 
 
 # -- serving a folder -------------------------------------------------------------------------------
@@ -266,7 +285,7 @@ class LocalServer:
 
 
 SERVERS: dict[str, LocalServer] = {}  # folder -> its server, one per process
-_STARTING: dict[tuple[int, str], asyncio.Task] = {}  # (event loop, folder) -> the start in progress
+_STARTING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> {folder: its start}
 
 
 async def local_server(path: str, start_timeout_s: float = 60.0) -> str:
@@ -275,10 +294,10 @@ async def local_server(path: str, start_timeout_s: float = 60.0) -> str:
     server = SERVERS.get(path)
     if server is not None and server.process.poll() is None:
         return server.url
-    key = (id(asyncio.get_running_loop()), path)
-    if key not in _STARTING or _STARTING[key].done():
-        _STARTING[key] = asyncio.ensure_future(asyncio.to_thread(_start, path, start_timeout_s))
-    return (await asyncio.shield(_STARTING[key])).url
+    starting = _STARTING.setdefault(asyncio.get_running_loop(), {})
+    if path not in starting or starting[path].done():
+        starting[path] = asyncio.ensure_future(asyncio.to_thread(_start, path, start_timeout_s))
+    return (await asyncio.shield(starting[path])).url
 
 
 def _start(path: str, timeout_s: float) -> LocalServer:

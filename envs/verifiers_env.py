@@ -49,6 +49,7 @@ import functools
 import json
 import random
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ class Loaded:
     env: Any  # verifiers.v1.Env
     roles: tuple[str, ...]
     shared: list[Any]  # the taskset's shared Toolsets
-    ready: dict[int, asyncio.Task]  # event loop id -> the shared toolsets' setup
+    ready: weakref.WeakKeyDictionary  # event loop -> the shared toolsets' setup on it
 
 
 @functools.lru_cache(maxsize=16)
@@ -101,7 +102,7 @@ def _loaded(taskset: str, args_json: str, env_id: str) -> Loaded:
         shared = type(loaded.taskset).toolsets(loaded.taskset.config)
     except Exception as e:
         raise ValueError(f"verifiers environment {taskset!r}: {one_line(e)}") from None
-    return Loaded(loaded, tuple(agent_config_fields(config)), list(shared), {})
+    return Loaded(loaded, tuple(agent_config_fields(config)), list(shared), weakref.WeakKeyDictionary())
 
 
 def _load(taskset: str, args: dict[str, Any] | None, env: str) -> Loaded:
@@ -208,9 +209,9 @@ class VerifiersEnv(Env):
     async def _shared_ready(self) -> None:
         loop = asyncio.get_running_loop()
         ready = self.loaded.ready
-        if id(loop) not in ready:
-            ready[id(loop)] = loop.create_task(_setup_all(self.loaded.shared))
-        await asyncio.shield(ready[id(loop)])
+        if loop not in ready:
+            ready[loop] = loop.create_task(_setup_all(self.loaded.shared))
+        await asyncio.shield(ready[loop])
 
     # -- the runner's side --------------------------------------------------------------------------
     async def initial_messages(self) -> list[Message]:
@@ -248,8 +249,8 @@ class VerifiersEnv(Env):
         if not (await asyncio.wait({run}, timeout=self.finish_timeout_s))[0]:
             raise VerifiersError(f"the environment's run() did not finish within {self.finish_timeout_s:g} s "
                                  "of the episode's end")
-        if run.exception() is not None:
-            raise VerifiersError(f"the environment raised {one_line(run.exception())}")
+        if (failure := run.exception()) is not None:
+            raise VerifiersError(f"the environment raised {one_line(failure)}")
         trace = self.bridge.traces[-1]
         parts = {name: r.score for name, r in trace.rewards.items() if r is not None}
         parts.update({name: v for name, v in trace.metrics.items() if v is not None and name not in parts})
@@ -297,8 +298,8 @@ class VerifiersEnv(Env):
         if not run.done():
             raise VerifiersError(f"the environment's run() neither asked the model again nor ended within "
                                  f"{self.step_timeout_s:g} s (VerifiersEnv step_timeout_s)")
-        if run.exception() is not None:
-            raise VerifiersError(f"the environment raised {one_line(run.exception())}")
+        if (failure := run.exception()) is not None:
+            raise VerifiersError(f"the environment raised {one_line(failure)}")
         return None
 
     def _answer(self, segment: list[Message] | None) -> None:

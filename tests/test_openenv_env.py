@@ -138,3 +138,22 @@ async def test_the_folders_scripted_solver(scripted, renderer):
     assert (traj.reward, traj.stop_reason) == (1.0, StopReason.ENV_DONE)
     with pytest.raises(ValueError, match="^OpenEnv environment 'http://127.0.0.1:9' has no scripted solver"):
         openenv_env.solve(openenv_env.load_tasks(1, url="http://127.0.0.1:9")[0], [])
+
+
+async def test_an_mcp_environment_offers_its_listed_tools(scripted, renderer):
+    """tests/openenv_mcp: an `MCPEnvironment` over a FastMCP server. Its tools are the model's tools, each
+    call a `call_tool` step whose text result is the tool message; a tool that raises is the tool's error."""
+    [row] = openenv_env.load_tasks(1, path=str(Path(__file__).parent / "openenv_mcp"))
+    replies = ['<tool_call>\n{"name": "divide", "arguments": {"a": 1, "b": 0}}\n</tool_call>',
+               '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 40}}\n</tool_call>', "42"]
+    sampler = scripted(lambda text: replies[text.count("<tool_response>")])
+    async with openenv_env.make_env(row) as env:
+        assert [t["function"]["name"] for t in env.tool_schemas] == ["add", "divide"]
+        assert env.tool_schemas[0]["function"]["parameters"]["required"] == ["a", "b"]
+        traj = await run_episode(env, sampler, renderer, EpisodeLimits(), row["id"])
+    assert traj.error is None and traj.stop_reason is StopReason.NO_TOOL_CALL
+    assert traj.messages[1].content == '{"task": "What is 2 + 40? Use the tools."}'
+    tools = [m.content for m in traj.messages if m.role == "tool"]
+    assert tools[0].startswith("Error: ") and "division by zero" in tools[0] and tools[1] == "42"
+    assert [c.ok for c in traj.tool_calls] == [False, True]
+    assert traj.reward_parts == {"openenv_reward": 0.0, "steps": 1.0, "done": 0.0}
