@@ -194,3 +194,18 @@ async def test_example_taskset_file_and_its_scripted_solver(scripted, renderer):
     assert traj.error is None and (traj.reward, traj.reward_parts) == (1.0, {"correct": 1.0, "tool_calls": 1.0})
     with pytest.raises(ValueError, match="^verifiers taskset 'vf_add_taskset' has no scripted solver: define solve"):
         verifiers_env.solve(verifiers_env.load_tasks(1, taskset=ADD)[0], [])
+
+
+def test_rollout_cli_env_args_errors_are_one_line(capsys):
+    """`agent-rl rollout --env-args` is `rollout.env_args`: a value that is no mapping, or a taskset that
+    does not exist, stops the command with one line (exit 2) before any server is needed."""
+    from agent_rl.cli import main
+
+    assert main(["rollout", "--env", "agent_rl.envs.verifiers_env", "--env-args", "[1, 2]"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: config error: rollout.env_args: Input should be a valid dictionary (got [1, 2])"
+    assert main(["rollout", "--env", "agent_rl.envs.verifiers_env", "--env-args", "{taskset: nope}",
+                 "--server-url", "http://127.0.0.1:9"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: environment 'agent_rl.envs.verifiers_env' could not load tasks: ValueError: "
+                           "verifiers environment 'nope': ModuleNotFoundError: taskset 'nope' not found")
