@@ -1,4 +1,4 @@
-"""verifiers environments (`verifiers` 0.4, the v1 API) as agent-rl episodes, loaded the way verifiers loads one.
+"""verifiers environments (`verifiers` 0.4, its v1 API) as agent-rl episodes, loaded as verifiers loads one.
 
 Owns: `load_tasks` (a verifiers taskset's tasks as task rows: deterministic, disjoint train and eval
 splits), `make_env` and `VerifiersEnv` (one task played by the environment's own `Env.run()` with
@@ -15,9 +15,8 @@ Use it as any environment module, with the verifiers environment named in `rollo
 `taskset` is a verifiers taskset id, resolved as `vf-eval` resolves it (`verifiers.v1.load_environment`:
 a built-in such as `openenv`, or an installed package or module exporting its `Taskset` subclass in
 `__all__`; a hub id `owner/name` imports `name`; a `.py` file is imported from its folder); `args` are its
-`TasksetConfig` fields
-(`--env.taskset.*` in verifiers' CLI); `env` an `Env` id, empty for the taskset's own or
-`SingleAgentEnv`. Every task of the taskset (an infinite one: its first `limit`) is a row; every
+`TasksetConfig` fields (`--env.taskset.*` in verifiers' CLI); `env` an `Env` id, empty for the taskset's
+own or `SingleAgentEnv`. Every task of the taskset (an infinite one: its first `limit`) is a row; every
 `eval_every`-th by position (idx 4, 9, 14, ... for 5) is the eval split, the others train.
 
 Why our renderer and sampler drive the turns (route (a)) and not verifiers' harness against the recording
@@ -170,10 +169,10 @@ def make_env(task: dict[str, Any]) -> VerifiersEnv:
 class VerifiersEnv(Env):
     """One task row played by its verifiers environment's own `run()`; the runner is the agent.
 
-    Deadlines, each ending the episode with one line: `step_timeout_s` bounds the environment's time
-    from a segment's answer to its next request or the end of its `run()` (a game step, an OpenEnv call;
-    below the runner's env_timeout_s, so the error names the environment); `finish_timeout_s` its time to
-    finish once the runner has ended the episode."""
+    Deadlines, each ending the episode with one line: `step_timeout_s` bounds each tool server's setup and
+    the environment's time from a segment's answer to its next request or the end of its `run()` (a game
+    step, an OpenEnv call; below the runner's env_timeout_s, so the error names the environment);
+    `finish_timeout_s` its time to finish once the runner has ended the episode."""
 
     def __init__(self, task: dict[str, Any], step_timeout_s: float = 100.0, finish_timeout_s: float = 30.0):
         self.row = task
@@ -193,12 +192,16 @@ class VerifiersEnv(Env):
         self._seen = 0  # messages of the runner's conversation the environment has been told of
 
     async def __aenter__(self) -> VerifiersEnv:
+        own: list[Any] = []
         try:
-            await self._shared_ready()
+            await asyncio.wait_for(self._shared_ready(), self.step_timeout_s)
             own = type(self.task).toolsets(self.task.config)
             for toolset in own:
-                await toolset.setup()
-                await toolset.setup_task(self.task)
+                await asyncio.wait_for(toolset.setup(), self.step_timeout_s)
+                await asyncio.wait_for(toolset.setup_task(self.task), self.step_timeout_s)
+        except TimeoutError:
+            raise VerifiersError(f"a tool server of {self.row['taskset']!r} did not set up within "
+                                 f"{self.step_timeout_s:g} s") from None
         except Exception as e:
             raise VerifiersError(f"a tool server of {self.row['taskset']!r} failed to start: {one_line(e)}") from None
         tools = [t for ts in [*self.loaded.shared, *own] for t in toolset_tools(ts, self.bridge)]

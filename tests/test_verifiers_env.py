@@ -9,6 +9,7 @@ line against openenv-core 0.3. The policy is a scripted sampler.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
@@ -209,3 +210,27 @@ def test_rollout_cli_env_args_errors_are_one_line(capsys):
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: environment 'agent_rl.envs.verifiers_env' could not load tasks: ValueError: "
                            "verifiers environment 'nope': ModuleNotFoundError: taskset 'nope' not found")
+
+
+async def test_a_tool_server_that_fails_or_hangs_in_setup_is_one_line(monkeypatch, scripted, renderer):
+    import vf_add_taskset
+
+    row = verifiers_env.load_tasks(1, taskset=ADD)[0]
+
+    async def broken(self, task):
+        raise OSError("port in use")
+
+    monkeypatch.setattr(vf_add_taskset.AddTools, "setup_task", broken)
+    with pytest.raises(verifiers_env.VerifiersError) as e:
+        async with verifiers_env.make_env(row):
+            pass
+    assert str(e.value) == "a tool server of 'vf_add_taskset' failed to start: OSError: port in use"
+
+    async def hangs(self, task):
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(vf_add_taskset.AddTools, "setup_task", hangs)
+    with pytest.raises(verifiers_env.VerifiersError, match="^a tool server of 'vf_add_taskset' did not set up "
+                                                           "within 0.2 s$"):
+        async with verifiers_env.VerifiersEnv(row, step_timeout_s=0.2):
+            pass
