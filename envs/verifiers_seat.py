@@ -33,6 +33,7 @@ from verifiers.v1.graph import MessageNode
 from verifiers.v1.mcp.server import _call_state
 from verifiers.v1.state import state_cls
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+from verifiers.v1.types import content_text
 from verifiers.v1.utils.decorators import discover_decorated
 
 from agent_rl.core.types import Message
@@ -91,27 +92,30 @@ def from_verifiers(m: Any) -> Message:
 
 
 def vf_text(content: Any) -> str:
-    from verifiers.v1.types import content_text
     return content_text(content)
 
 
 def add_nodes(trace: Trace, messages: Sequence[Message], sampled: bool) -> None:
-    """Append `messages` to the trace's one branch (assistant ones marked sampled when `sampled`)."""
+    """Append `messages` to the trace's one branch (assistant ones marked sampled when `sampled`). The
+    n-th tool message after an assistant message answers its n-th call (one per attempted call, as
+    `ToolEnv` answers them) and carries that call's id."""
     for m in messages:
         parent = len(trace.nodes) - 1 if trace.nodes else None
-        trace.nodes.append(MessageNode(parent=parent, message=to_verifiers(m, len(trace.nodes)),
-                                       sampled=sampled and m.role == "assistant"))
+        trace.nodes.append(MessageNode(parent=parent, message=to_verifiers(m, trace), sampled=sampled and
+                                       m.role == "assistant"))
 
 
-def to_verifiers(m: Message, index: int) -> Any:
+def to_verifiers(m: Message, trace: Trace) -> Any:
+    index = len(trace.nodes)
     if m.role == "system":
         return vf.SystemMessage(content=m.content)
     if m.role == "user":
         return vf.UserMessage(content=m.content)
     if m.role == "tool":
-        return vf.ToolMessage(tool_call_id=f"call_{index}", content=m.content, name=m.name)
-    calls = [vf.ToolCall(id=f"call_{index}_{k}", name=c.name, arguments=json.dumps(c.arguments))
-             for k, c in enumerate(m.tool_calls) if c.ok]
+        asked = next((i for i in range(index - 1, -1, -1) if trace.nodes[i].message.role == "assistant"), -1)
+        return vf.ToolMessage(tool_call_id=f"call_{asked}_{index - asked - 1}", content=m.content, name=m.name)
+    calls = [vf.ToolCall(id=f"call_{index}_{k}", name=c.name or "<invalid>", arguments=json.dumps(c.arguments))
+             for k, c in enumerate(m.tool_calls)]
     return vf.AssistantMessage(content=m.content, tool_calls=calls or None)
 
 

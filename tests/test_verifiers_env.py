@@ -59,8 +59,17 @@ def test_taskset_rows_train_and_eval_disjoint_and_deterministic():
 
 async def test_episode_is_token_exact_and_scored_by_the_task(scripted, renderer):
     row = verifiers_env.load_tasks(1, taskset=ADD)[0]
-    traj = await play(row, scripted(script_of([CALL_1, CALL_2, ANSWER]), logprob=-0.25), renderer)
+    async with verifiers_env.make_env(row) as env:
+        traj = await run_episode(env, scripted(script_of([CALL_1, CALL_2, ANSWER]), logprob=-0.25), renderer,
+                                 EpisodeLimits(), row["id"])
     assert traj.error is None and traj.stop_reason is StopReason.NO_TOOL_CALL
+    # the verifiers trace the task scored: the conversation, each tool result answering its call's id
+    [trace] = env.bridge.traces
+    assert [m.role for m in trace.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                "assistant"]
+    calls = [c.id for m in trace.messages if m.role == "assistant" for c in m.tool_calls or []]
+    assert calls == [m.tool_call_id for m in trace.messages if m.role == "tool"] == ["call_2_0", "call_4_0"]
+    assert trace.num_turns == 3 and trace.last_reply == "It is 9."
     prompt = SYSTEM + USER + GEN
     assert list(traj.token_ids) == prompt + SAMPLED_1 + TOOL_5 + GEN + SAMPLED_2 + TOOL_9 + GEN + SAMPLED_3
     mask = ([0] * len(prompt) + [1] * len(SAMPLED_1) + [0] * len(TOOL_5 + GEN) + [1] * len(SAMPLED_2)
