@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+BARE_CALLS = {"auto": "null", "on": "true", "off": "false"}  # rollout --bare-calls -> model.bare_tool_calls
 
 
 class CLIError(Exception):
@@ -69,6 +70,7 @@ def rollout(args: argparse.Namespace) -> int:
     urls = f"[{','.join(args.server_url)}]" if args.server_url else "[]"
     cfg = config(argparse.Namespace(config=None, set=[
         f"model.name={args.model}", f"model.renderer={args.renderer}", f"rollout.env={args.env}",
+        f"model.bare_tool_calls={BARE_CALLS[args.bare_calls]}",
         f"rollout.max_turns={args.max_turns}",
         f"rollout.max_tokens_per_turn={args.max_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
         f"sampler.temperature={args.temperature}", f"sampler.request_timeout_s={args.request_timeout}",

@@ -174,8 +174,10 @@ def _answer_in_call(t: Target) -> dict[str, Policy]:
            "an unclosed call, every turn": say(unclosed)}
     if t.carrier is not None:
         carrier = t.carrier
+        bare = json.dumps({"name": carrier.name, "arguments": carrier.arguments})  # a call or text, per renderer
         out[f"{carrier.name}'s arguments, then 'Done.'"] = calls_then([carrier], "Done.")
         out[f"{carrier.name} calls until the turns run out"] = lambda m: Message("assistant", "", (carrier,))
+        out[f"{carrier.name} as a bare JSON call, every turn"] = say(bare)
     return out
 
 

@@ -19,6 +19,7 @@ import pytest
 from agent_rl import cli
 from agent_rl.audit import audit_env, format_matrix, format_report
 from agent_rl.core.registry import EnvSpec, load_env
+from agent_rl.core.renderers import get_renderer
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 from agent_rl.hacks import arithmetic_in, lookalike
@@ -63,6 +64,17 @@ async def test_no_hack_earns_reward_and_the_solver_earns_full_reward(env, n_task
     solver = report.rows[-1]
     assert solver.episodes == n_tasks and solver.min_reward == 1.0 and solver.verdict == "ok", solver
     assert not report.failures and report.failure_line() == ""
+
+
+@pytest.mark.parametrize("env", ["calculator", "search_qa"])
+async def test_bare_json_calls_earn_nothing_read_as_calls_or_as_text(env, renderer, qwen25_tokenizer):
+    # Qwen2.5's renderer reads `{"name": ..., "arguments": ...}` without tags as a call, SmolLM2's ChatML as
+    # text; the answer in its arguments once earned 1 both ways (the reply read as the final answer, or an
+    # episode of such calls cut at max_turns scored on its last one)
+    for r in (renderer, get_renderer(qwen25_tokenizer)):
+        report = await audit_env(load_env(env), r, n_tasks=2)
+        [row] = [row for row in report.rows if row.name == "answer_in_tool_call"]
+        assert row.episodes == 10 and row.max_reward == 0.0 and not report.failures, report.failure_line()
 
 
 async def test_toy_has_nothing_to_audit(renderer):
