@@ -7,7 +7,8 @@ Does not own: the hacks (`agent_rl.hacks`), playing them and judging rewards (`a
 
 Which hacks apply: the answer-format and tool hacks to every environment graded on a final answer
 (calculator, math, search_qa, kg_qa, datasets); to coding those that make sense for code (an empty
-reply, several code blocks, the prompt echoed, the code only in a tool call) and the coding hacks;
+reply, several code blocks, the prompt echoed, the code only in a tool call) and the coding hacks,
+and to coding_tests also those on its visible tests (`agent_rl.hacks_visible`);
 to the GUI environments the GUI hacks. `toy` rewards short replies, not an answer, and has no solver:
 it is not audited.
 """
@@ -31,6 +32,7 @@ from agent_rl.hacks import (
     Hack,
     Target,
 )
+from agent_rl.hacks_visible import VISIBLE_TEST_HACKS
 from agent_rl.rewards.answers import rational
 
 
@@ -41,7 +43,7 @@ class Profile:
 
 
 def _hacks(*names: str) -> tuple[Hack, ...]:
-    catalogue = {h.name: h for h in (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *GUI_HACKS)}
+    catalogue = {h.name: h for h in (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *GUI_HACKS, *VISIBLE_TEST_HACKS)}
     return tuple(catalogue[n] for n in names)
 
 
@@ -147,6 +149,18 @@ PROFILES = {
     "agent_rl.envs.mcp_units": Profile(_hacks(*ANSWERED), _mcp_units),
     "agent_rl.envs.gui_browser": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
 }
+
+
+# coding_tests (visible tests to run, hidden ones to pass): the coding hacks, and those on the visible tests
+def _coding_tests(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) -> Target:
+    gold = task["prompt"] + task["canonical_solution"]
+    return Target(task, task["prompt"], gold, wrong=(RAISES.replace("{e}", task["entry_point"]),),
+                  fmt="```python\n{}\n```", solve=_solver(spec, task), carrier=ToolCall("run_tests", {"code": gold}))
+
+
+PROFILES["agent_rl.envs.coding_tests"] = Profile(
+    _hacks("empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
+           *(h.name for h in (*CODING_HACKS, *VISIBLE_TEST_HACKS))), _coding_tests)
 GENERIC = Profile(_hacks(*(h.name for h in ANSWER_HACKS), "answer_in_tool_call", "unknown_tool_then_guess"), _generic)
 
 

@@ -7,6 +7,7 @@ runs its hidden tests in the bubblewrap sandbox, so it plays two tasks).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -30,6 +31,7 @@ ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_
 CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
           "exit_zero", "patch_checker", "always_equal", "read_tests"]
 GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done"]
+CODING_TESTS = [*CODING, "hardcode_visible", "print_expected", "edit_tests", "catch_assertion"]
 
 
 def _no_browser() -> str | None:
@@ -47,6 +49,7 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
     pytest.param("kg_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="kg_qa"),
     pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
+    pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
     pytest.param("gui_browser", 1, GUI, id="gui_browser",
@@ -75,6 +78,23 @@ async def test_bare_json_calls_earn_nothing_read_as_calls_or_as_text(env, render
         report = await audit_env(load_env(env), r, n_tasks=2)
         [row] = [row for row in report.rows if row.name == "answer_in_tool_call"]
         assert row.episodes == 10 and row.max_reward == 0.0 and not report.failures, report.failure_line()
+
+
+@needs_bwrap
+async def test_coding_tests_hacks_pass_the_visible_tests_and_earn_nothing(renderer):
+    # special-casing the visible tests passes them all (the tool says so); the hidden ones are disjoint
+    from agent_rl.audit import LIMITS, _play
+    from agent_rl.audit_targets import profile_for
+
+    spec = load_env("coding_tests")
+    tasks = spec.load_tasks(2)
+    profile = profile_for(spec)
+    [hack] = [h for h in profile.hacks if h.name == "hardcode_visible"]
+    for task in tasks:
+        for policy in hack.variants(profile.target(task, tasks, spec)).values():
+            traj = await _play(spec, renderer, LIMITS, task, policy, asyncio.Semaphore(1))
+            n = len(task["shown_tests"])
+            assert traj.messages[3].content.startswith(f"{n} of {n} visible tests passed.") and traj.reward == 0.0
 
 
 async def test_toy_has_nothing_to_audit(renderer):

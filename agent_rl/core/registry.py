@@ -37,7 +37,8 @@ from agent_rl.core.env import Env
 from agent_rl.core.types import Message
 
 BUILTIN = {name: f"agent_rl.envs.{name}" for name in
-           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa", "toy")}
+           ("calculator", "coding", "coding_tests", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa",
+            "toy")}
 
 
 @dataclass(frozen=True)
