@@ -99,16 +99,16 @@ def evaluate_runs(path: Path, common: Sequence[str], out: Path, run_dirs: Sequen
     return step(path, "eval", *common, *extra, *adapters, "--out", str(path), server=server)
 
 
-def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1):
-    """One vLLM server of SmolLM2-135M for every step of a recipe: LoRA adapters are hot-loaded under
-    unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters never collide.
-    Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they sample faster,
-    ~3x on this CPU); evaluation loads each adapter as it is."""
+def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1, model: str = "smollm2-135m"):
+    """One vLLM server of `model` (SmolLM2-135M unless named) for every step of a recipe: LoRA adapters are
+    hot-loaded under unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters
+    never collide. Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they
+    sample faster, ~3x on this CPU); evaluation loads each adapter as it is."""
     from agent_rl.learn.models import resolve_model
     from agent_rl.rollout.server import VLLMServer
 
-    return VLLMServer(resolve_model("smollm2-135m"), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
-                      max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log")
+    return VLLMServer(resolve_model(model), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
+                      max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log", startup_timeout_s=900)
 
 
 def restore_base(server: Any, timeout_s: float = 600.0) -> None:
