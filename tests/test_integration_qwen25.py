@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 def qwen_server():
     from agent_rl.rollout.server import VLLMServer
 
-    # a 151,936-token vocabulary: 1.3 gives turns of ~10 tokens
-    model_dir = build_tiny_model("qwen2.5-coder-0.5b", cache_dir() / "models" / "tiny-qwen2.5", turn_end_weight=1.3)
+    # a 151,936-token vocabulary: 1.2 ends a turn after ~10 tokens (1.1: ~15, 1.3: ~3)
+    model_dir = build_tiny_model("qwen2.5-coder-0.5b", cache_dir() / "models" / "tiny-qwen2.5", turn_end_weight=1.2)
     with VLLMServer(model_dir, kv_cache_gib=1, max_model_len=2048, startup_timeout_s=600) as server:
         yield server
 
