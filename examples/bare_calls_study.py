@@ -10,8 +10,8 @@ Arms (`model.bare_tool_calls`; everything else equal, from the base model, no co
   lenient   a reply of bare call objects is read as those calls (the sampled tokens are the same)
 Steps (each an ordinary `agent-rl` command, all on one vLLM server):
   1. agent-rl train   GRPO per arm                                       -> RUN/{arm}/adapter
-  2. agent-rl eval    per arm, in the arm's own parse: the base model and the arm's adapter on the same
-                      held-out questions and sampling seeds
+  2. agent-rl eval    per arm, in the arm's own parse: the base model and the arm's adapter (merged into
+                      plain weights, each on a server of its own) on the same held-out questions and seeds
 Outputs in RUN (default runs/bare_calls_study): eval-{arm}.json, curves.png (tool-use rate, accuracy,
 tagged-call share, zero-variance groups per step, a line per arm), summary.json. Its last line on stdout
 is summary.json. A third option, a format reward for the tags, can only pay for tags the policy samples:
@@ -25,10 +25,11 @@ import json
 import time
 from pathlib import Path
 
-from recipe_steps import attempts, note, per_step, plot_panels, recipe_args, recipe_server, step
+from recipe_steps import attempts, merged_weights, note, per_step, plot_panels, recipe_args, recipe_server, step
 
 CONFIG = str(Path(__file__).with_name("bare_calls_study.yaml"))
 SCRIPT = "examples/bare_calls_study.py"
+MODEL = "qwen2.5-coder-0.5b"
 ARMS = {"strict": "false", "lenient": "true"}  # arm -> model.bare_tool_calls
 FIGURES = ("accuracy", "tool_use_rate", "tool_failure_rate", "turns_mean", "truncation_rate", "sampled_tokens_mean")
 CURVES = (("tool-use rate (training rollouts)", "tool_use_rate"), ("accuracy", "reward/correct"),
@@ -38,20 +39,24 @@ CURVES = (("tool-use rate (training rollouts)", "tool_use_rate"), ("accuracy", "
 def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[str, str]:
     sets = [x for s in args.set for x in ("--set", s)]
     t_server = time.perf_counter()
-    with recipe_server(out, max_model_len=2048, kv_cache_gib=1, model="qwen2.5-coder-0.5b") as server:
+    runs = {}
+    # a bfloat16 server beside the float32 trainer: both in float32 did not fit beside the machine's other jobs
+    with recipe_server(out, max_model_len=2048, kv_cache_gib=1, model=MODEL, dtype="bfloat16") as server:
         note(wall, "server_start", time.perf_counter() - t_server)
-        runs = {}
         for arm, bare in ARMS.items():
-            common = [CONFIG, "--set", f"sampler.server_urls=[{server.url}]", "--set", f"model.bare_tool_calls={bare}",
-                      *sets]
             run_dir = out / arm
-            note(wall, f"grpo_{arm}", step(run_dir / "adapter", "train", *common, "--resume",
+            note(wall, f"grpo_{arm}", step(run_dir / "adapter", "train", CONFIG, "--set",
+                                           f"sampler.server_urls=[{server.url}]", "--set",
+                                           f"model.bare_tool_calls={bare}", *sets, "--resume",
                                            "--set", f"run.run_dir={run_dir}", server=server))
-            path = out / f"eval-{arm}.json"
-            path.unlink(missing_ok=True)
-            note(wall, f"eval_{arm}", step(path, "eval", *common, "--adapter", "base", "--adapter", str(run_dir),
-                                           "--out", str(path), server=server))
             runs[arm] = str(run_dir)
+    for arm, bare in ARMS.items():  # each arm in its own parse, its policy merged into plain weights
+        merged = merged_weights(MODEL, Path(runs[arm]), Path(runs[arm]) / "merged")
+        path = out / f"eval-{arm}.json"
+        path.unlink(missing_ok=True)
+        note(wall, f"eval_{arm}", step(path, "eval", CONFIG, "--set", f"model.bare_tool_calls={bare}", "--set",
+                                       "model.dtype=bfloat16", *sets, "--adapter", "base", "--adapter", str(merged),
+                                       "--out", str(path)))
     return runs
 
 

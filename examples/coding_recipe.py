@@ -5,10 +5,12 @@ of the base model and every GRPO adapter on the same problems and sampling seeds
     python examples/coding_recipe.py --seeds 0 1 2        # what `make coding-recipe` runs
     python examples/coding_recipe.py --seeds 0 --set run.steps=1 --run-dir runs/coding_try   # a quick look
 
-Steps (each an ordinary `agent-rl` command in its own process, all on one vLLM server):
-  1. agent-rl train   GRPO from the base model (no cold start: it calls tools by itself), once per seed
-                                                                     -> RUN/grpo-seed{S}/adapter
-  2. agent-rl eval    the base model and every GRPO adapter on the same held-out problems and seeds
+Steps (each an ordinary `agent-rl` command in its own process):
+  1. agent-rl train   GRPO from the base model (no cold start: it calls tools by itself), once per seed,
+                      all on one vLLM server (bfloat16; the trainer float32)   -> RUN/grpo-seed{S}/adapter
+  2. agent-rl eval    the base model and every GRPO adapter, merged into plain weights (RUN/grpo-seed{S}/merged:
+                      vLLM's CPU build samples a 0.5B model ~10x slower through a LoRA adapter), each on a
+                      server of its own, on the same held-out problems and sampling seeds
 Outputs in RUN (default runs/coding_recipe): eval.json (step 2's report), curves.png (training curves, a
 line per seed), summary.json (per policy: pass@1, pass@2, hidden-test share, tool-use rate, turns and
 tokens per episode; per seed the gain over the base model; the smallest gain and the seed spread; per
@@ -32,6 +34,7 @@ from recipe_steps import (
     alarm_steps,
     attempts,
     mean,
+    merged_weights,
     note,
     per_step,
     plot_panels,
@@ -75,9 +78,11 @@ def diagnostics(run_dir: Path) -> dict:
 
 
 def summarise(report: dict, after: dict[int, str], wall: dict) -> dict:
+    """`after`: seed -> the label its policy has in `report` (its run's merged weights: RUN/grpo-seedS/merged)."""
     res = report["results"]
     out = seed_summary(figures(res["base"]), {s: figures(res[label]) for s, label in after.items()}, FIGURES)
-    out["diagnostics"] = {s: diagnostics(Path(label)) for s, label in after.items()}
+    out["diagnostics"] = {s: diagnostics(Path(label).parent if Path(label).name == "merged" else Path(label))
+                          for s, label in after.items()}
     out["wall_s"] = wall
     return out
 
@@ -86,7 +91,10 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
     """Steps 1-2 (each skipped when done); returns seed -> GRPO run folder."""
     sets = [x for s in args.set for x in ("--set", s)]
     t_server = time.perf_counter()
-    with recipe_server(out, max_model_len=4096, kv_cache_gib=1, model=MODEL) as server:
+    # bfloat16 sampling: the float32 server (~6 GB) and trainer did not both fit beside the machine's other
+    # jobs (the kernel killed the server three times); the trainer stays float32, the truncated importance
+    # weights (algorithm.tis_cap) correct for the gap
+    with recipe_server(out, max_model_len=4096, kv_cache_gib=1, model=MODEL, dtype="bfloat16") as server:
         common = [CONFIG, "--set", f"sampler.server_urls=[{server.url}]", *sets]
         note(wall, "server_start", time.perf_counter() - t_server)
         after = {}
@@ -96,11 +104,15 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
                                                 "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
                                                 server=server))
             after[seed] = str(run_dir)
-        (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
-        adapters = [x for a in ["base", *after.values()] for x in ("--adapter", a)]
-        note(wall, "eval", step(out / "eval.json", "eval", *common, *adapters, "--out", str(out / "eval.json"),
-                                server=server))
-    return after
+    # step 2 on servers of its own, one per policy: each GRPO adapter merged into plain weights
+    t_merge = time.perf_counter()
+    merged = [str(merged_weights(MODEL, Path(d), Path(d) / "merged")) for d in after.values()]
+    note(wall, "merge", time.perf_counter() - t_merge)
+    (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
+    policies = [x for a in ["base", *merged] for x in ("--adapter", a)]
+    note(wall, "eval", step(out / "eval.json", "eval", CONFIG, "--set", "model.dtype=bfloat16", *sets, *policies,
+                            "--out", str(out / "eval.json")))
+    return {seed: str(Path(d) / "merged") for seed, d in after.items()}
 
 
 def main() -> None:
@@ -110,7 +122,7 @@ def main() -> None:
     wall: dict[str, float | None] = {}
     t_start = time.perf_counter()
     after = attempts(lambda: pipeline(args, out, wall))
-    plot_panels({f"seed {s}": Path(d) for s, d in after.items()}, CURVES, out / "curves.png", SCRIPT,
+    plot_panels({f"seed {s}": Path(d).parent for s, d in after.items()}, CURVES, out / "curves.png", SCRIPT,
                 f"Coding recipe: GRPO of {MODEL} on coding_tests, {len(after)} seed(s)")
     wall["total"] = time.perf_counter() - t_start
     summary = summarise(json.loads((out / "eval.json").read_text()), after, wall)

@@ -139,9 +139,9 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
         runs[seed].mkdir()
         (runs[seed] / "metrics.jsonl").write_text("".join(
             json.dumps({"step": i + 1, "reward/solved": s, "time/step_s": 300.0}) + "\n" for i, s in enumerate(solved)))
-    report = {"results": {"base": result(0.25, 0.0), str(runs[0]): result(0.5, 0.75),
-                          str(runs[1]): result(0.375, 0.25)}}
-    out = recipe.summarise(report, {s: str(d) for s, d in runs.items()}, {"eval": 60.0})
+    merged = {s: str(d / "merged") for s, d in runs.items()}  # how the recipe evaluates each run's policy
+    report = {"results": {"base": result(0.25, 0.0), merged[0]: result(0.5, 0.75), merged[1]: result(0.375, 0.25)}}
+    out = recipe.summarise(report, merged, {"eval": 60.0})
     assert out["gain"][0]["pass@1"] == 0.25 and out["gain"][1]["pass@1"] == 0.125
     assert out["pass@1_min_gain"] == 0.125 and out["pass@1_seed_spread"] == 0.125
     assert out["tool_use_rate_min_gain"] == 0.25 and out["tool_use_rate_seed_spread"] == 0.5
