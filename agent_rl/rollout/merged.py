@@ -87,17 +87,20 @@ class MergedSync(FullWeightSync):
         self.base_dir = Path(model.get_base_model().config._name_or_path)
 
     async def finish(self) -> None:
-        """The base weights back on every server (from the model folder), then the versions folder gone."""
-        async with aiohttp.ClientSession(timeout=self._http.timeout) as http:
-            try:
-                await self._on_all(http, "/pause?mode=wait", "pausing generation")
-                await self._on_all(http, "/collective_rpc", f"reloading the base weights from {self.base_dir}",
-                                   {"method": "reload_weights",
-                                    "kwargs": {"weights_path": str(self.base_dir.resolve())}})
-                await self._on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
-            finally:
-                await self._on_all(http, "/resume", "resuming generation")
-        self.close()
+        """The base weights back on every server (from the model folder), then the versions folder gone,
+        also when a server refuses (a dead server: the folder, in RAM, would outlive the run)."""
+        try:
+            async with aiohttp.ClientSession(timeout=self._http.timeout) as http:
+                try:
+                    await self._on_all(http, "/pause?mode=wait", "pausing generation")
+                    await self._on_all(http, "/collective_rpc", f"reloading the base weights from {self.base_dir}",
+                                       {"method": "reload_weights",
+                                        "kwargs": {"weights_path": str(self.base_dir.resolve())}})
+                    await self._on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
+                finally:
+                    await self._on_all(http, "/resume", "resuming generation")
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Remove the versions folder (a RAM-backed one would outlive the run)."""
