@@ -154,7 +154,7 @@ def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
     (`_B` and `_B_T` columns alike) taken at those rows."""
     index = torch.as_tensor(list(rows), dtype=torch.long)
     length = int(batch.attention_mask_B_T[index].sum(dim=1).max())
-    taken = {}
+    taken: dict[str, Any] = {}  # field name -> its rows (`replace` checks each name against the fields)
     for f in fields(batch):
         t = getattr(batch, f.name)
         if isinstance(t, torch.Tensor):
