@@ -16,6 +16,7 @@ without an infrastructure error), one reward per trajectory, added to its own (`
 It may also expose `mistake(task, messages, rng) -> Message | None`: a plausible wrong next
 reply from which `solve` recovers (what imperfect demonstrations are made of; None: no mistake fits
 here). `EnvSpec.with_task_args` binds keyword arguments of `load_tasks` (`rollout.env_args`).
+A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling (`bfcl`, `agent_rl.bfcl`, a `bfcl.py`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
 """
 
@@ -37,7 +38,10 @@ from agent_rl.core.env import Env
 from agent_rl.core.types import Message
 
 BUILTIN = {name: f"agent_rl.envs.{name}" for name in
-           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa", "toy")}
+           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_time", "mcp_units", "search_qa",
+            "text_game", "toy")}
+# benchmarks that must never be trained on: refused as an environment under any spelling
+EVAL_ONLY = {"bfcl": "agent-rl eval --benchmark bfcl"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,10 @@ def load_env(name: str) -> EnvSpec:
 
 
 def _import_env(name: str) -> ModuleType:
+    stem = Path(name).stem if name.endswith(".py") else name.rpartition(".")[2]
+    if stem in EVAL_ONLY or stem.startswith("bfcl_"):
+        raise ValueError(f"{name!r} is a benchmark, never a training environment: its questions are for "
+                         f"evaluation only ({EVAL_ONLY['bfcl']})")
     if name in BUILTIN:
         return _import(BUILTIN[name], name)
     if name.endswith(".py") or "/" in name or os.sep in name:
