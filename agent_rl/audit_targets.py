@@ -6,7 +6,7 @@ for any environment whose rows carry an `answer` or `solution` column, as TRL da
 Does not own: the hacks (`agent_rl.hacks`), playing them and judging rewards (`agent_rl.audit`).
 
 Which hacks apply: the answer-format and tool hacks to every environment graded on a final answer
-(calculator, math, search_qa, kg_qa, datasets); to coding those that make sense for code (an empty
+(calculator, math, search_qa, kg_qa, mcp_units, mcp_time, datasets); to coding those that make sense for code (an empty
 reply, several code blocks, the prompt echoed, the code only in a tool call) and the coding hacks;
 to the GUI environments the GUI hacks. `toy` rewards short replies, not an answer, and has no solver:
 it is not audited.
@@ -135,6 +135,19 @@ def _mcp_units(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvS
                   carrier=carrier, **_answers(gold, tasks, "answer"))
 
 
+def _mcp_time(task: dict[str, Any], tasks: Sequence[dict[str, Any]], spec: EnvSpec) -> Target:
+    gold = str(task["answer"])  # HH:MM
+    hours, minutes = map(int, gold.split(":"))
+    shifts = ((1, 0), (-1, 0), (0, 30), (12, 0))  # an hour off, half an hour off, AM/PM swapped
+    wrong = tuple(f"{(hours + dh) % 24:02d}:{(minutes + dm) % 60:02d}" for dh, dm in shifts)
+    question = ToolCall("convert_time", {"source_timezone": task["source"], "time": task["time"],
+                                         "target_timezone": task["target"]})
+    carrier = ToolCall("convert_time", {"source_timezone": task["target"], "time": gold,
+                                        "target_timezone": task["target"]})
+    return Target(task, str(task["question"]), gold, wrong=wrong, every=(gold, *wrong), fmt="It is {}.",
+                  probes=(question,), carrier=carrier, solve=_solver(spec, task), numeric=True)
+
+
 ANSWERED = tuple(h.name for h in (*ANSWER_HACKS, *TOOL_HACKS))
 PROFILES = {
     "agent_rl.envs.calculator": Profile(_hacks(*ANSWERED), _calculator),
@@ -145,6 +158,7 @@ PROFILES = {
                                   "unknown_tool_then_guess", *(h.name for h in CODING_HACKS)), _coding),
     "agent_rl.envs.gui": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
     "agent_rl.envs.mcp_units": Profile(_hacks(*ANSWERED), _mcp_units),
+    "agent_rl.envs.mcp_time": Profile(_hacks(*ANSWERED), _mcp_time),
     "agent_rl.envs.gui_browser": Profile(_hacks("empty_reply", "echo_question", *(h.name for h in GUI_HACKS)), _gui),
 }
 GENERIC = Profile(_hacks(*(h.name for h in ANSWER_HACKS), "answer_in_tool_call", "unknown_tool_then_guess"), _generic)

@@ -49,7 +49,7 @@ CITIES = {"Tokyo": "Asia/Tokyo", "Seoul": "Asia/Seoul", "Shanghai": "Asia/Shangh
           "Johannesburg": "Africa/Johannesburg", "Lagos": "Africa/Lagos", "Reykjavik": "Atlantic/Reykjavik",
           "Sao Paulo": "America/Sao_Paulo", "Bogota": "America/Bogota", "Lima": "America/Lima",
           "Phoenix": "America/Phoenix", "Honolulu": "Pacific/Honolulu", "Brisbane": "Australia/Brisbane"}
-_TIME = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])")
+_TIME = re.compile(r"(?<![\d:])(\d{1,2}):(\d{2})(?![\d:])")  # digits of any script: each is a time stated
 
 
 def time_server() -> MCPServerSpec:
@@ -84,8 +84,10 @@ def convert(hhmm: str, source: str, target: str) -> str:
 
 
 def time_answer(reply: str, question_time: str) -> str | None:
-    """The one time a reply states, besides the question's own; None when it states none or several."""
-    stated = {f"{int(h):02d}:{m}" for h, m in _TIME.findall(reply)} - {question_time}
+    """The one time a reply states, besides the question's own; None when it states none or several. A
+    time in look-alike digits ("１９:３０") counts as stated but is kept as written, so it is never the answer."""
+    stated = {f"{int(h):02d}:{m}" if (h + m).isascii() else f"{h}:{m}" for h, m in _TIME.findall(reply)}
+    stated.discard(question_time)
     return stated.pop() if len(stated) == 1 else None
 
 
@@ -103,7 +105,9 @@ class TimeEnv(MCPEnv):
         return [Message("system", SYSTEM), Message("user", str(self.task["question"]))]
 
     async def reward(self, messages: Sequence[Message]) -> Reward:
-        final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
+        """1 when the last turn answers (no tool call attempted in it, readable or not) with the right time."""
+        last = messages[-1] if messages else None
+        final = last.content if last is not None and last.role == "assistant" and not last.tool_calls else ""
         correct = float(time_answer(final, self.task["time"]) == self.task["answer"])
         return Reward(correct, {"correct": correct})
 

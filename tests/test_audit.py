@@ -48,6 +48,9 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl
     pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
+    pytest.param("mcp_time", 3, ANSWERED, id="mcp_time",  # a third party's MCP server; a time (HH:MM) answer
+                 marks=pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None,
+                                          reason="pip install 'agent-rl[mcp-time]'")),
     pytest.param("gui_browser", 1, GUI, id="gui_browser",
                  marks=pytest.mark.skipif(_no_browser() is not None, reason=str(_no_browser()))),
 ]

@@ -42,6 +42,8 @@ def test_conversions_by_hand():
     ("It is 09:30.", None),  # the question echoed
     ("No idea.", None),
     ("It is 19:30:00.", None),  # not HH:MM
+    ("It is １９:３０.", "１９:３０"),  # look-alike digits: a time stated, never the answer (reward audit)
+    ("It is ０４:３５, 19:30.", None),  # a look-alike time beside the right one is a second answer
 ])
 def test_the_answer_is_the_one_time_stated_besides_the_questions(reply, answer):
     assert mcp_time.time_answer(reply, "09:30") == answer
