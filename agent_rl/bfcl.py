@@ -176,18 +176,23 @@ def check_lengths(session: Session, tasks: Sequence[dict[str, Any]], limits: Epi
 
 async def score(groups: Sequence[TrajectoryGroup], tasks: Sequence[dict[str, Any]], checker: BFCLChecker,
                 verdicts: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per category: questions, correct, accuracy, infrastructure errors (counted wrong) and BFCL's error types."""
+    """Per category: questions, correct, accuracy, infrastructure errors (counted wrong), BFCL's error types, and
+    how the model answered: questions with at least one readable call, calls the parser could not read."""
     by_id = {t["id"]: t for t in tasks}
     out: dict[str, dict[str, Any]] = {}
     for g in groups:
         task, traj = by_id[g.task_id], g.trajectories[0]
-        fig = out.setdefault(task["category"], {"questions": 0, "correct": 0, "infra_errors": 0, "errors": Counter()})
+        fig = out.setdefault(task["category"], {"questions": 0, "correct": 0, "infra_errors": 0, "errors": Counter(),
+                                                "answered_with_calls": 0, "unreadable_calls": 0})
         fig["questions"] += 1
         if traj.infra_error:
             fig["infra_errors"] += 1
             fig["errors"]["infra_error"] += 1
             continue
-        verdict = await judge(checker, verdicts, task, _reply(traj))
+        reply = _reply(traj)
+        fig["answered_with_calls"] += int(bool(bfcl_calls(reply)))
+        fig["unreadable_calls"] += sum(not c.ok for c in reply.tool_calls)
+        verdict = await judge(checker, verdicts, task, reply)
         fig["correct"] += int(verdict["valid"])
         if not verdict["valid"]:
             fig["errors"][verdict["error_type"] or "unknown"] += 1
