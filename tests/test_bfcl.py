@@ -105,6 +105,18 @@ async def test_a_python_without_bfcl_eval_fails_at_start_in_one_line():
     assert "\n" not in str(e.value)
 
 
+async def test_a_worker_that_dies_mid_evaluation_is_a_one_line_episode_error(tmp_path, scripted, renderer):
+    fake = tmp_path / "python"  # answers the start, then dies on the first request
+    fake.write_text('#!/bin/sh\necho \'{"ready": "fake"}\'\nread line\necho "checker crashed" >&2\nexit 3\n')
+    fake.chmod(0o755)
+    task = {"id": "simple_python_1", "category": "simple_python",
+            "question": {"id": "simple_python_1", "messages": [{"role": "user", "content": "5!?"}], "tools": []}}
+    async with BFCLChecker(str(fake)) as dying:
+        traj = await run_episode(QuestionEnv(task, dying, {}), scripted(lambda p: call("math.factorial", number=5)),
+                                 renderer, EpisodeLimits(max_turns=1), "simple_python_1")
+    assert traj.error == f"BFCLError: bfcl-eval's worker ({fake}) exited during check (status 3): checker crashed"
+
+
 @pytest.fixture(scope="module")
 async def checker():
     try:
