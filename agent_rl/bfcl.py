@@ -188,6 +188,7 @@ async def score(groups: Sequence[TrajectoryGroup], tasks: Sequence[dict[str, Any
         if traj.infra_error:
             fig["infra_errors"] += 1
             fig["errors"]["infra_error"] += 1
+            fig.setdefault("first_infra_error", traj.error)
             continue
         reply = _reply(traj)
         fig["answered_with_calls"] += int(bool(bfcl_calls(reply)))

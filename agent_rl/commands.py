@@ -30,16 +30,19 @@ class CLIError(Exception):
 
 @contextlib.contextmanager
 def errors_as_lines() -> Iterator[None]:
-    """Bad input (a config, model or environment the library refuses) and server failures as CLIError."""
+    """Bad input (a config, model or environment the library refuses) and server failures (at start, or a
+    server that stops answering requests or adapter loads) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
+    from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
+    from agent_rl.rollout.weight_sync import WeightSyncError
 
     try:
         yield
     except (ConfigError, ModelError, ValueError) as e:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
-    except ServerError as e:
+    except (ServerError, SamplerError, WeightSyncError) as e:  # a server that died mid-run included
         raise CLIError(str(e)) from None
 
 
@@ -250,9 +253,10 @@ def benchmark(args: argparse.Namespace) -> int:
         write_json(args.out, report)
     print(format_table(report))
     print(json.dumps(report))
-    errors = sum(f["infra_errors"] for r in report["results"].values() for f in r.values())
-    if errors:
-        raise CLIError(f"{errors} BFCL question(s) ended in an infrastructure error (counted wrong): see infra_errors")
+    failed = [f for r in report["results"].values() for f in r.values() if f["infra_errors"]]
+    if failed:
+        raise CLIError(f"{sum(f['infra_errors'] for f in failed)} BFCL question(s) ended in an infrastructure error "
+                       f"(counted wrong); first: {failed[0]['first_infra_error']}")
     return 0
 
 

@@ -117,6 +117,19 @@ async def test_a_worker_that_dies_mid_evaluation_is_a_one_line_episode_error(tmp
     assert traj.error == f"BFCLError: bfcl-eval's worker ({fake}) exited during check (status 3): checker crashed"
 
 
+@pytest.mark.parametrize("error", ["SamplerError", "WeightSyncError"])
+def test_a_server_that_dies_mid_evaluation_is_one_line(error):
+    """Seen here: the server OOM-killed before the third adapter's load came out as a traceback."""
+    from agent_rl.commands import CLIError, errors_as_lines
+    from agent_rl.rollout import sampler, weight_sync
+
+    cls = {"SamplerError": sampler.SamplerError, "WeightSyncError": weight_sync.WeightSyncError}[error]
+    line = "vLLM server http://127.0.0.1:1 did not answer POST /v1/load_lora_adapter"
+    with pytest.raises(CLIError) as e, errors_as_lines():
+        raise cls(line)
+    assert e.value.code == 1 and str(e.value) == line
+
+
 @pytest.fixture(scope="module")
 async def checker():
     try:
