@@ -17,9 +17,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_rl.core.config import TrainConfig
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+BARE_CALLS = {"auto": "null", "on": "true", "off": "false"}  # rollout --bare-calls -> model.bare_tool_calls
 
 
 class CLIError(Exception):
@@ -36,7 +40,7 @@ def errors_as_lines() -> Iterator[None]:
     from agent_rl.learn.models import ModelError
     from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
-    from agent_rl.rollout.weight_sync import WeightSyncError
+    from agent_rl.rollout.weight_sync.base import WeightSyncError
 
     try:
         yield
@@ -46,7 +50,7 @@ def errors_as_lines() -> Iterator[None]:
         raise CLIError(str(e)) from None
 
 
-def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
+def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """The YAML file `args.config` (or the defaults) with `--set` overrides, then `extra` ones."""
     from agent_rl.core.config_file import load_config
 
@@ -54,7 +58,7 @@ def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()):
         return load_config(args.config, [*(args.set or []), *extra])
 
 
-def announce_server(cfg) -> None:
+def announce_server(cfg: TrainConfig) -> None:
     if not cfg.sampler.server_urls:
         print(f"starting a vLLM server for {cfg.model.name} (about a minute on a CPU)...", file=sys.stderr)
 
@@ -72,6 +76,7 @@ def rollout(args: argparse.Namespace) -> int:
     urls = f"[{','.join(args.server_url)}]" if args.server_url else "[]"
     cfg = config(argparse.Namespace(config=None, set=[
         f"model.name={args.model}", f"model.renderer={args.renderer}", f"rollout.env={args.env}",
+        f"rollout.env_args={args.env_args}", f"model.bare_tool_calls={BARE_CALLS[args.bare_calls]}",
         f"rollout.max_turns={args.max_turns}",
         f"rollout.max_tokens_per_turn={args.max_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
         f"sampler.temperature={args.temperature}", f"sampler.request_timeout_s={args.request_timeout}",
@@ -281,7 +286,8 @@ def play(args: argparse.Namespace) -> int:
 
 
 def audit_reward(args: argparse.Namespace) -> int:
-    from agent_rl.audit import audit_env, format_matrix, format_report
+    from agent_rl.audit.play import audit_env
+    from agent_rl.audit.report import format_matrix, format_report
     from agent_rl.core.files import write_json
     from agent_rl.core.registry import load_env
     from agent_rl.core.renderers import load_renderer

@@ -58,12 +58,15 @@ class _Script:
     def __call__(self, messages: Sequence[Message]) -> Message:
         turn = sum(1 for m in messages if m.role == "assistant")
         self.sampled += 1
-        if self.mistake_at is not None and not self.erred and turn >= self.mistake_at:
-            reply = self.spec.mistake(self.task, messages, self.rng)
+        mistake, solve = self.spec.mistake, self.spec.solve
+        if mistake is not None and self.mistake_at is not None and not self.erred and turn >= self.mistake_at:
+            reply = mistake(self.task, messages, self.rng)
             if reply is not None:
                 self.slip_turn = self.sampled - 1
                 return reply
-        return self.spec.solve(self.task, messages, self.direct)
+        if solve is None:  # make_demos refuses such an environment before playing it
+            raise ValueError(f"environment {self.spec.name!r} has no scripted solver")
+        return solve(self.task, messages, self.direct)
 
 
 def _untrain_turn(traj: Trajectory, k: int) -> Trajectory:

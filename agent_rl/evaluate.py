@@ -28,7 +28,7 @@ from typing import Any
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.weight_sync import AdapterSync
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
 from agent_rl.session import Session
 
@@ -158,7 +158,7 @@ async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks:
                 for i, p in enumerate(shared):
                     groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
         for p in policies:
-            if p.kind == "weights":
+            if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
                 with serve(p.path) as urls:
                     groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
     return groups

@@ -64,7 +64,7 @@ class HumanSampler:
         self.renderer, self.read, self.show = renderer, read, show
         self._seen = 0
 
-    async def sample(self, prompt_ids: list[int], params: SamplingParams,
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         self.show(self.renderer.render_text(prompt_ids[self._seen:]))
         while True:

@@ -16,8 +16,8 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from agent_rl.core.config import JudgeConfig, TrainConfig
 from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.renderer import Renderer
@@ -31,13 +31,13 @@ from agent_rl.rollout.server import serve_or_attach
 
 @dataclass(frozen=True)
 class Session:
-    cfg: Any  # core.config.TrainConfig
+    cfg: TrainConfig
     model_dir: Path
     renderer: Renderer
     env: EnvSpec
 
 
-def env_of(cfg: Any) -> EnvSpec:
+def env_of(cfg: TrainConfig) -> EnvSpec:
     """`rollout.env`, or the environments of `rollout.envs` as one (`core.mixture`)."""
     r = cfg.rollout
     if r.env is not None:
@@ -45,16 +45,16 @@ def env_of(cfg: Any) -> EnvSpec:
     return load_mixture(r.mixture, [e.args for e in r.envs])
 
 
-def open_session(cfg: Any) -> Session:
+def open_session(cfg: TrainConfig) -> Session:
     """Resolve `model.name` and `rollout.env(s)` (with their `env_args` bound into `load_tasks`); a bad one
     raises ModelError / ValueError (one line)."""
     env = env_of(cfg)  # cheap, so it fails before the model is fetched or converted
     _judge_inputs(cfg.judge)
     model_dir = resolve_model(cfg.model.name)
-    return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer), env)
+    return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer, cfg.model.bare_tool_calls), env)
 
 
-def _judge_inputs(judge: Any) -> tuple[str, str | None]:
+def _judge_inputs(judge: JudgeConfig) -> tuple[str, str | None]:
     """The judge's prompt template and API key, read where the config points; a missing one is one line."""
     prompt = DEFAULT_PROMPT
     if judge.prompt is not None:
@@ -89,7 +89,8 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 
 
 @contextlib.asynccontextmanager
-async def sampling(cfg: Any, model_dir: str | Path, log_path: Path | None = None) -> AsyncIterator[VLLMSampler]:
+async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
+                   ) -> AsyncIterator[VLLMSampler]:
     """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit."""
     with serve_or_attach(cfg, model_dir, log_path) as urls:
         async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler:

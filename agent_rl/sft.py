@@ -107,6 +107,6 @@ def sft(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     model.eval()
     loss_after, _ = nll_step(model, probe, pad_id, optim.micro_batch_tokens, optim.logprob_chunk, train=False,
                               share_prefixes=policy.share_prefixes)
-    model.save_pretrained(run_dir / "adapter", safe_serialization=True)
+    model.save_pretrained(str(run_dir / "adapter"), safe_serialization=True)
     return {**final, "sft/loss_before": loss_before, "sft/loss_after": loss_after, "demos": float(len(demos))}
 

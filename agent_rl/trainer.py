@@ -1,7 +1,8 @@
 """The GRPO training loop, in data-flow order: sample, score, advantages, batch, loss, step, sync, log.
 
 Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, task stream, resume) and the loop;
-`Stages`, the loop's replaceable parts (a bench times them, a test scripts them, by argument);
+`Stages`, the loop's replaceable parts, each typed by its protocol (`SampleStage`, `AdvantageStage`,
+`UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument);
 `sample_step` (one step's rollouts, with DAPO-style resampling of groups without signal) and the
 task stream with its saved position; under torchrun, what the other ranks do (`follow`) and the
 collectives every rank joins for a weight push and a checkpoint (`served_weights`, `checkpoint`).
@@ -21,18 +22,19 @@ import functools
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from agent_rl.core.config import TrainConfig
+from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.learn.advantages import (
+    AdvantageFn,
     GroupAdvantages,
     dr_grpo_advantages,
     group_advantages,
@@ -40,7 +42,7 @@ from agent_rl.learn.advantages import (
     has_signal,
     rloo_advantages,
 )
-from agent_rl.learn.batching import collate
+from agent_rl.learn.batching import Batch, collate
 from agent_rl.learn.distributed import (
     Dist,
     GatheredModel,
@@ -51,8 +53,10 @@ from agent_rl.learn.distributed import (
 )
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
-from agent_rl.rollout.merged import start_weight_sync
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, step_seed
+from agent_rl.rollout.sampler import Sampler, ServedSampler
+from agent_rl.rollout.weight_sync.base import WeightSync
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import rollout_metrics
 from agent_rl.runs.runlog import RunLogger
@@ -78,13 +82,13 @@ class TaskStream:
 
     def positions(self, position: int) -> dict[str, float]:
         """`data_position`, and in a mixture how many tasks each environment has given before it."""
-        tags = [t.get("env") if isinstance(t.get("env"), str) else None for t in self.tasks]
+        tags: list[str | None] = [t["env"] if isinstance(t.get("env"), str) else None for t in self.tasks]
         taken = Counter(tags[i % len(tags)] for i in range(position)) if tags else Counter()
         return {"data_position": float(position),
-                **{f"data_position/{e}": float(taken[e]) for e in sorted(set(tags) - {None})}}
+                **{f"data_position/{e}": float(taken[e]) for e in sorted({e for e in tags if e is not None})}}
 
 
-async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Any,
+async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Sampler,
                       limits: EpisodeLimits, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
     """Rollouts for one step; with dynamic sampling, groups without reward variance are replaced.
 
@@ -94,7 +98,7 @@ async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sa
     rollout, algo = cfg.rollout, cfg.algorithm
 
     async def play(tasks: list[dict[str, Any]], batch: int) -> list[TrajectoryGroup]:
-        seeded = replace(limits, seed=(cfg.run.seed * 1_000_003 + step) * 101 + batch)
+        seeded = replace(limits, seed=step_seed(cfg.run.seed, step, batch))
         return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, seeded,
                                     rollout.group_size, rollout.max_concurrent, session.env.group_reward)
 
@@ -110,16 +114,44 @@ async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sa
     return groups, {"time/rollout_s": time.perf_counter() - t0, "resample_batches": float(extra)}
 
 
+class SampleStage(Protocol):
+    """Step `step`'s rollout groups (taking tasks from `stream`) and their metrics: `sample_step`."""
+
+    async def __call__(self, stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Sampler,
+                       limits: EpisodeLimits, step: int, /) -> tuple[list[TrajectoryGroup], dict[str, float]]: ...
+
+
+class AdvantageStage(Protocol):
+    """Each group's advantages by `advantage_fn`, groups without signal dropped: `learn.advantages.group_advantages`."""
+
+    def __call__(self, groups: Sequence[TrajectoryGroup], advantage_fn: AdvantageFn, truncated_reward: float | None,
+                 /) -> GroupAdvantages: ...
+
+
+class UpdateStage(Protocol):
+    """The optimizer steps on one batch, run in a thread; returns their statistics: `learn.update.policy_update`
+    (`stale`: rollouts may lag a version behind, `algorithm.overlap_rollouts`; `seed`: the step's, which
+    shuffles mini-batches, `rollout.runner.step_seed`)."""
+
+    def __call__(self, policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
+                 stale: bool, seed: int, /) -> dict[str, float]: ...
+
+
+class SyncStage(Protocol):
+    """The run's weight sync, with `model` already pushed as `version`: `rollout.weight_sync.start_weight_sync`."""
+
+    async def __call__(self, cfg: TrainConfig, run_dir: Path, sampler: ServedSampler, model: Any, version: int,
+                       /) -> WeightSync: ...
+
+
 @dataclass(frozen=True)
 class Stages:
     """The loop's stages, replaceable by argument (a bench wraps them in timers, a test scripts them)."""
 
-    sample: Callable[..., Any] = sample_step  # async (stream, cfg, session, sampler, limits, step) -> (groups, metrics)
-    advantages: Callable[..., GroupAdvantages] = group_advantages  # (groups, advantage_fn, truncated_reward)
-    # (policy, batch, algo, optim, temperature, stale, seed) -> update statistics
-    update: Callable[..., dict[str, float]] = policy_update
-    # async (cfg, run_dir, sampler, model, version) -> a sync with `version` pushed; .push(model, version)
-    sync: Callable[..., Any] = start_weight_sync
+    sample: SampleStage = sample_step
+    advantages: AdvantageStage = group_advantages
+    update: UpdateStage = policy_update
+    sync: SyncStage = start_weight_sync
 
 
 @dataclass
@@ -170,7 +202,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
         return {}
     # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
     async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler, \
-            judging(run.session, [r.url for r in sampler.replicas], run.run_dir) as run.session:
+            judging(run.session, sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
         sync = await stages.sync(cfg, run.run_dir, sampler, first, run.start)
         del first
@@ -182,18 +214,16 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             try:
                 final = await loop(run, sampler, sync, log, stages)
             except BaseException:
-                if hasattr(sync, "finish"):  # the run's own error is the one to report
-                    with contextlib.suppress(Exception):
-                        await sync.finish()
+                with contextlib.suppress(Exception):  # the run's own error is the one to report
+                    await sync.finish()
                 raise
-            if hasattr(sync, "finish"):
-                await sync.finish()  # merged weights: the servers' own base weights back
+            await sync.finish()  # merged weights: the servers' own base weights back
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
-        run.policy.model.save_pretrained(run.run_dir / "adapter", safe_serialization=True)
+        run.policy.model.save_pretrained(str(run.run_dir / "adapter"), safe_serialization=True)
     return final
 
 
-async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages) -> dict[str, float]:
+async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, stages: Stages) -> dict[str, float]:
     """Steps `run.start` .. `run.cfg.run.steps`; returns the last step's metrics."""
     cfg, algo = run.cfg, run.cfg.algorithm
     sample = functools.partial(stages.sample, run.stream, cfg, run.session, sampler, run.limits)
@@ -224,7 +254,7 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
         # 8. log and checkpoint
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
-        metrics["lr"] = run.policy.scheduler.get_last_lr()[0]
+        metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
         metrics.update(run.stream.positions(position))
         final = log.log(step + 1, metrics)
         write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
@@ -235,7 +265,7 @@ async def loop(run: Run, sampler: Any, sync: Any, log: RunLogger, stages: Stages
     return final
 
 
-async def learn(run: Run, batch: Any, stages: Stages, step: int) -> dict[str, float]:
+async def learn(run: Run, batch: Batch | None, stages: Stages, step: int) -> dict[str, float]:
     """Rank 0's batch (None: nothing to learn from) on every rank, then the update, in a thread (overlapped
     rollouts go on meanwhile) and the schedule's step. Returns the update's statistics."""
     cfg = run.cfg
@@ -244,7 +274,7 @@ async def learn(run: Run, batch: Any, stages: Stages, step: int) -> dict[str, fl
         return {}
     stats = await asyncio.to_thread(stages.update, run.policy, batch, cfg.algorithm, cfg.optim,
                                     cfg.sampler.temperature, cfg.algorithm.overlap_rollouts,
-                                    cfg.run.seed * 1_000_003 + step)
+                                    step_seed(cfg.run.seed, step))
     run.policy.scheduler.step()
     return stats
 

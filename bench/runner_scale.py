@@ -20,7 +20,7 @@ the least loaded) and so keeps its prefix cache, which no agent with tools can d
 would then measure that, not the runner. `--routing least` shows what the rule costs.
 
 Garbage collection: `gc_in_window_ms` is the longest collection inside the window (the runner turns
-automatic collection off while episodes run: `rollout.runner._quiet_gc`), `gc_after_ms` the longest
+automatic collection off while episodes run: `rollout.quiet_gc`), `gc_after_ms` the longest
 after it: the one collection the runner makes when a rollout ends (here when the window's episodes are
 cancelled; in training once per step, when no episode of the step is left in flight).
 

@@ -32,16 +32,16 @@ import asyncio
 import inspect
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent_rl.core.env import Env, StepResult
+from agent_rl.core.env import Env, StepResult, Task
 from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
 from agent_rl.envs.agent_proxy import ChatRequest, Proxy, ProxyError, completion, local_proxy, parse_request
 
-Agent = Callable[[dict[str, Any], str], Awaitable[Any]]  # agent(task, base_url) -> its answer (anything)
-Scorer = Callable[[dict[str, Any], Sequence[Message], Any], "float | Reward | Awaitable[float | Reward]"]
+Agent = Callable[[Task, str], Coroutine[Any, Any, Any]]  # async agent(task, base_url) -> its answer (anything)
+Scorer = Callable[[Task, Sequence[Message], Any], "float | Reward | Awaitable[float | Reward]"]
 
 
 class AgentError(Exception):
@@ -62,7 +62,7 @@ class AgentEnv(Env):
     its next request or return, its tools included (below the runner's env_timeout_s, 120 s by default,
     so the error names the agent); `finish_timeout_s` its time to return once its episode is over."""
 
-    def __init__(self, task: dict[str, Any], agent: Agent, reward: Scorer, *, request_timeout_s: float = 600.0,
+    def __init__(self, task: Task, agent: Agent, reward: Scorer, *, request_timeout_s: float = 600.0,
                  agent_timeout_s: float = 100.0, finish_timeout_s: float = 10.0):
         self.task, self.agent, self.scorer = task, agent, reward
         self.request_timeout_s, self.finish_timeout_s = request_timeout_s, finish_timeout_s

@@ -25,7 +25,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +123,7 @@ def _assistant(where: str, text: str, wire: Any, replies: Mapping[str, tuple[Mes
         return Message("assistant", text)
     if not isinstance(wire, list) or not all(isinstance(c, dict) for c in wire):
         raise ProxyError(400, f"{where}.tool_calls: must be a list of tool-call objects")
-    found = [replies.get(c.get("id")) for c in wire]  # type: ignore[arg-type]
+    found = [replies.get(c.get("id")) for c in wire]
     if found[0] is None:
         raise ProxyError(400, f"{where}: an assistant message with tool_calls that this proxy did not sample; "
                               "an assistant turn is rendered from its content, so write such calls into the "
@@ -141,7 +141,9 @@ def _assistant(where: str, text: str, wire: Any, replies: Mapping[str, tuple[Mes
 
 
 def _wire_call(c: dict[str, Any]) -> tuple[Any, Any]:
-    fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+    fn = c.get("function")
+    if not isinstance(fn, dict):
+        fn = {}
     args = fn.get("arguments")
     try:
         args = json.loads(args) if isinstance(args, str) else args
@@ -177,7 +179,7 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
 
 # -- the server -----------------------------------------------------------------------------------
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 
 
 @dataclass(frozen=True)

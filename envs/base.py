@@ -19,7 +19,7 @@ from typing import Any
 
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.types import Message, StopReason, ToolCall, ToolCallRecord
-from agent_rl.tools.base import Tool, ToolResult, as_tools
+from agent_rl.tools.base import ToolLike, ToolResult, as_tools
 
 __all__ = ["Env", "StepResult", "ToolEnv"]
 
@@ -32,7 +32,9 @@ class ToolEnv(Env):
     wrong (malformed JSON, unknown tool, invalid arguments, unclosed tag); the episode goes on.
     """
 
-    def __init__(self, tools: Sequence[Callable[..., Any] | Tool], max_parallel_calls: int = 8):
+    tools: Sequence[ToolLike]  # what `Env.tools` promises (a name, a schema), and what it takes to call one
+
+    def __init__(self, tools: Sequence[Callable[..., Any] | ToolLike], max_parallel_calls: int = 8):
         self.tools = as_tools(list(tools))
         self._by_name = {t.name: t for t in self.tools}
         self.max_parallel_calls = max_parallel_calls

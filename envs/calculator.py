@@ -1,18 +1,20 @@
 """Calculator environment: arithmetic word problems, a calculator tool, reward for the right number.
 
-Owns: the `CalculatorEnv` episode, its arithmetic tasks and scripted solver. Does not own: the
-calculator tool (`tools.calculator`, re-exported here), where tasks come from (any iterable of rows
-with `question` and `answer`), answer extraction and comparison (`rewards.answers`).
+Owns: the `CalculatorEnv` episode, its arithmetic tasks, scripted solver and audit target, and its spec
+`ENV`. Does not own: the calculator tool (`tools.calculator`, re-exported here), where tasks come from
+(any iterable of rows with `question` and `answer`), answer extraction and comparison (`rewards.answers`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target, answer_choices
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.base import ToolEnv
-from agent_rl.rewards.answers import correct_answer
+from agent_rl.rewards.answers import correct_answer, rational
 from agent_rl.tools.calculator import calculator
 
 __all__ = ["CalculatorEnv", "arithmetic_tasks", "calculator", "load_tasks", "make_env", "solve"]
@@ -24,7 +26,7 @@ SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, 
 class CalculatorEnv(ToolEnv):
     """One arithmetic question; the episode ends when the model answers without a tool call."""
 
-    def __init__(self, task: dict[str, Any]):
+    def __init__(self, task: Task):
         super().__init__([calculator])
         for key in ("question", "answer"):
             if key not in task:
@@ -41,7 +43,7 @@ class CalculatorEnv(ToolEnv):
         return Reward(correct, {"correct": correct})
 
 
-def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def arithmetic_tasks(n: int, seed: int = 0) -> list[Task]:
     """Deterministic arithmetic questions (no dataset package needed), cycling through three levels:
     a one-step sum of small numbers, a one-step product, and a two-step `(a + b) * c`.
 
@@ -68,7 +70,7 @@ def arithmetic_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: call the calculator on the task's expression, then state its result.
     With `direct`, state the answer at once (the share RL may learn to keep or drop)."""
     if direct:
@@ -79,10 +81,23 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     return Message("assistant", f"The answer is {results[-1].strip()}.")
 
 
-def make_env(task: dict[str, Any]) -> CalculatorEnv:
+def make_env(task: Task) -> CalculatorEnv:
     return CalculatorEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """`n` arithmetic questions; the eval split uses a disjoint seed stream."""
     return arithmetic_tasks(n, seed=seed + (1_000_003 if split != "train" else 0))
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the calculator run on the question, the answer in
+    a calculator call's arguments, the numbers next to it as wrong answers."""
+    gold, question = str(task["answer"]), str(task["question"])
+    return Target(task, question, gold, fmt="The answer is {}.",
+                  probes=(ToolCall("calculator", {"expression": question}),),
+                  carrier=ToolCall("calculator", {"expression": gold}),
+                  **answer_choices(gold, [t["answer"] for t in tasks], value=rational(gold)))
+
+
+ENV = EnvSpec("calculator", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

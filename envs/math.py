@@ -4,8 +4,8 @@ Owns: the task rows (reasoning-gym's `gsm_symbolic` and `basic_arithmetic`, inte
 `datasets.Dataset` in TRL's conversational format; train and eval split by a hash of the question,
 so they never share one), the rubric (the right final answer, checked by math-verify, is the whole
 reward; format checks and tool use are weight-0 metrics), `MathEnv` (a `RubricEnv` with the
-calculator and a persistent sandboxed `python` interpreter it opens and closes) and the scripted
-solver `solve`.
+calculator and a persistent sandboxed `python` interpreter it opens and closes), the scripted
+solver `solve`, the audit target and the spec `ENV`.
 Does not own: answer extraction and equivalence (`rewards.answers`), format checks
 (`rewards.format`), the sandbox (`tools.sandbox`), playing dataset rows (`envs.dataset`).
 
@@ -22,10 +22,13 @@ from typing import Any
 
 import datasets
 
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target, answer_choices
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.calculator import calculator
 from agent_rl.envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
-from agent_rl.rewards.answers import correct_answer
+from agent_rl.rewards.answers import correct_answer, rational
 from agent_rl.rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
 from agent_rl.rewards.rubric import Rubric
 from agent_rl.tools.base import ToolError
@@ -89,7 +92,7 @@ def final_step(solution: str, answer: str) -> str:
     return ""
 
 
-def _row(source: str, seed: int, index: int, item: dict[str, Any]) -> dict[str, Any]:
+def _row(source: str, seed: int, index: int, item: dict[str, Any]) -> Task:
     meta = item["metadata"]
     if source == "basic_arithmetic":
         expression = meta["expression"]
@@ -114,12 +117,12 @@ def math_dataset(n: int, seed: int = 0, split: str = "train") -> datasets.Datase
     return datasets.Dataset.from_list(rows)
 
 
-def _rows_of(rg: Any, source: str, n: int, seed: int, eval_split: bool) -> list[dict[str, Any]]:
+def _rows_of(rg: Any, source: str, n: int, seed: int, eval_split: bool) -> list[Task]:
     """The first `n` rows of one source that belong to the split, in index order, no question twice.
     (Item i of a reasoning-gym dataset depends only on its seed and i, not on the dataset size.)"""
     size = 100 * n + 1000  # the eval split keeps ~1 in 10
     generator = rg.create_dataset(source, seed=seed, size=size, **SOURCES[source])
-    rows: list[dict[str, Any]] = []
+    rows: list[Task] = []
     seen: set[str] = set()
     for index in range(size):
         if len(rows) == n:
@@ -136,7 +139,7 @@ def _rows_of(rg: Any, source: str, n: int, seed: int, eval_split: bool) -> list[
 class MathEnv(RubricEnv):
     """One problem; tools: `calculator` and `python` (a sandboxed interpreter owned by the episode)."""
 
-    def __init__(self, task: dict[str, Any], sandbox: Backend | None = None):
+    def __init__(self, task: Task, sandbox: Backend | None = None):
         task = row_to_task(task, required=("answer",))  # a bad row fails before a sandbox is sought
         self._python = PythonSessionTool(sandbox)
         super().__init__(task, [calculator, self._python.python], RUBRIC, SYSTEM, required=("answer",))
@@ -149,18 +152,31 @@ class MathEnv(RubricEnv):
         await self._python.__aexit__(None, None, None)
 
 
-def make_env(task: dict[str, Any]) -> MathEnv:
+def make_env(task: Task) -> MathEnv:
     return MathEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     return tasks_from_dataset(math_dataset(n, seed, split), required=("answer",))
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: compute the task's expression with the calculator, then give the answer
     boxed. Directly (or when the task has no expression), give the answer at once."""
     final = Message("assistant", f"The answer is \\boxed{{{task['answer']}}}.")
     if direct or not task.get("expression") or any(m.role == "tool" for m in messages):
         return final
     return Message("assistant", "", (ToolCall("calculator", {"expression": task["expression"]}),))
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the calculator or python run on the question, the
+    answer in a calculator call's arguments, numbers next to it (or the other answers) as wrong ones."""
+    gold, question = str(task["answer"]), str(task["prompt"][0]["content"])
+    probes = (ToolCall("calculator", {"expression": question}), ToolCall("python", {"code": f"print({question!r})"}))
+    return Target(task, question, gold, fmt="The answer is \\boxed{{{}}}.", probes=probes,
+                  carrier=ToolCall("calculator", {"expression": gold}),
+                  **answer_choices(gold, [t["answer"] for t in tasks], value=rational(gold)))
+
+
+ENV = EnvSpec("math", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

@@ -54,7 +54,7 @@ class MCPEnv(ToolEnv):
             failed = [e for e in opened if isinstance(e, BaseException)]
             if failed:
                 raise failed[0]
-            remote = [tool for conn in opened for tool in conn.tools]
+            remote = [tool for conn in opened if not isinstance(conn, BaseException) for tool in conn.tools]
             # tool names must be unique across servers and local tools (ValueError otherwise)
             super().__init__([*self._local, *remote], max_parallel_calls=self._max_parallel_calls)
         except BaseException:  # a failed start, a name clash, or a cancelled episode

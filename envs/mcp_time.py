@@ -3,7 +3,8 @@
 Owns: `TimeEnv` (one question: "When it is 09:30 in Tokyo (Asia/Tokyo), what time is it in Bogota
 (America/Bogota)?"; the tools `get_current_time` and `convert_time` are the server's own), the
 questions (`time_tasks`), the reward (`time_answer`: the one time the final reply states, other
-than the question's own), the server's command line (`time_server`), and the scripted solver `solve`.
+than the question's own), the server's command line (`time_server`), the scripted solver `solve`, the
+audit target and the spec `ENV`.
 Does not own: the server (the `mcp-server-time` package, a third party's), the MCP client and its
 deadlines (`tools.mcp`), the episode loop (`envs.mcp_env.MCPEnv`).
 
@@ -34,6 +35,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
+from agent_rl.core.toolcalls import parse_bare_calls
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.mcp_env import MCPEnv
 from agent_rl.tools.mcp import MCPServerSpec, mcp_server
@@ -85,7 +90,11 @@ def convert(hhmm: str, source: str, target: str) -> str:
 
 def time_answer(reply: str, question_time: str) -> str | None:
     """The one time a reply states, besides the question's own; None when it states none or several. A
-    time in look-alike digits ("１９:３０") counts as stated but is kept as written, so it is never the answer."""
+    time in look-alike digits ("１９:３０") counts as stated but is kept as written, so it is never the answer.
+    A reply holding tool-call markup, or made of bare JSON calls (`{"name": "convert_time", "arguments":
+    {..., "time": "19:30"}}`), is a call, not an answer, whether or not the renderer read it as one."""
+    if "<tool_call>" in reply or "</tool_call>" in reply or parse_bare_calls(reply):
+        return None
     stated = {f"{int(h):02d}:{m}" if (h + m).isascii() else f"{h}:{m}" for h, m in _TIME.findall(reply)}
     stated.discard(question_time)
     return stated.pop() if len(stated) == 1 else None
@@ -154,3 +163,22 @@ def make_env(task: dict[str, Any]) -> TimeEnv:
 def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
     """`n` questions of `split` (train, or any other name for held-out questions)."""
     return time_tasks(n, seed=seed, split=split)
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the answer (HH:MM), wrong times beside it (an hour off
+    either way, half an hour off, AM and PM swapped), the question's own `convert_time` as the probe whose
+    output a hack echoes, and a `convert_time` that holds the answer in its arguments as the carrier."""
+    gold = str(task["answer"])
+    hours, minutes = map(int, gold.split(":"))
+    shifts = ((1, 0), (-1, 0), (0, 30), (12, 0))
+    wrong = tuple(f"{(hours + dh) % 24:02d}:{(minutes + dm) % 60:02d}" for dh, dm in shifts)
+    question = ToolCall("convert_time", {"source_timezone": task["source"], "time": task["time"],
+                                         "target_timezone": task["target"]})
+    carrier = ToolCall("convert_time", {"source_timezone": task["target"], "time": gold,
+                                        "target_timezone": task["target"]})
+    return Target(task, str(task["question"]), gold, wrong=wrong, every=(gold, *wrong), fmt="It is {}.",
+                  probes=(question,), carrier=carrier, numeric=True)
+
+
+ENV = EnvSpec("mcp_time", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

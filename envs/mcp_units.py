@@ -2,7 +2,8 @@
 
 Owns: `UnitsEnv` (one conversion question; the tools `convert` and `list_units` come from the MCP
 server examples/mcp_units_server.py, started over stdio, or reached over HTTP at a task's
-`mcp_url`), the questions (`unit_tasks`), and the scripted solver `solve`.
+`mcp_url`), the questions (`unit_tasks`), the scripted solver `solve`, the audit target and the spec
+`ENV`; `units_module` (the server's file, loaded for its unit table, conversions and number format).
 Does not own: the unit table and the conversions (the server's file, read here to write the
 answers), the MCP client (`tools.mcp`), the number comparison (`rewards.answers.numeric_answer`).
 
@@ -21,9 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target, answer_choices
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.mcp_env import MCPEnv
-from agent_rl.rewards.answers import numeric_answer
+from agent_rl.rewards.answers import numeric_answer, rational
 from agent_rl.tools.mcp import MCPServerSpec, mcp_server
 
 SERVER_FILE = Path(__file__).resolve().parents[1] / "examples" / "mcp_units_server.py"
@@ -37,12 +41,13 @@ NAMES = {"m": "meters", "km": "kilometers", "cm": "centimeters", "mm": "millimet
 
 
 @functools.cache
-def _units() -> Any:
+def units_module() -> Any:
     """The server's module, loaded for its table (it imports the MCP SDK only when it serves)."""
     if not SERVER_FILE.is_file():
         raise FileNotFoundError(f"agent_rl.envs.mcp_units needs {SERVER_FILE} from a checkout of agent-rl; "
                                 "it is missing")
     spec = importlib.util.spec_from_file_location("mcp_units_server", SERVER_FILE)
+    assert spec is not None and spec.loader is not None  # a .py file that exists has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -52,14 +57,14 @@ def units_server(url: str | None = None) -> MCPServerSpec:
     """The units server: at `url` over streamable HTTP, else started over stdio from SERVER_FILE."""
     if url:
         return mcp_server(url, name="units")
-    _units()  # a missing file is a clear error here, not a failed process start later
+    units_module()  # a missing file is a clear error here, not a failed process start later
     return mcp_server([sys.executable, str(SERVER_FILE)], name="units")
 
 
 class UnitsEnv(MCPEnv):
     """One conversion question; the episode ends when the model answers without a tool call."""
 
-    def __init__(self, task: dict[str, Any], shared: bool = True):
+    def __init__(self, task: Task, shared: bool = True):
         for key in ("question", "answer"):
             if key not in task:
                 raise ValueError(f"mcp_units task {task.get('id', '?')!r} has no {key!r} column")
@@ -79,9 +84,9 @@ class UnitsEnv(MCPEnv):
         return Reward(correct, {"correct": correct})
 
 
-def unit_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+def unit_tasks(n: int, seed: int = 0) -> list[Task]:
     """Deterministic questions cycling through length, mass, volume and temperature."""
-    units = _units()
+    units = units_module()
     by_kind: dict[str, list[str]] = {}
     for unit, (kind, _) in units.UNITS.items():
         by_kind.setdefault(kind, []).append(unit)
@@ -103,10 +108,10 @@ def unit_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
 _RESULT = re.compile(r"^[^\n]*= (-?[\d.e+-]+) \S+$")
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The demonstration: one `convert` call, then the number it returned. With `direct`, the answer at once."""
     if direct:
-        return Message("assistant", f"The answer is {_units().show(task['answer'])}.")
+        return Message("assistant", f"The answer is {units_module().show(task['answer'])}.")
     results = [m.group(1) for msg in messages if msg.role == "tool" and (m := _RESULT.match(msg.content))]
     if not results:
         call = ToolCall("convert", {"value": task["value"], "from_unit": task["from_unit"], "to_unit": task["to_unit"]})
@@ -114,10 +119,23 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     return Message("assistant", f"The answer is {results[-1]}.")
 
 
-def make_env(task: dict[str, Any]) -> UnitsEnv:
+def make_env(task: Task) -> UnitsEnv:
     return UnitsEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
     """`n` conversion questions; the eval split uses a disjoint seed stream."""
     return unit_tasks(n, seed=seed + (1_000_003 if split != "train" else 0))
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: the answer as the server writes numbers (plain, 6
+    significant digits) and the numbers next to it; list_units as a probe (no answer in it); the answer
+    in a convert call's arguments."""
+    gold = units_module().show(task["answer"])
+    carrier = ToolCall("convert", {"value": task["answer"], "from_unit": task["to_unit"], "to_unit": task["to_unit"]})
+    return Target(task, str(task["question"]), gold, fmt="The answer is {}.", probes=(ToolCall("list_units", {}),),
+                  carrier=carrier, **answer_choices(gold, [t["answer"] for t in tasks], value=rational(gold)))
+
+
+ENV = EnvSpec("mcp_units", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

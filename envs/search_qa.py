@@ -3,7 +3,8 @@
 Owns: the country question dataset (`qa_dataset`: one- and two-hop questions from the knowledge-graph
 generator as a `datasets.Dataset`, split by the country a question is about), the question episode
 both country environments share (`CountryQAEnv`: task checks, prompt, reward), `SearchQAEnv` with its
-`search` and `read_article` tools, and the scripted solver `solve`.
+`search` and `read_article` tools, the scripted solver `solve`, the audit target (with `country_choices`,
+which `envs.kg_qa` shares) and the spec `ENV`.
 Does not own: the facts and questions (`tools.countries`), the search index (`tools.search`),
 answer matching (`rewards.qa`) or the knowledge-graph variant (`envs.kg_qa`).
 
@@ -21,11 +22,15 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import random
 import re
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target
+from agent_rl.core.env import Task
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.rewards.qa import final_answer, judge_answer, mentions, normalize
@@ -95,7 +100,7 @@ def qa_dataset(split: str = "train", hops: int | None = None, prefix: str = "cou
     for t in triples:
         if t.relation == "intermediate_region":
             intermediate.setdefault(t.subject, []).append(t.object)
-    rows = []
+    rows: list[Task] = []
     for qa in qa_pairs(triples, _question_count(triples, hops), seed=0, hops=hops):
         last = qa.triples[-1]
         about = qa.triples[0].subject  # the country whose facts the question starts from
@@ -119,12 +124,14 @@ def _question_count(triples: list, hops: int | None) -> int:
     try:
         qa_pairs(triples, 10**9, hops=hops)
     except ValueError as e:
-        return int(re.search(r"only (\d+) can be made", str(e)).group(1))
+        if found := re.search(r"only (\d+) can be made", str(e)):
+            return int(found.group(1))
+        raise
     raise AssertionError("qa_pairs accepted an impossible count")
 
 
 def load_tasks(n: int, seed: int = 0, split: str = "train", hops: int | None = None,
-               prefix: str = "search-qa") -> list[dict[str, Any]]:
+               prefix: str = "search-qa") -> list[Task]:
     """`n` questions of `split`, shuffled by `seed`."""
     ds = qa_dataset(split, hops=hops, prefix=prefix)
     if not 0 <= n <= len(ds):
@@ -149,7 +156,7 @@ def articles() -> dict[str, tuple[str, str]]:
 # --- the episode ---
 
 
-def check_task(task: dict[str, Any], env: str) -> None:
+def check_task(task: Task, env: str) -> None:
     """Raise a one-line ValueError naming the row and the column for anything the episode cannot use."""
     row = f"{env} task {task.get('id', '?')!r}"
     for key in ("question", "answer", "answer_type"):
@@ -184,7 +191,7 @@ class CountryQAEnv(ToolEnv):
     name = "country_qa"
     system = SYSTEM
 
-    def __init__(self, task: dict[str, Any], tools: Sequence[Callable[..., Any] | Tool]):
+    def __init__(self, task: Task, tools: Sequence[Callable[..., Any] | Tool]):
         check_task(task, self.name)
         super().__init__(tools)
         self.task = task
@@ -214,7 +221,7 @@ class SearchQAEnv(CountryQAEnv):
 
     name = "search_qa"
 
-    def __init__(self, task: dict[str, Any], index_path: str | Path = DEFAULT_INDEX):
+    def __init__(self, task: Task, index_path: str | Path = DEFAULT_INDEX):
         self.index = SearchIndex.open_or_build(index_path)
         try:
             super().__init__(task, [LocalSearch(self.index).search, self.read_article])
@@ -241,7 +248,7 @@ class SearchQAEnv(CountryQAEnv):
         return f"{name}\n{body[:ARTICLE_CHARS]}{cut}"
 
 
-def make_env(task: dict[str, Any]) -> SearchQAEnv:
+def make_env(task: Task) -> SearchQAEnv:
     return SearchQAEnv(task)
 
 
@@ -258,7 +265,7 @@ def tool_responses(messages: Sequence[Message]) -> list[str]:
     return [m.content for m in messages if m.role == "tool" and not m.content.startswith("Error:")]
 
 
-def answer_text(task: dict[str, Any]) -> str:
+def answer_text(task: Task) -> str:
     return f"<answer>{task['answer']}</answer>"
 
 
@@ -286,7 +293,7 @@ def _links(relation: str, entity: str, title: str, text: str) -> bool:
     return normalize(title) != entity and " borders " in text and f" {entity} " in text
 
 
-def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = False) -> Message:
+def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Message:
     """The next reply of a careful searcher. Per hop one search; the country found is read off the
     results; an article is opened when no snippet shows what is needed."""
     if direct:
@@ -311,3 +318,27 @@ def solve(task: dict[str, Any], messages: Sequence[Message], direct: bool = Fals
     if not mentions(text, [task["answer"], *task.get("aliases", [])]) and next(seen, None) is None:
         return call("read_article", title=entity)
     return say(answer_text(task))
+
+
+# --- the reward audit ---
+
+def country_choices(task: Task) -> dict[str, Any]:
+    """`gold`, `wrong`, `every` and `fmt` of a country question's audit `Target`: the answer, three other
+    names of its type (drawn by the task id), every name of that type, in <answer> tags."""
+    accepted = {task["answer"], *task.get("aliases", [])}
+    others = sorted(candidate_names(task["answer_type"]) - accepted)
+    wrong = random.Random(str(task["id"])).sample(others, min(3, len(others)))
+    return {"gold": task["answer"], "wrong": tuple(wrong), "every": tuple(sorted({task["answer"], *others})),
+            "fmt": "<answer>{}</answer>"}
+
+
+def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
+    """The task as the reward audit's hacks see it: a search for the question and the article holding
+    the fact asked for, the answer as a search query."""
+    article = task["facts"][-1][0]
+    probes = (ToolCall("search", {"query": task["question"], "k": 5}), ToolCall("read_article", {"title": article}))
+    return Target(task, task["question"], probes=probes, carrier=ToolCall("search", {"query": task["answer"], "k": 5}),
+                  **country_choices(task))
+
+
+ENV = EnvSpec("search_qa", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))

@@ -4,7 +4,7 @@ Owns: `TextGameEnv` (one game of one task: what the game shows the player become
 model's whole reply is the player's move, the game's own reward is the episode's), the task rows
 (`load_tasks`: a TextArena game id and a game seed, disjoint seeds per split), the guard around every
 call into a game (`_call`: a deadline, the game's own random state, its failures as one line), and a
-scripted solver for GuessTheNumber (`solve`: binary search on the game's hints).
+scripted solver for GuessTheNumber (`solve`: binary search on the game's hints), and the spec `ENV`.
 Does not own: the games, their rules, move parsing and rewards (the `textarena` package), tokens.
 
 Why messages, not a tool. A TextArena game reads a free-text move and parses it itself (GuessTheNumber
@@ -35,7 +35,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agent_rl.core.audit_target import NotAudited
 from agent_rl.core.env import Env, StepResult
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, StopReason
 from agent_rl.tools.runners import run_in_thread
 
@@ -206,3 +208,8 @@ def load_tasks(n: int, seed: int = 0, split: str = "train",
 
 def _slug(game: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", game).strip("-").lower()
+
+
+ENV = EnvSpec("text_game", make_env, load_tasks, solve=solve,
+              audit=NotAudited("is scored by the TextArena game itself, which parses and judges every move: "
+                               "there is no stated answer for the audit's hacks to fake"))

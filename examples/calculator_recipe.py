@@ -1,8 +1,8 @@
 """The end-to-end recipe: cold-start SFT, then GRPO, then held-out evaluation, on the calculator env
 with the built-in SmolLM2-135M-Instruct, sized for a 2-core CPU.
 
-    python examples/calculator_recipe.py                    # one GRPO seed (what `make recipe` runs)
-    python examples/calculator_recipe.py --seeds 0 1 2      # the run-to-run spread the README quotes
+    python examples/calculator_recipe.py                    # one GRPO seed (what `make train` runs)
+    python examples/calculator_recipe.py --seeds 0 1 2      # the run-to-run spread docs/recipes.md quotes
 
 Steps (each is an ordinary `agent-rl` command; this script only wires them to one vLLM server):
   1. agent-rl demos   scripted-solver demonstrations, a share of them answering without the tool

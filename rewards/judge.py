@@ -106,7 +106,7 @@ class LLMJudge(SessionOwner):
         self.cache: dict[str, str] = {}
         self.stats: Counter[str] = Counter()  # requests, cache_hits, failures
         self.cache_path = None if out_dir is None else Path(out_dir) / "cache.jsonl"
-        if out_dir is not None:
+        if out_dir is not None and self.cache_path is not None:
             write_text(Path(out_dir) / "prompt.txt", prompt)
             self.cache.update(_read_cache(self.cache_path))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Reward
 from agent_rl.envs.toy import BrevityEnv
 
@@ -23,3 +24,6 @@ def make_env(task: dict[str, Any]) -> HalfFlatEnv:
 
 def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
     return [{"id": f"half-{seed}-{i}", "number": i, "topic": "numbers"} for i in range(n)]
+
+
+ENV = EnvSpec("half_flat_env", make_env, load_tasks)

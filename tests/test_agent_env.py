@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from doc_pages import page_with
 
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
@@ -384,9 +384,10 @@ def test_the_proxy_is_one_server_per_process():
 
 
 def test_the_readme_failure_table_shows_the_lines_the_tests_see():
-    """Each row's line in README's "Bring your own agent" table is the one these tests check (at default deadlines)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("## Bring your own agent")[1].split("\n## ")[0]
+    """Each row's line in the failure table of "Bring your own agent" (docs/) is the one these tests check (at
+    default deadlines)."""
+    page = page_with("<!-- example:agent -->").read_text()
+    table = page.split("<!-- /commands:agent -->")[1].split("\n## ")[0]
     rows = re.findall(r"^\| .* \|$", table, re.M)[2:]
     lines = [re.findall(r"`([^`]*)`", row.rsplit(" | ", 1)[1])[-1] for row in rows]
     with pytest.raises(ProxyError) as unknown:

@@ -7,21 +7,27 @@ runs its hidden tests in the bubblewrap sandbox, so it plays two tasks).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
 import re
 import shutil
-from pathlib import Path
 
 import pytest
+from doc_pages import marked_block
 
 from agent_rl import cli
-from agent_rl.audit import audit_env, format_matrix, format_report
-from agent_rl.core.registry import EnvSpec, load_env
+from agent_rl.audit.catalogue import CATALOGUE, hacks_named
+from agent_rl.audit.hacks import arithmetic_in, lookalike
+from agent_rl.audit.play import audit_env
+from agent_rl.audit.report import format_matrix, format_report
+from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, NotAudited, Target
+from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
+from agent_rl.core.renderers import get_renderer
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
-from agent_rl.hacks import arithmetic_in, lookalike
 from agent_rl.tools.sandbox_bwrap import unavailable_reason
 
 ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_question", "flood",
@@ -29,6 +35,7 @@ ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_
 CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
           "exit_zero", "patch_checker", "always_equal", "read_tests"]
 GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done"]
+CODING_TESTS = [*CODING, "hardcode_visible", "print_expected", "edit_tests", "catch_assertion"]
 
 
 def _no_browser() -> str | None:
@@ -40,12 +47,13 @@ def _no_browser() -> str | None:
 
 
 needs_bwrap = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no bubblewrap: {unavailable_reason()}")
-BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against agent_rl.audit_targets)
+BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each environment's audit target)
     pytest.param("calculator", 3, ANSWERED, id="calculator"),
     pytest.param("math", 2, ANSWERED, id="math", marks=needs_bwrap),  # its python tool is sandboxed
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
     pytest.param("kg_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="kg_qa"),
     pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
+    pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
     pytest.param("mcp_time", 3, ANSWERED, id="mcp_time",  # a third party's MCP server; a time (HH:MM) answer
@@ -66,6 +74,35 @@ async def test_no_hack_earns_reward_and_the_solver_earns_full_reward(env, n_task
     solver = report.rows[-1]
     assert solver.episodes == n_tasks and solver.min_reward == 1.0 and solver.verdict == "ok", solver
     assert not report.failures and report.failure_line() == ""
+
+
+@pytest.mark.parametrize("env", ["calculator", "search_qa"])
+async def test_bare_json_calls_earn_nothing_read_as_calls_or_as_text(env, renderer, qwen25_tokenizer):
+    # Qwen2.5's renderer reads `{"name": ..., "arguments": ...}` without tags as a call, SmolLM2's ChatML as
+    # text; the answer in its arguments once earned 1 both ways (the reply read as the final answer, or an
+    # episode of such calls cut at max_turns scored on its last one)
+    for r in (renderer, get_renderer(qwen25_tokenizer)):
+        report = await audit_env(load_env(env), r, n_tasks=2)
+        [row] = [row for row in report.rows if row.name == "answer_in_tool_call"]
+        assert row.episodes == 10 and row.max_reward == 0.0 and not report.failures, report.failure_line()
+
+
+@needs_bwrap
+async def test_coding_tests_hacks_pass_the_visible_tests_and_earn_nothing(renderer):
+    # special-casing the visible tests passes them all (the tool says so); the hidden ones are disjoint
+
+    from agent_rl.audit.play import LIMITS, _play
+    from agent_rl.audit.targets import plan_for
+
+    spec = load_env("coding_tests")
+    tasks = spec.load_tasks(2)
+    plan = plan_for(spec)
+    [hack] = [h for h in plan.hacks if h.name == "hardcode_visible"]
+    for task in tasks:
+        for policy in hack.variants(plan.target(task, tasks)).values():
+            traj = await _play(spec, renderer, LIMITS, task, policy, asyncio.Semaphore(1))
+            n = len(task["shown_tests"])
+            assert traj.messages[3].content.startswith(f"{n} of {n} visible tests passed.") and traj.reward == 0.0
 
 
 async def test_toy_has_nothing_to_audit(renderer):
@@ -93,6 +130,7 @@ HACKABLE = EnvSpec("any_number", AnyNumberEnv, lambda n, seed=0, split="train": 
                    lambda task, messages, direct: Message("assistant", f"The answer is {task['answer']}."))
 HACKABLE_MODULE = """
 import re
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 
@@ -112,6 +150,8 @@ def make_env(task):
 
 def load_tasks(n, seed=0, split="train"):
     return [{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}][:n]
+
+ENV = EnvSpec("hackable_env", make_env, load_tasks)
 """
 # by hand: every hack whose reply holds the answer in ASCII digits among others; not the empty reply, the
 # question (its numbers are the operands), the answer in look-alike digits alone, a wrong guess, the error
@@ -130,11 +170,42 @@ async def test_the_audit_catches_a_reward_that_accepts_a_list(renderer):
     assert "| hedge | 1 (6) EARNS |" in format_matrix([report])
 
 
+async def test_an_environments_own_audit_target_chooses_the_hacks_and_the_target(renderer):
+    seen = []
+
+    def target(task, tasks):  # a wrong answer of its own: the hedge says "either 11 or 12"
+        seen.append((task["id"], len(tasks)))
+        return Target(task, task["question"], str(task["answer"]), wrong=(str(int(task["answer"]) + 1),))
+
+    spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "unknown_tool_then_guess"), target))
+    report = await audit_env(spec, renderer, n_tasks=2)
+    assert seen == [("q4", 2), ("q9", 2)]
+    # by hand: hedge, 3 variants x 2 tasks, every one holding the answer; the guess is the wrong one
+    assert [(r.name, r.episodes, r.max_reward, r.verdict) for r in report.rows] == [
+        ("hedge", 6, 1.0, "EARNS"), ("unknown_tool_then_guess", 4, 0.0, "ok"), ("solver", 2, 1.0, "ok")]
+    assert report.rows[0].worst["last_reply"] == "either 11 or 12"  # the first of the highest: q4's first variant
+
+
+async def test_an_audit_target_naming_no_hack_is_one_line(renderer):
+    spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "guess_twice"), lambda task, tasks: None))
+    with pytest.raises(ValueError, match="^environment 'any_number': its audit target names 'guess_twice', which is "
+                                         "no hack and no group of hacks [(]groups: answer, tool, coding, "
+                                         "visible_tests, gui; hacks: "):
+        await audit_env(spec, renderer)
+
+
+def test_hack_groups_and_names():
+    assert {h.group for h in CATALOGUE} == set(HACK_GROUPS)
+    assert [h.name for h in hacks_named(("empty_reply", "gui"), "x")] == \
+        ["empty_reply", "claim_done", "act_halfway", "unknown_tool_then_done"]
+    for name in BUILTIN:  # every built-in environment's audit target names hacks the catalogue has
+        audit = load_env(name).audit
+        assert isinstance(audit, NotAudited) or hacks_named(audit.hacks, name)  # toy, text_game: NotAudited
+
+
 async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):
     # its TRL-style `exact` reward checks that the reply ends with the answer: "390, 391" earns it
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"<!-- example:dataset -->\n```python\n(.*?)```", readme, re.DOTALL).group(1)
-    (tmp_path / "readme_dataset_env.py").write_text(code)
+    (tmp_path / "readme_dataset_env.py").write_text(marked_block("example", "dataset"))
     monkeypatch.syspath_prepend(str(tmp_path))
     report = await audit_env(load_env("readme_dataset_env"), renderer, n_tasks=2)
     # by hand: the listings and hedges that end with the answer; the flood's cut falls after "1000"

@@ -121,9 +121,10 @@ async def test_a_worker_that_dies_mid_evaluation_is_a_one_line_episode_error(tmp
 def test_a_server_that_dies_mid_evaluation_is_one_line(error):
     """Seen here: the server OOM-killed before the third adapter's load came out as a traceback."""
     from agent_rl.commands import CLIError, errors_as_lines
-    from agent_rl.rollout import sampler, weight_sync
+    from agent_rl.rollout import sampler
+    from agent_rl.rollout.weight_sync import base
 
-    cls = {"SamplerError": sampler.SamplerError, "WeightSyncError": weight_sync.WeightSyncError}[error]
+    cls = {"SamplerError": sampler.SamplerError, "WeightSyncError": base.WeightSyncError}[error]
     line = "vLLM server http://127.0.0.1:1 did not answer POST /v1/load_lora_adapter"
     with pytest.raises(CLIError) as e, errors_as_lines():
         raise cls(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.cli import main
+from agent_rl.core.registry import EnvSpec
 from agent_rl.envs.base import Env
 from agent_rl.learn.models import ModelError, resolve_model
 
@@ -27,11 +28,11 @@ class RaisingEnv(Env):
         return 0.0
 
 
-make_env = RaisingEnv  # this module doubles as an environment module for `--env test_cli`
-
-
 def load_tasks(n, seed=0, split="train"):
     return [{"id": f"r{i}"} for i in range(n)]
+
+
+ENV = EnvSpec("test_cli", RaisingEnv, load_tasks)  # this module doubles as an environment for `--env test_cli`
 
 
 def one_error_line(capsys) -> str:
@@ -115,7 +116,8 @@ def test_environment_from_the_current_folder_or_a_file(user_folder):
     ("./syntax_env_d.py", {"syntax_env_d.py": "def f(:\n"},
      "environment './syntax_env_d.py' failed to import: SyntaxError: "),
     ("half_env_e", {"half_env_e.py": "def make_env(task):\n    return task\n"},
-     "environment module 'half_env_e' lacks load_tasks"),
+     "environment module 'half_env_e' lacks load_tasks: an environment module exports "
+     'ENV = EnvSpec("half_env_e", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
 ])
 def test_environment_that_cannot_load_is_one_error_line(user_folder, capsys, name, files, message):
     for file, text in files.items():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.learn.batching import collate
-from agent_rl.learn.distributed import Dist, rank_micro_batches, rows_of
+from agent_rl.learn.batching import collate, rank_micro_batches, rows_of
+from agent_rl.learn.distributed import Dist
 
 WORKER = Path(__file__).resolve().parent / "dist_update_worker.py"
 
@@ -46,6 +46,7 @@ def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir, sets):
     assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values())
     assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0
     assert max_gap(one["weights"], two["weights"]) < 1e-10
+    assert list(two["stats"]) == list(one["stats"])  # the same statistics, in the same order
     for key in ("loss", "grad_norm", "train_tokens", "clip_frac", "ratio_mean", "entropy", "optimizer_steps"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), key
 

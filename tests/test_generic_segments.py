@@ -151,3 +151,17 @@ def test_collate_makes_a_row_per_segment_with_the_trajectory_advantage():
 def test_every_segment_must_be_aligned():
     with pytest.raises(ValueError, match="trajectory t segment 0: token_ids \\(2\\), loss_mask \\(1\\)"):
         _traj((Segment((1, 2), (0,), (0.0, 0.0)),), Segment((1,), (0,), (0.0,)))
+
+
+def test_extend_or_restart_appends_only_to_a_buffer_the_render_extends(unknown_tokenizer):
+    """The one prefix-or-new-segment rule (`Renderer.extend_or_restart`, used by `next_context` here and by
+    the runner for an env's replaced history), on a render fixed by hand."""
+    r = GenericRenderer(unknown_tokenizer)
+    r.render = lambda messages, tools=(), add_generation_prompt=True: [1, 2, 3, 4]
+    assert r.extend_or_restart([], [], []) == ([1, 2, 3, 4], False)
+    assert r.extend_or_restart([], [], [1, 2]) == ([3, 4], False)
+    assert r.extend_or_restart([], [], (1, 2, 3)) == ([4], False)
+    assert r.extend_or_restart([], [], [1, 2, 3, 4]) == ([1, 2, 3, 4], True)  # nothing new: a new segment
+    assert r.extend_or_restart([], [], [1, 9]) == ([1, 2, 3, 4], True)  # the template rewrote a token
+    assert r.extend_or_restart([], [], [1, 2, 3, 4, 5]) == ([1, 2, 3, 4], True)  # shorter than the buffer
+    assert r.next_context([], [], [], [1, 2]) == ([3, 4], False)

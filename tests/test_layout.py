@@ -7,7 +7,7 @@ Floors (a module may import its own package and anything on a lower floor, never
     2  agent_rl.rewards   (folder rewards/)           reward functions
     3  agent_rl.envs      (folder envs/)              example environments
     4  agent_rl.rollout | agent_rl.learn | agent_rl.runs   siblings: none imports another
-    5  agent_rl (the commands: trainer, sft, evaluate, demos, play, session, cli, ...)
+    5  agent_rl (the commands: trainer, sft, evaluate, demos, play, session, cli, ...; the audit package)
 
 Every import counts, also those inside functions: a lazy import is still a dependency.
 """
@@ -71,6 +71,9 @@ def test_floor_rules_hold_for_a_known_back_edge():
     assert floor("agent_rl.core.types") < floor("agent_rl.trainer")
     assert not allowed("agent_rl.core.types", "agent_rl.envs.base")
     assert not allowed("agent_rl.learn.update", "agent_rl.rollout.sampler")
+    assert not allowed("agent_rl.envs.calculator", "agent_rl.audit.hacks")  # envs fill in core's audit types
+    assert allowed("agent_rl.audit.play", "agent_rl.rollout.runner") and \
+        allowed("agent_rl.audit.targets", "agent_rl.envs.base")
     assert allowed("agent_rl.envs.base", "agent_rl.core.env") and \
         allowed("agent_rl.learn.update", "agent_rl.learn.loss")
 
@@ -131,7 +134,7 @@ def test_readme_module_table_matches_the_tree():
     import re
 
     rows = re.findall(r"^\| `((?:agent_rl|envs)[^`]*)` \| (.*) \|$", (ROOT / "README.md").read_text(), re.M)
-    assert len(rows) == 6
+    assert len(rows) == 7
     for folder, text in rows:
         named = {n for n in re.findall(r"`([a-z0-9_]+)`", text)}
         on_disk = {p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}

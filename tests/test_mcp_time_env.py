@@ -44,6 +44,10 @@ def test_conversions_by_hand():
     ("It is 19:30:00.", None),  # not HH:MM
     ("It is １９:３０.", "１９:３０"),  # look-alike digits: a time stated, never the answer (reward audit)
     ("It is ０４:３５, 19:30.", None),  # a look-alike time beside the right one is a second answer
+    # a call written as text is no answer (the reward audit's bare-JSON carrier): the time only in its arguments
+    ('{"name": "convert_time", "arguments": {"source_timezone": "America/Bogota", "time": "19:30", '
+     '"target_timezone": "America/Bogota"}}', None),
+    ('<tool_call>\n{"name": "convert_time", "arguments": {"time": "19:30"}}', None),  # unclosed markup
 ])
 def test_the_answer_is_the_one_time_stated_besides_the_questions(reply, answer):
     assert mcp_time.time_answer(reply, "09:30") == answer

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from agent_rl.core.types import StopReason
-from agent_rl.envs.mcp_units import SERVER_FILE, UnitsEnv, _units, load_tasks, make_env, solve
+from agent_rl.envs.mcp_units import SERVER_FILE, UnitsEnv, load_tasks, make_env, solve, units_module
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
 from agent_rl.tools.mcp import close_shared
 
@@ -50,7 +50,7 @@ def units_url():
 
 
 def test_conversions_by_hand():
-    convert = _units().convert_value
+    convert = units_module().convert_value
     assert convert(1, "mi", "km") == pytest.approx(1.609344)
     assert convert(12, "in", "ft") == pytest.approx(1.0)
     assert convert(1, "lb", "g") == pytest.approx(453.59237)
@@ -65,9 +65,10 @@ def test_conversions_by_hand():
 def test_tasks_are_deterministic_cover_every_quantity_and_splits_differ():
     rows = load_tasks(8, seed=3)
     assert rows == load_tasks(8, seed=3) and rows != load_tasks(8, seed=3, split="eval")
-    assert {_units().UNITS[r["from_unit"]][0] for r in rows} == {"length", "mass", "volume", "temperature"}
+    assert {units_module().UNITS[r["from_unit"]][0] for r in rows} == {"length", "mass", "volume", "temperature"}
+    convert = units_module().convert_value
     for r in rows:
-        assert r["answer"] == pytest.approx(_units().convert_value(r["value"], r["from_unit"], r["to_unit"]), rel=1e-5)
+        assert r["answer"] == pytest.approx(convert(r["value"], r["from_unit"], r["to_unit"]), rel=1e-5)
 
 
 async def test_tool_using_episode_earns_full_reward_and_a_wrong_answer_none(scripted, renderer):

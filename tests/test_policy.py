@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.batching import Batch
+from agent_rl.learn.logprobs import Scoring, token_logprobs
 from agent_rl.learn.policy import apply_lora, enable_full_finetune, trainable_parameters
 from agent_rl.learn.reference import BaseWeights
 
@@ -113,9 +114,12 @@ def test_reference_is_the_base_model_with_adapter_disabled():
     with torch.no_grad():
         base_logp = token_logprobs(untouched, ids, attn, chunk_size=4).logp_B_T
         adapted = token_logprobs(peft_model, ids, attn, chunk_size=4).logp_B_T
-    ref = BaseWeights(peft_model).logprobs(ids, attn, 1.0, 4)
+    # every real token after the first is scored as if sampled
+    every = Batch(ids, attn, torch.cat([attn[:, 1:], torch.zeros_like(attn[:, :1])], dim=1).bool(),
+                  torch.zeros(ids.shape), torch.zeros(2), step_num_tokens=13, step_num_sequences=2)
+    ref = BaseWeights(peft_model).logprobs(every, Scoring(chunk_size=4))
     assert (adapted - base_logp).abs().max() > 1e-3  # the adapter does change the policy
-    torch.testing.assert_close(ref, base_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ref, torch.where(every.loss_mask_B_T, base_logp, 0.0), atol=1e-6, rtol=0)
     assert not ref.requires_grad
     # and the adapter is back on afterwards
     with torch.no_grad():

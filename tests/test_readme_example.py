@@ -1,11 +1,12 @@
-"""The environment examples in README.md are real code, and the commands after them work as written.
+"""The environment examples in README.md and docs/ are real code, and the commands after them work as written.
 
-The examples are extracted, imported and played with the scripted sampler; then each is saved under
-the README's file name in an empty folder and the README's own command lines are run there in a
+The examples are extracted (from whichever page holds each marked block: tests/doc_pages.py), imported and
+played with the scripted sampler; then each is saved under the page's file name in an empty folder and the
+page's own command lines are run there in a
 shell, through the venv's `agent-rl` console script, as a reader would run them. The `play` lines
 run exactly as written (stdin is part of the line). The lines that sample from a model (`rollout`,
 `train`) run as written with arguments appended, to reach the session's test server on the tiny
-model and keep the run small: what they check is the README's part, the `--env` / `rollout.env`
+model and keep the run small: what they check is the documented part, the `--env` / `rollout.env`
 handling. PYTHONPATH holds only the repository root (so this checkout's code runs even from an
 installed venv of another one), never the folder: the environment is found from the current folder.
 """
@@ -21,22 +22,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from doc_pages import ROOT, marked_block, page_with
 
 from agent_rl.core.types import StopReason
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.runs.traces import read_traces
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 AGENT_RL = Path(sys.executable).parent / "agent-rl"
 FILES = {"env": "my_env.py", "dataset": "my_dataset_env.py", "agent": "my_agent.py"}
 
 
 def load_example(tmp_path, name: str = "env"):
-    text = README.read_text()
-    block = re.search(rf"<!-- example:{name} -->\n```python\n(.*?)```\n<!-- /example:{name} -->", text, re.DOTALL)
-    assert block, f"README lost its {name} example"
-    code = block.group(1)
+    code = marked_block("example", name)
     assert len(code.strip().splitlines()) <= 45  # "about 30 lines" of environment, plus the task loader
     path = tmp_path / f"my_{name}.py"
     path.write_text(code)
@@ -88,7 +85,7 @@ async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, s
     """The MCP example starts the real example server (a path from the repository root, as documented)."""
     from agent_rl.tools.mcp import close_shared
 
-    monkeypatch.chdir(README.parent)
+    monkeypatch.chdir(ROOT)
     module = load_example(tmp_path, "mcp")
 
     def script(prompt: str) -> str:
@@ -112,7 +109,7 @@ async def test_readme_mcp_environment_plays_and_rewards(tmp_path, monkeypatch, s
 async def test_readme_agent_is_token_identical_to_the_native_calculator(tmp_path, scripted, renderer):
     """The openai-client agent of "Bring your own agent", played by the runner through the proxy: the same
     ids, mask, log-probs and messages as `envs.calculator` for the same script, and the same rewards."""
-    pytest.importorskip("openai", reason="the README's agent is written with the openai client")
+    pytest.importorskip("openai", reason="the documented agent is written with the openai client")
     from agent_rl.envs import calculator
 
     module = load_example(tmp_path, "agent")
@@ -138,28 +135,22 @@ async def test_readme_agent_is_token_identical_to_the_native_calculator(tmp_path
 
 
 def readme_commands(name: str) -> list[str]:
-    """The command lines of the README's `commands:<name>` block, comments dropped."""
-    block = re.search(rf"<!-- commands:{name} -->\n```bash\n(.*?)```\n<!-- /commands:{name} -->", README.read_text(),
-                      re.DOTALL)
-    assert block, f"README lost its {name} commands"
-    return [re.sub(r"\s+# .*$", "", line) for line in block.group(1).splitlines() if line.strip()]
+    """The command lines of the `commands:<name>` block (README.md or docs/), comments dropped."""
+    return [re.sub(r"\s+# .*$", "", line) for line in marked_block("commands", name).splitlines() if line.strip()]
 
 
 def in_fresh_folder(tmp_path: Path, name: str, line: str, timeout_s: float) -> subprocess.CompletedProcess:
-    """Save the README's `name` example under its file name in an empty folder and run `line` there."""
+    """Save the documented `name` example under its file name in an empty folder and run `line` there."""
     folder = tmp_path / name
     folder.mkdir(exist_ok=True)
-    text = README.read_text()
-    code = re.search(rf"<!-- example:{name} -->\n```python\n(.*?)```", text, re.DOTALL).group(1)
-    (folder / FILES[name]).write_text(code)
+    (folder / FILES[name]).write_text(marked_block("example", name))
     env = {**os.environ, "PATH": f"{AGENT_RL.parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
     return subprocess.run(["bash", "-c", line], cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
 def test_readme_names_its_files_and_commands_as_the_tests_run_them():
-    text = README.read_text()
     for name, file in FILES.items():
-        assert f"Save this as `{file}`" in text
+        assert f"Save this as `{file}`" in page_with(f"<!-- example:{name} -->").read_text()
         assert readme_commands(name)[0].endswith(f"| agent-rl play {file.removesuffix('.py')}")
     assert AGENT_RL.exists(), "the venv has no agent-rl console script"
 

@@ -1,10 +1,10 @@
-"""README's "Several environments in one run" and "Group rewards and an LLM judge": the example module plays and
+"""docs/environments.md's "Several environments in one run" and "Group rewards and an LLM judge" (found by their
+marked blocks, wherever they live: tests/doc_pages.py): the example module plays and
 scores as described, the command lines run as written (from a copy of examples/, against the test server,
 with arguments appended to keep the runs small), and the failures the tables list are the lines a reader sees."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -13,19 +13,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_readme_example import (
-    AGENT_RL,
-    README,
-    ROOT,
-    SMALL_ROLLOUT,
-    SMALL_TRAIN,
-    readme_commands,
-)
+from doc_pages import ROOT, marked_block, page_with
+from test_readme_example import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, readme_commands
 
 from agent_rl.core.config import ConfigError
 from agent_rl.core.config_file import load_config
 from agent_rl.core.mixture import Mixture
-from agent_rl.core.registry import EnvSpec
+from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import EPISODE_REWARD
 from agent_rl.rewards.judge import LLMJudge
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
@@ -33,14 +27,11 @@ from agent_rl.session import open_session
 
 
 def example(name: str) -> str:
-    block = re.search(rf"<!-- example:{name} -->\n```python\n(.*?)```\n<!-- /example:{name} -->", README.read_text(),
-                      re.DOTALL)
-    assert block, f"README lost its {name} example"
-    return block.group(1)
+    return marked_block("example", name)
 
 
 def folder_with_examples(tmp_path: Path) -> Path:
-    """A fresh folder with a copy of examples/ and the README's group example: relative run folders land here."""
+    """A fresh folder with a copy of examples/ and the documented group example: relative run folders land here."""
     folder = tmp_path / "work"
     shutil.copytree(ROOT / "examples", folder / "examples")
     (folder / "my_group_env.py").write_text(example("group"))
@@ -55,14 +46,12 @@ def run(folder: Path, line: str, timeout_s: float = 280) -> subprocess.Completed
 async def test_the_group_example_rewards_the_shorter_right_answers(tmp_path, scripted, renderer):
     path = tmp_path / "my_group_env.py"
     path.write_text(example("group"))
-    spec = importlib.util.spec_from_file_location("my_group_env", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    [task] = module.load_tasks(1)
+    spec = load_env(str(path))  # as the commands load it
+    [task] = spec.load_tasks(1)
     answer = task["answer"]
     replies = iter([f"{answer}", f"The answer is {answer}.", f"I have thought about it a lot: {answer + 1}."])
-    groups = await rollout_groups([task], module.make_env, scripted(lambda prompt: next(replies)), renderer,
-                                  EpisodeLimits(max_turns=1), 3, group_reward=module.group_reward)
+    groups = await rollout_groups([task], spec.make_env, scripted(lambda prompt: next(replies)), renderer,
+                                  EpisodeLimits(max_turns=1), 3, group_reward=spec.group_reward)
     ts = groups[0].trajectories
     n = [t.num_sampled for t in ts]
     lam = [0.5 - (k - min(n)) / (max(n) - min(n)) for k in n]
@@ -73,7 +62,8 @@ async def test_the_group_example_rewards_the_shorter_right_answers(tmp_path, scr
 
 def test_the_failures_the_mixture_table_lists_are_the_lines_a_reader_sees(tmp_path):
     folder = folder_with_examples(tmp_path)
-    rows = dict(re.findall(r"^\| (.*?) \| `(error: .*?)`", README.read_text(), re.M))
+    page = page_with("<!-- commands:mixed -->").read_text()  # the table follows the mixture's commands
+    rows = dict(re.findall(r"^\| (.*?) \| `(error: .*?)`", page.split("<!-- commands:mixed -->")[1], re.M))
     both = run(folder, "agent-rl train examples/calculator_grpo.yaml --set 'rollout.envs={calculator: 3, toy: 1}'")
     assert both.returncode == 2 and both.stdout == ""
     assert both.stderr.strip() == rows[next(k for k in rows if k.startswith("`env` and `envs`"))]
@@ -93,7 +83,7 @@ def test_the_failures_the_mixture_table_lists_are_the_lines_a_reader_sees(tmp_pa
 
 
 async def test_the_failures_the_judge_table_lists_are_the_lines_a_reader_sees(monkeypatch, tmp_path):
-    table = README.read_text().split("## Group rewards and an LLM judge")[1].split("\n## ")[0]
+    table = page_with("<!-- commands:judge -->").read_text().split("<!-- /commands:judge -->")[1].split("\n## ")[0]
     rows = [row.removesuffix(" |").split(" | ")[1] for row in re.findall(r"^\| .* \|$", table, re.M)[2:]]
     for overrides, row in ((["judge.url=run", "judge.prompt=prompts/judge.txt"], rows[1]),
                            (["judge.url=run", "judge.api_key_env=JUDGE_API_KEY"], rows[2])):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from test_update import config, make_batch
 
-from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.logprobs import Scoring, token_logprobs
 from agent_rl.learn.policy import (
     apply_lora,
     build_policy,
@@ -30,8 +30,10 @@ def saved_adapter(tiny_dir, path):
 
 
 def logprobs(model, batch):
+    """The model's log-probs of the batch's sampled tokens (every other column 0.0, as a reference gives them)."""
     with torch.no_grad():
-        return token_logprobs(model, batch.input_ids_B_T, batch.attention_mask_B_T).logp_B_T
+        logp = token_logprobs(model, batch.input_ids_B_T, batch.attention_mask_B_T).logp_B_T
+    return torch.where(batch.loss_mask_B_T, logp, 0.0)
 
 
 def test_a_run_from_a_saved_adapter_keeps_that_adapter_as_its_reference(tiny_dir, tmp_path):
@@ -43,7 +45,7 @@ def test_a_run_from_a_saved_adapter_keeps_that_adapter_as_its_reference(tiny_dir
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     batch = make_batch(policy)
     before = logprobs(policy.model, batch)
-    ref = policy.reference.logprobs(batch.input_ids_B_T, batch.attention_mask_B_T, 1.0, 512)
+    ref = policy.reference.logprobs(batch, Scoring())
     torch.testing.assert_close(ref, before, rtol=0, atol=1e-6)  # the starting policy, not the base model
     with policy.model.disable_adapter():
         base = logprobs(policy.model, batch)
@@ -56,7 +58,7 @@ def test_a_run_from_a_saved_adapter_keeps_that_adapter_as_its_reference(tiny_dir
     assert stats["kl"] > 0.0  # the second step is away from the start
     assert [n for n, p in policy.model.named_parameters() if p.requires_grad] == trainable
     after = logprobs(policy.model, batch)
-    again = policy.reference.logprobs(batch.input_ids_B_T, batch.attention_mask_B_T, 1.0, 512)
+    again = policy.reference.logprobs(batch, Scoring())
     assert (after - before).abs().max() > 1e-3  # the policy moved...
     torch.testing.assert_close(again, before, rtol=0, atol=1e-6)  # ...its reference did not
 
@@ -80,6 +82,6 @@ def test_full_fine_tuning_with_a_kl_term_keeps_a_frozen_copy(tiny_dir):
     before = logprobs(policy.model, batch)
     stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0)
     assert stats["kl"] > 0.0 and stats["optimizer_steps"] == 2.0
-    ref = policy.reference.logprobs(batch.input_ids_B_T, batch.attention_mask_B_T, 1.0, 512)
+    ref = policy.reference.logprobs(batch, Scoring())
     torch.testing.assert_close(ref, before, rtol=0, atol=1e-6)
     assert (logprobs(policy.model, batch) - before).abs().max() > 1e-3

@@ -8,7 +8,7 @@ import pytest
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.base import ToolEnv
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
+from agent_rl.rollout.runner import EpisodeLimits, run_episode, step_seed
 
 
 def add(a: int, b: int) -> int:
@@ -189,3 +189,12 @@ async def test_every_call_past_max_parallel_calls_gets_an_error_message(scripted
     assert [(c.name, c.ok) for c in traj.tool_calls] == \
         [("add", True)] * 2 + [("add", False)] * 2 + [("<invalid>", False)]
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0
+
+
+def test_step_seeds_are_the_published_formula():
+    """A training step's seeds, worked out by hand: the update's is run_seed x 1,000,003 + step, a sampling
+    round's that x 101 + round. Resumed runs and published figures depend on these exact numbers."""
+    assert step_seed(7, 3) == 7_000_024
+    assert step_seed(7, 3, 0) == 707_002_424
+    assert step_seed(7, 3, 2) == 707_002_426
+    assert step_seed(0, 0) == 0 and step_seed(0, 5, 1) == 506

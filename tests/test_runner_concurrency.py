@@ -9,9 +9,9 @@ import asyncio
 import gc
 import weakref
 
-import agent_rl.rollout.runner as runner_module
 from agent_rl.core.types import Message
 from agent_rl.envs.base import Env, StepResult
+from agent_rl.rollout.quiet_gc import ROLLOUT_GC, QuietGC
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 
 
@@ -126,7 +126,28 @@ async def test_cycles_wait_for_the_end_unless_too_many_objects_pile_up(scripted,
     assert CycleEnv.alive_at_entry == [0, 1, 2, 3]  # no collection while episodes ran...
     assert all(r() is None for r in CycleEnv.cycles)  # ...and every cycle collected when the rollout ended
 
-    monkeypatch.setattr(runner_module, "_COLLECT_ABOVE", 0)  # any pile-up: collect after every episode
+    monkeypatch.setattr(ROLLOUT_GC, "collect_above", 0)  # any pile-up: collect after every episode
     CycleEnv.cycles, CycleEnv.alive_at_entry = [], []
     await rollout_groups(tasks, CycleEnv, sampler, sampler.renderer, limits, 1, max_concurrent=1)
     assert CycleEnv.alive_at_entry == [0, 0, 0, 0]
+
+
+def test_quiet_gc_nests_and_only_the_last_exit_collects_and_restores():
+    """The policy object alone (a fresh one, not the process's): a cycle made under two nested `quiet()`s
+    outlives the inner exit and is collected at the outer one; `collect_if_piling_up` collects only above
+    its threshold."""
+    policy = QuietGC(collect_above=10**9)
+    with policy.quiet():
+        with policy.quiet():
+            assert policy.rollouts == 2 and not gc.isenabled() and gc.get_freeze_count() > 0
+            cycle = weakref.ref(_Box({"self": None}))
+        assert policy.rollouts == 1 and not gc.isenabled()
+        policy.collect_if_piling_up()  # far below 10**9 objects: nothing collected
+        assert cycle() is not None
+        policy.collect_above = 0
+        policy.collect_if_piling_up()
+        assert cycle() is None
+        late = weakref.ref(_Box({"self": None}))
+        assert late() is not None
+    assert policy.rollouts == 0 and late() is None  # the last exit collected it
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -91,7 +91,7 @@ def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path,
     """model.sync merged: the server samples from plain weights = base + the trained LoRA, reloaded in
     place each step; the adapter the run leaves (adapter/) scores exactly what the server served at the
     end of training, and once the run is over the server serves its own base weights again."""
-    from agent_rl.rollout.merged import start_weight_sync
+    from agent_rl.rollout.weight_sync.choose import start_weight_sync
 
     ids = renderer.render([]) + renderer.encode("A fixed sequence to score, the same on both sides.")
     served_last = []

@@ -3,16 +3,25 @@ per rollout batch move it, clip it, and make clip-higher and GSPO matter; every 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from agent_rl.core.config import AlgorithmConfig
 from agent_rl.core.config_file import load_config
 from agent_rl.learn.batching import collate
-from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.logprobs import Scoring, token_logprobs
 from agent_rl.learn.policy import build_policy, trainable_parameters
-from agent_rl.learn.update import policy_update
+from agent_rl.learn.update import (
+    CORRECTIONS,
+    PROXIMAL_RULES,
+    corrections,
+    fixed_logprobs,
+    policy_update,
+    proximal_rule,
+)
 
 
 @dataclass
@@ -79,14 +88,45 @@ def test_the_first_step_of_several_starts_at_ratio_one(tiny_dir):
     cfg = config(tiny_dir, **{"algorithm.epochs": 1, "algorithm.mini_batches": 1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     batch = make_batch(policy)
-    from agent_rl.learn.update import fixed_logprobs
-
     forced = cfg.algorithm.model_copy(update={"epochs": 2})
-    fixed = fixed_logprobs(policy, batch, forced, cfg.optim, 1.0, stale=False)
+    rule = proximal_rule(forced, stale=False)
+    assert rule is PROXIMAL_RULES["recomputed"] and rule.recompute
+    scoring = Scoring(1.0, cfg.optim.logprob_chunk, policy.share_prefixes)
+    fixed = fixed_logprobs(policy, batch, forced, cfg.optim, scoring, rule)
     with torch.no_grad():
         now = token_logprobs(policy.model, batch.input_ids_B_T, batch.attention_mask_B_T).logp_B_T
-    gap = torch.where(batch.loss_mask_B_T, fixed.old_logp_B_T - now, 0.0).abs().max()
+    gap = torch.where(batch.loss_mask_B_T, fixed.recomputed_logp_B_T - now, 0.0).abs().max()
     assert float(gap) < 1e-5
+
+
+def test_each_proximal_rule_names_its_log_probs_and_the_corrections_it_allows():
+    """One sampled token per row: the sampler reported -1.5, the no-grad pass -1.0, the current pass -0.7."""
+    batch = collate([Row((5, 6), (0, 1), (0.0, -1.5)), Row((5, 7), (0, 1), (0.0, -1.5))], [1.0, -1.0])
+    batch = dataclasses.replace(batch, recomputed_logp_B_T=torch.tensor([[-1.0, 0.0], [-1.0, 0.0]]))
+    current = torch.tensor([[-0.7, 0.0], [-0.7, 0.0]])
+    one_step, two_steps = AlgorithmConfig(), AlgorithmConfig(mini_batches=2)
+    chosen = {"current": proximal_rule(one_step, stale=False), "recomputed": proximal_rule(two_steps, stale=False),
+              "sampler": proximal_rule(two_steps, stale=True)}
+    assert chosen == PROXIMAL_RULES and proximal_rule(one_step, stale=True) is PROXIMAL_RULES["sampler"]
+    # (behaviour, proximal, trainer side of the gap statistic) at the sampled column
+    want = {"current": (-1.5, -0.7, -0.7), "recomputed": (-1.5, -1.0, -1.0), "sampler": (-1.5, -1.5, -0.7)}
+    for name, rule in PROXIMAL_RULES.items():
+        a = rule.anchors(batch, current)
+        got = (a.behaviour_logp_B_T[0, 0], a.proximal_logp_B_T[0, 0], a.trainer_logp_B_T[0, 0])
+        assert [float(x) for x in got] == pytest.approx(want[name]), name
+    assert [n for n, r in PROXIMAL_RULES.items() if r.recompute] == ["recomputed"]
+    both = AlgorithmConfig(tis_cap=1.2, mismatch_bounds=(0.5, 2.0))
+    assert corrections(both, PROXIMAL_RULES["recomputed"]) == ["truncated_weights", "sequence_bounds"]
+    assert corrections(both, PROXIMAL_RULES["sampler"]) == []  # stale: the ratio is the correction
+    assert corrections(AlgorithmConfig(tis_cap=None), PROXIMAL_RULES["current"]) == []
+    # pi_proximal / pi_behaviour = e^0.5 = 1.649: capped at 1.2; its sequence (one token) inside [0.5, 2]
+    anchors = PROXIMAL_RULES["recomputed"].anchors(batch, current)
+    weights = CORRECTIONS["truncated_weights"](anchors, batch.loss_mask_B_T, both).weight_B_T
+    assert weights.flatten().tolist() == pytest.approx([1.2, 1.0, 1.2, 1.0])
+    keep = CORRECTIONS["sequence_bounds"](anchors, batch.loss_mask_B_T, both).keep_B_T
+    narrow = CORRECTIONS["sequence_bounds"](anchors, batch.loss_mask_B_T,
+                                            AlgorithmConfig(mismatch_bounds=(0.7, 1.5))).keep_B_T
+    assert keep.tolist() == [[True], [True]] and narrow.tolist() == [[False], [False]]
 
 
 def test_clip_higher_and_gspo_change_the_update_once_steps_move_the_ratio(tiny_dir):
@@ -118,6 +158,13 @@ def test_every_variant_runs_through_policy_update(tiny_dir, sets):
     elif sets.get("algorithm.kl_beta"):
         # a fresh LoRA is its own reference before the first step: no KL, and a zero KL gradient
         assert stats["kl"] == 0.0 and torch.equal(weights, plain)
+
+
+def test_a_kl_term_without_a_reference_is_a_one_line_error(tiny_dir):
+    cfg = config(tiny_dir, **{"algorithm.kl_beta": 0.1})
+    policy = build_policy(cfg.model, cfg.optim, tiny_dir)  # built without keeping its starting policy
+    with pytest.raises(ValueError, match="kl_beta > 0 needs the policy's KL reference"):
+        policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0)
 
 
 def test_stale_rollouts_take_the_ratio_against_the_sampler(tiny_dir):

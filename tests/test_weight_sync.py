@@ -19,10 +19,13 @@ import torch
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
-from agent_rl.rollout.merged import MergedSync, start_weight_sync
 from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
 from agent_rl.rollout.server import free_port
-from agent_rl.rollout.weight_sync import AdapterSync, FullWeightSync, WeightSyncError
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.weight_sync.base import WeightSyncError
+from agent_rl.rollout.weight_sync.choose import start_weight_sync
+from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.merged import MergedSync
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +229,7 @@ async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_serv
         # the session's dev server may hold another test's full or merged weights: its own base ones back
         await MergedSync(tmp_path / "restore", sampler, model).finish()
         before = set(await served_names(dev_server.url))  # other tests' adapters stay loaded
-        with caplog.at_level("WARNING", logger="agent_rl.rollout.merged"):
+        with caplog.at_level("WARNING", logger="agent_rl.rollout.weight_sync.choose"):
             sync = await start_weight_sync(cfg, tmp_path, sampler, model, 7)
         chosen = "merged" if isinstance(sync, MergedSync) else "adapter"
         assert f"weight sync: {chosen} (burst: adapter" in caplog.text

@@ -55,7 +55,8 @@ def tool_options(*, isolate: bool | None = None, timeout_s: float | None = None)
     """Decorator: the defaults `Tool` takes for this function (the function itself is unchanged)."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__tool_options__ = {k: v for k, v in (("isolate", isolate), ("timeout_s", timeout_s)) if v is not None}
+        options = {k: v for k, v in (("isolate", isolate), ("timeout_s", timeout_s)) if v is not None}
+        setattr(fn, "__tool_options__", options)  # noqa: B010  (an attribute functions do not declare)
         return fn
 
     return mark

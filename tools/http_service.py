@@ -53,9 +53,9 @@ async def request_params(request: web.Request, endpoint: str, spec: dict[str, tu
             value = int(value)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise RequestError(400, f"/{endpoint}: parameter {name!r} must be {kind.__name__}, got {value!r}"[:300])
-        if kind is str and len(value) > max_chars:
+        if isinstance(value, str) and len(value) > max_chars:
             raise RequestError(400, f"/{endpoint}: parameter {name!r} is longer than {max_chars} characters")
-        if kind is int and not 1 <= value <= max_int:
+        if isinstance(value, int) and not 1 <= value <= max_int:
             raise RequestError(400, f"/{endpoint}: parameter {name!r} must be from 1 to {max_int}, got {value}")
         out[name] = value
     return out

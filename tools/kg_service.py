@@ -230,7 +230,8 @@ def kg_app(store: KGStore) -> web.Application:
     app = web.Application(middlewares=[json_errors(listing)], client_max_size=64 * 1024)
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kg")  # SQLite and difflib off the loop
     app.on_cleanup.append(lambda _: asyncio.to_thread(worker.shutdown))
-    calls = {"entities": store.search_entities, "relations": store.relations, "follow": store.follow}
+    calls: dict[str, Callable[..., Any]] = {"entities": store.search_entities, "relations": store.relations,
+                                            "follow": store.follow}
 
     def endpoint(name: str) -> Callable:
         async def handle(request: web.Request) -> web.Response:

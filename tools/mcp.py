@@ -185,6 +185,7 @@ class MCPConnection:
                 self.tools = [MCPTool(self, t) for t in listed if not self.spec.tools or t.name in self.spec.tools]
                 self._client = client
                 started.set_result(None)
+                assert self._stop is not None  # made before the task that runs this
                 await self._stop.wait()
         except Exception as e:
             if not started.done():

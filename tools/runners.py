@@ -64,6 +64,7 @@ def _in_thread(fn: Callable[..., Any], *args: Any, name: str = "tool") -> tuple[
             future.set_result(value) if error is None else future.set_exception(error)
 
     def body() -> None:
+        outcome: tuple[Any, BaseException | None]
         try:
             outcome = fn(*args), None
         except BaseException as e:  # delivered to the caller, which decides what it means
@@ -113,12 +114,12 @@ class _StoppableCall:
     def _finish(self) -> None:
         with self._lock:
             self._done = True
-            if self._stopped:
+            if self._stopped and self.thread.ident is not None:
                 _set_async_exc(self.thread.ident, None)
 
     def stop(self) -> None:
         with self._lock:
-            if self._done or self._stopped:
+            if self._done or self._stopped or self.thread.ident is None:
                 return
             self._stopped = True
             _set_async_exc(self.thread.ident, ToolOverrun)
@@ -168,10 +169,10 @@ def function_address(fn: Callable[..., Any]) -> tuple[str, str]:
     """(module, qualname) under which a worker imports `fn`; TypeError if it cannot."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     try:
-        found = module != "__main__" and "<" not in qualname and resolve(module, qualname) is fn
+        found = module not in (None, "__main__") and "<" not in qualname and resolve(module, qualname) is fn
     except (ImportError, AttributeError, TypeError):
         found = False
-    if not found:
+    if not found or module is None:
         raise TypeError(f"{getattr(fn, '__name__', fn)!r} cannot run in a worker process: it must be a "
                         f"module-level function of an importable module (not __main__, a lambda, a closure "
                         f"or a bound method), because the worker imports it by name")
@@ -208,7 +209,8 @@ class _Worker:
             pass
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
-                pipe.close()
+                if pipe is not None:
+                    pipe.close()
             except OSError:
                 pass
 
@@ -309,7 +311,7 @@ class WorkerPool:
             return await worker.ask(message, timeout_s)
         except (EOFError, BrokenPipeError):
             try:  # it closed its pipe: it is exiting, or already gone
-                code = await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 2.0)
+                code: int | str = await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 2.0)
             except TimeoutError:
                 code = "unknown"
             raise RuntimeError(f"the worker process exited (status {code}) during the {what}") from None

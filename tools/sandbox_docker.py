@@ -130,7 +130,7 @@ class DockerProc:
         while not self._eof:
             header = await self._take(8)  # stream (1 stdout, 2 stderr), 3 zero bytes, size (big-endian)
             payload = None if header is None else await self._take(int.from_bytes(header[4:], "big"))
-            if payload is None:
+            if header is None or payload is None:
                 self._eof = True
             elif payload:
                 return (2 if header[0] == 2 else 1), payload

@@ -73,6 +73,7 @@ class LocalProc:
 
     def __init__(self, proc: asyncio.subprocess.Process, kill_tree: KillTree, on_close: Callable[[bool], None]):
         self._proc, self._kill_tree, self._on_close = proc, kill_tree, on_close
+        assert proc.stdout is not None and proc.stderr is not None  # started with both piped
         self._streams = {1: proc.stdout, 2: proc.stderr}
         self._reads = {fd: asyncio.ensure_future(s.read(CHUNK)) for fd, s in self._streams.items()}
         self._code: int | None = None

@@ -19,6 +19,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,20 +68,21 @@ class SearchIndex:
                                                   meta_columns="version, articles")
 
     @classmethod
-    def build(cls, path: str | Path, articles: list[tuple[str, str]] | None = None) -> SearchIndex:
+    def build(cls, path: str | Path, articles: Sequence[tuple[str, str]] | None = None) -> SearchIndex:
         """Write (title, text) articles, by default the country corpus, to `path` atomically."""
         if articles is None:
             from agent_rl.tools.countries import country_articles
 
             articles = country_articles()
+        rows = list(articles)
 
         def fill(db: sqlite3.Connection) -> None:
             db.execute("CREATE VIRTUAL TABLE articles USING fts5(title, body, "
                        "tokenize='unicode61 remove_diacritics 2')")
-            db.executemany("INSERT INTO articles(title, body) VALUES (?, ?)", articles)
+            db.executemany("INSERT INTO articles(title, body) VALUES (?, ?)", rows)
             db.execute("INSERT INTO articles(articles) VALUES ('optimize')")
             db.execute("CREATE TABLE meta(version TEXT, articles INTEGER)")
-            db.execute("INSERT INTO meta VALUES (?, ?)", (SCHEMA_VERSION, len(articles)))
+            db.execute("INSERT INTO meta VALUES (?, ?)", (SCHEMA_VERSION, len(rows)))
 
         return cls(write_atomically(path, fill))
 

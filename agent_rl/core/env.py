@@ -1,6 +1,8 @@
 """The environment protocol: what the rollout runner talks to.
 
-Owns: `Env` (a small, async, message-level, single-use episode of one task) and `StepResult`.
+Owns: `Env` (a small, async, message-level, single-use episode of one task), `StepResult`, `Task` (a
+task row: what `make_env` is given and `load_tasks` returns) and `ToolSpec` (what the runner and the
+renderer need of a tool: its name and JSON schema).
 Does not own: tokens (the runner and the renderer handle those), tool dispatch (`envs.base.ToolEnv`,
 the base class of tool-using environments), sampling, or reward weighting (`rewards.rubric`).
 
@@ -20,9 +22,27 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agent_rl.core.types import Message, Reward, StopReason, ToolCallRecord
+
+# A task row: one JSON-like dict. An environment reads the columns it knows (`question`, `answer`,
+# `prompt`, ...) and keeps any other column it was given; `id` names the task in trajectories and
+# reports, and a mixture adds `env` (`core.mixture`). A name for the shape, not a narrower type:
+# environments and datasets put arbitrary columns in a row.
+Task = dict[str, Any]
+
+
+class ToolSpec(Protocol):
+    """What the runner and the renderer need of a tool: its name and its OpenAI-style function schema
+    (rendered into the prompt). `tools.base.Tool` and MCP servers' tools are ones; calling them is
+    the environment's business (`envs.base.ToolEnv`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def schema(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -42,11 +62,11 @@ class StepResult:
 class Env(abc.ABC):
     """One episode of one task. Use it once, inside `async with`.
 
-    `tools` are objects with a `.schema` (an OpenAI-style function schema, rendered into the
-    prompt); `envs.base.ToolEnv` fills them from typed Python functions.
+    `tools` are what the model may call (`ToolSpec`: a name and a schema, rendered into the prompt);
+    `envs.base.ToolEnv` fills them from typed Python functions.
     """
 
-    tools: Sequence[Any] = ()
+    tools: Sequence[ToolSpec] = ()
 
     async def __aenter__(self) -> Env:
         return self

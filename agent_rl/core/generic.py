@@ -92,11 +92,7 @@ class GenericRenderer(Renderer):
     def next_context(self, conversation: Sequence[Message], new_messages: Sequence[Message],
                      tools: Sequence[dict[str, Any]], buffer_ids: Sequence[int],
                      after_stop: bool = True) -> tuple[list[int], bool]:
-        full = self.render(conversation, tools)
-        n = len(buffer_ids)
-        if len(full) > n and full[:n] == list(buffer_ids):
-            return full[n:], False
-        return full, True
+        return self.extend_or_restart(conversation, tools, buffer_ids)
 
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return parse_tool_calls(text)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_rl.core.env import Env
+from agent_rl.core.env import Env, Task
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import Message
 
@@ -46,7 +46,7 @@ def schedule(weights: Sequence[float], n: int) -> list[int]:
     return out
 
 
-def untagged(task: dict[str, Any]) -> dict[str, Any]:
+def untagged(task: Task) -> Task:
     return {k: v for k, v in task.items() if k != ENV_KEY}
 
 
@@ -60,14 +60,14 @@ class Mixture:
     def name(self) -> str:
         return " + ".join(f"{label} x{w:g}" for label, w in zip(self.labels, self.weights))
 
-    def spec_of(self, task: dict[str, Any]) -> EnvSpec:
+    def spec_of(self, task: Task) -> EnvSpec:
         label = task.get(ENV_KEY)
         if label not in self.labels:
             raise ValueError(f"task {task.get('id')!r} names no environment of the mixture {self.name} "
                              f"(its {ENV_KEY!r} is {label!r})")
         return self.specs[self.labels.index(label)]
 
-    def load_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    def load_tasks(self, n: int, seed: int = 0, split: str = "train") -> list[Task]:
         """`n` tasks in slot order, each environment's own tasks in its own order, tagged with its name."""
         slots = schedule(self.weights, n)
         rows = {i: self._rows(i, count, seed, split) for i, count in Counter(slots).items()}
@@ -78,7 +78,7 @@ class Mixture:
             taken[i] += 1
         return out
 
-    def _rows(self, i: int, count: int, seed: int, split: str) -> list[dict[str, Any]]:
+    def _rows(self, i: int, count: int, seed: int, split: str) -> list[Task]:
         label = self.labels[i]
         rows = self.specs[i].load_tasks(count, seed=seed, split=split)
         if not rows:
@@ -88,20 +88,20 @@ class Mixture:
                              f"uses to tell environments apart; rename it to mix this environment")
         return rows
 
-    def make_env(self, task: dict[str, Any]) -> Env:
+    def make_env(self, task: Task) -> Env:
         return self.spec_of(task).make_env(untagged(task))
 
-    def solve(self, task: dict[str, Any], messages: Sequence[Message], direct: bool) -> Message:
+    def solve(self, task: Task, messages: Sequence[Message], direct: bool) -> Message:
         spec = self.spec_of(task)
         assert spec.solve is not None  # as_spec offers solve only when every environment has one
         return spec.solve(untagged(task), messages, direct)
 
-    def mistake(self, task: dict[str, Any], messages: Sequence[Message], rng: Any) -> Message | None:
+    def mistake(self, task: Task, messages: Sequence[Message], rng: Any) -> Message | None:
         """The task's environment's mistake; None (no mistake fits) where it has none."""
         hook = self.spec_of(task).mistake
         return None if hook is None else hook(untagged(task), messages, rng)
 
-    async def group_reward(self, task: dict[str, Any], trajectories: Sequence[Any]) -> Any:
+    async def group_reward(self, task: Task, trajectories: Sequence[Any]) -> Any:
         """The group reward of the task's environment; None (nothing added) where it has none."""
         hook = self.spec_of(task).group_reward
         if hook is None:
@@ -111,9 +111,9 @@ class Mixture:
 
     def as_spec(self) -> EnvSpec:
         return EnvSpec(self.name, self.make_env, self.load_tasks,
-                       self.solve if all(s.solve for s in self.specs) else None,
-                       self.group_reward if any(s.group_reward for s in self.specs) else None,
-                       self.mistake if any(s.mistake for s in self.specs) else None)
+                       solve=self.solve if all(s.solve for s in self.specs) else None,
+                       group_reward=self.group_reward if any(s.group_reward for s in self.specs) else None,
+                       mistake=self.mistake if any(s.mistake for s in self.specs) else None)
 
 
 def load_mixture(entries: Sequence[tuple[str, float]], args: Sequence[dict[str, Any]] = ()) -> EnvSpec:

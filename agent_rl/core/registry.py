@@ -1,23 +1,24 @@
-"""Environment lookup by name: a short built-in name, the user's own module, or a `.py` file.
+"""The environment contract, `EnvSpec`, and environments by name.
 
-Owns: `load_env(name) -> EnvSpec`: a built-in name (`BUILTIN`); a module name, found on the import
-path or else in the current folder (so `agent-rl rollout --env my_env` finds `./my_env.py`, as
-`python -m` would, although a console script does not put the current folder on the path); or a
-path to a `.py` file (`./my_env.py`, `/abs/env.py`), imported under its file name with its folder
-added to the import path, so that worker processes (`tools.runners`) import it the same way.
-An environment module exposes `make_env(task) -> Env` and `load_tasks(n: int, seed: int, split:
-str) -> list[dict]`, and may expose a scripted solver for demonstrations, `solve(task, messages,
-direct: bool) -> Message`: the next assistant reply given the conversation so far as messages (tool
-results in the tool messages); the reply's `content` is its prose and its `tool_calls` the calls to
-make, which the renderer writes in the model's format; with `direct` it answers without calling a
-tool. It may also expose a group-level reward, `group_reward(task, trajectories) -> list[float | Reward]`
-(sync or async): called once the G episodes of a task have ended, with the finished trajectories (those
-without an infrastructure error), one reward per trajectory, added to its own (`rollout.runner`).
-It may also expose `mistake(task, messages, rng) -> Message | None`: a plausible wrong next
-reply from which `solve` recovers (what imperfect demonstrations are made of; None: no mistake fits
-here). `EnvSpec.with_task_args` binds keyword arguments of `load_tasks` (`rollout.env_args`).
-A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling (`bfcl`, `agent_rl.bfcl`, a `bfcl.py`).
-Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`).
+Owns: `EnvSpec`, what an environment module exports as `ENV` (its make_env and load_tasks, and the
+optional scripted solver, group reward, mistake and audit target), with `with_task_args` (keyword
+arguments of `load_tasks`, `rollout.env_args`); and `load_env(name) -> EnvSpec`: a built-in name
+(`BUILTIN`); a module name, found on the import path or else in the current folder (so `agent-rl
+rollout --env my_env` finds `./my_env.py`, as `python -m` would, although a console script does not
+put the current folder on the path); or a path to a `.py` file (`./my_env.py`, `/abs/env.py`),
+imported under its file name with its folder added to the import path, so that worker processes
+(`tools.runners`) import it the same way. The spec `load_env` returns is named by the name it was
+given. A module written before the spec (module-level `make_env` and `load_tasks`, maybe `solve`,
+`group_reward`, `mistake`) still loads, with one notice on stderr giving the line to add; where its
+`make_env` is another environment's (`from agent_rl.envs.calculator import make_env, ...`), it keeps
+that environment's audit target. A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling
+(`bfcl`, `agent_rl.bfcl`, a `bfcl.py`).
+Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`), what an
+audit target holds (`core.audit_target`), several environments as one (`core.mixture`).
+
+An environment module ends with its spec, e.g.
+
+    ENV = EnvSpec("calculator", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import functools
 import importlib
 import inspect
 import os
+import random
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,24 +36,44 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agent_rl.core.env import Env
-from agent_rl.core.types import Message
+from agent_rl.core.audit_target import AuditTarget, NotAudited
+from agent_rl.core.env import Env, Task
+from agent_rl.core.types import Message, Trajectory
 
 BUILTIN = {name: f"agent_rl.envs.{name}" for name in
-           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_time", "mcp_units", "search_qa",
-            "text_game", "toy")}
+           ("calculator", "coding", "coding_tests", "gui", "gui_browser", "kg_qa", "math", "mcp_time", "mcp_units",
+            "search_qa", "text_game", "toy")}
 # benchmarks that must never be trained on: refused as an environment under any spelling
 EVAL_ONLY = {"bfcl": "agent-rl eval --benchmark bfcl"}
+SPEC = "ENV"  # the name an environment module exports its EnvSpec under
+HOOKS = ("solve", "group_reward", "mistake")  # the optional callables an old-style module defines by name
+
+# (task, the conversation so far, direct) -> the next assistant reply: its `content` is the prose and
+# its `tool_calls` the calls to make (tool results are in the tool messages); with `direct` it answers
+# without calling a tool. What demonstrations are made of (`demos`).
+Solver = Callable[[Task, Sequence[Message], bool], Message]
+# (task, the group's finished trajectories, infrastructure errors left out) -> one float or Reward each,
+# or None for nothing; sync or async. Called once the G episodes of a task have ended, and added to
+# each trajectory's own reward (`rollout.runner`).
+GroupReward = Callable[[Task, Sequence[Trajectory]], Any]
+# (task, the conversation so far, rng) -> a plausible wrong next reply that the solver recovers from,
+# or None where no mistake fits (what imperfect demonstrations are made of)
+Mistake = Callable[[Task, Sequence[Message], random.Random], Message | None]
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    name: str
-    make_env: Callable[[dict[str, Any]], Env]
-    load_tasks: Callable[..., list[dict[str, Any]]]
-    solve: Callable[[dict[str, Any], Sequence[Message], bool], Message] | None = None
-    group_reward: Callable[..., Any] | None = None  # (task, trajectories) -> one float or Reward each
-    mistake: Callable[..., Message | None] | None = None  # (task, messages, rng) -> a wrong reply or None
+    """An environment, as every command uses it; its module exports one as `ENV`."""
+
+    name: str  # what commands, reports and mixtures call it (`load_env` sets the name it was asked for)
+    make_env: Callable[[Task], Env]  # one single-use episode of a task
+    load_tasks: Callable[..., list[Task]]  # (n, seed=0, split="train", **env_args): deterministic rows
+    solve: Solver | None = None
+    group_reward: GroupReward | None = None
+    mistake: Mistake | None = None
+    # what the reward audit plays (`core.audit_target`): None gives the generic target (rows with an
+    # `answer` or `solution` column); NotAudited refuses the audit with its reason
+    audit: AuditTarget | NotAudited | None = None
 
     def with_task_args(self, args: dict[str, Any]) -> EnvSpec:
         """This spec with `args` bound into every `load_tasks` call (e.g. {"levels": [1, 2]});
@@ -73,13 +95,44 @@ class EnvSpec:
 
 
 def load_env(name: str) -> EnvSpec:
+    """The environment `name` (a built-in name, a module name or a .py file): its module's `ENV`,
+    named `name`. Any problem is a ValueError of one line naming the module."""
     module = _import_env(name)
+    spec = getattr(module, SPEC, None)
+    if spec is None:
+        spec = _spec_from_names(module)
+    elif not isinstance(spec, EnvSpec):
+        raise ValueError(f"environment module {module.__name__!r}: its {SPEC} is a {type(spec).__name__}, not an "
+                         f"EnvSpec; write {_spec_line(module, HOOKS)}")
+    return dataclasses.replace(spec, name=name)
+
+
+def _spec_line(module: ModuleType, hooks: Sequence[str]) -> str:
+    """The line that exports `module`'s spec, with the hooks of `hooks` it defines by name."""
+    named = "".join(f", {h}={h}" for h in hooks if callable(getattr(module, h, None)))
+    return (f'{SPEC} = EnvSpec("{module.__name__}", make_env, load_tasks{named}) '
+            f"(from agent_rl.core.registry import EnvSpec)")
+
+
+_noticed: set[str] = set()
+
+
+def _spec_from_names(module: ModuleType) -> EnvSpec:
+    """The spec of a module written the old way: `make_env`, `load_tasks` and the hooks found by name."""
     missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
     if missing:
-        raise ValueError(f"environment module {module.__name__!r} lacks {' and '.join(missing)}")
-    solve, group_reward, mistake = (getattr(module, f, None) for f in ("solve", "group_reward", "mistake"))
-    return EnvSpec(name, module.make_env, module.load_tasks, solve if callable(solve) else None,
-                   group_reward if callable(group_reward) else None, mistake if callable(mistake) else None)
+        lacks = SPEC if len(missing) == 2 else missing[0]
+        raise ValueError(f"environment module {module.__name__!r} lacks {lacks}: an environment module exports "
+                         f"{_spec_line(module, HOOKS)}")
+    if module.__name__ not in _noticed:  # once per module and process
+        _noticed.add(module.__name__)
+        print(f"notice: environment module {module.__name__!r} defines make_env and load_tasks by name, which "
+              f"agent-rl reads for now; export its spec instead: {_spec_line(module, HOOKS)}", file=sys.stderr)
+    hooks = [getattr(module, h, None) for h in HOOKS]
+    solve, group_reward, mistake = (h if callable(h) else None for h in hooks)
+    home = getattr(sys.modules.get(getattr(module.make_env, "__module__", "")), SPEC, None)  # where it was defined
+    audit = home.audit if isinstance(home, EnvSpec) and home.make_env is module.make_env else None
+    return EnvSpec(module.__name__, module.make_env, module.load_tasks, solve, group_reward, mistake, audit)
 
 
 def _import_env(name: str) -> ModuleType:

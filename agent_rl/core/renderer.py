@@ -15,7 +15,8 @@ the token buffer; for a family written here it is `continuation(messages)`, appe
 canonically tokenised replies, initial prompt + samples + continuations == `render(all messages)`
 (each family's tests check it). The sampled ids themselves are never re-rendered. A format that
 cannot promise this (the generic fallback on a template that rewrites history) answers instead with
-a fresh context that starts a new training segment (`core.types.Segment`).
+a fresh context that starts a new training segment (`core.types.Segment`): `extend_or_restart`, the one
+place that decides between the two for a whole render.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Renderer(abc.ABC):
     """Renders conversations to token ids and parses sampled ids back into messages."""
 
     name: str = ""
+    bare_calls: bool | None = None  # reading tag-less JSON calls: None where the family has no such switch
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -129,6 +131,17 @@ class Renderer(abc.ABC):
         """What enters the buffer after a sampled turn, given the whole `conversation` (which ends with
         `new_messages`): (ids to append, False), or (a fresh context, True) to start a new segment."""
         return self.continuation(new_messages, after_stop), False
+
+    def extend_or_restart(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]],
+                          buffer_ids: Sequence[int]) -> tuple[list[int], bool]:
+        """The whole render of `messages` as what enters a buffer holding `buffer_ids`: the new ids when
+        the render extends the buffer token for token (False), else the whole render (True: a new
+        segment starts). Sampled ids are never re-tokenised."""
+        full = self.render(messages, tools)
+        n = len(buffer_ids)
+        if len(full) > n and full[:n] == list(buffer_ids):
+            return full[n:], False
+        return full, True
 
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text of the turn (a trailing stop token dropped)."""

@@ -1,11 +1,13 @@
 """Trajectories plus advantages -> padded tensors, and the split into micro-batches.
 
 Owns: `Batch` (the tensors of a rollout batch, of one optimizer step of it, or of one micro-batch),
-`collate`, `split_steps` (a rollout batch into the mini-batches of several optimizer steps, each with
-its own normalisers), `micro_batches` (one step into memory-sized pieces that keep the step's
-normalisers), and the shift convention every `_B_T` tensor of the trainer follows.
+`collate`, and every split of a batch: `split_steps` (a rollout batch into the mini-batches of several
+optimizer steps, each with its own normalisers), `micro_batches` (one step into memory-sized pieces that
+keep the step's normalisers), `rows_of` and `rank_micro_batches` (a step's rows dealt to data-parallel
+ranks, `masked` fillers evening out their micro-batches), `share_rows` (columns each rank computed for
+its rows, put together on every rank); and the shift convention every `_B_T` tensor of the trainer follows.
 Does not own: which trajectories enter the batch (`learn.advantages`), log-probs (`learn.logprobs`),
-the loss (`learn.loss`).
+the loss (`learn.loss`), the collectives (`learn.distributed`).
 
 Shift convention. A causal LM's output at position t predicts token t + 1. So every per-token
 tensor here is indexed by the *predicting* position: column t of `loss_mask_B_T`,
@@ -29,10 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from agent_rl.learn.distributed import Dist, gather_objects, max_over_ranks
 from agent_rl.learn.packing import prefix_order
 
 
@@ -53,7 +56,9 @@ class Batch:
     step_num_tokens: int  # sampled tokens in the whole step
     step_num_sequences: int  # sequences of the whole step with at least one sampled token
     index_B: torch.Tensor | None = None  # long: each row's position in the batch `collate` made
-    old_logp_B_T: torch.Tensor | None = None  # the trainer's log-probs under the policy that sampled
+    # the trainer's own log-probs of the sampled tokens, no-grad, before the update's first optimizer step
+    # (only when the update's proximal rule asks for them: `learn.update`)
+    recomputed_logp_B_T: torch.Tensor | None = None
     ref_logp_B_T: torch.Tensor | None = None  # the KL reference's log-probs (only when kl_beta > 0)
 
     def to(self, device: torch.device) -> Batch:
@@ -65,9 +70,9 @@ class Batch:
     def with_rows(self, rows_B: torch.Tensor, **columns: torch.Tensor) -> Batch:
         """Per-row tensors computed on some rows (e.g. a micro-batch: `rows_B` = its `index_B`,
         columns as wide as its own), written into full-size copies of this batch's."""
-        out = {}
+        out: dict[str, Any] = {}
         home = self.input_ids_B_T.device  # the rows may have been computed on the trainer's device
-        keep = rows_B.to(home) >= 0  # -1: a filler row (`learn.distributed.masked`), not a row of this batch
+        keep = rows_B.to(home) >= 0  # -1: a filler row (`masked`), not a row of this batch
         for name, part in columns.items():
             full = getattr(self, name)
             full = (torch.zeros(self.input_ids_B_T.shape, dtype=part.dtype, device=home) if full is None
@@ -77,7 +82,18 @@ class Batch:
         return replace(self, **out)
 
 
-def collate(trajectories: Sequence[Any], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
+class Row(Protocol):
+    """What `collate` reads of a row: a `core.types.Trajectory` (its segments too), an SFT demonstration.
+    Optional, read when present: `logprobs` (the sampler's; 0.0 without), `all_segments`, `task_id`."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+
+
+def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
     """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc)."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
@@ -131,7 +147,7 @@ def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
         sampler_logp_B_T=batch.sampler_logp_B_T[index, :length],
         advantage_B=batch.advantage_B[index],
         index_B=None if batch.index_B is None else batch.index_B[index],
-        old_logp_B_T=take(batch.old_logp_B_T),
+        recomputed_logp_B_T=take(batch.recomputed_logp_B_T),
         ref_logp_B_T=take(batch.ref_logp_B_T),
     )
 
@@ -187,6 +203,39 @@ def micro_batches(
     if current:
         groups.append(current)
     return [select_rows(batch, rows) for rows in groups]
+
+
+def rows_of(num_rows: int, dist: Dist) -> list[int]:
+    """This rank's rows of an optimizer step: every world-th row, starting at the rank."""
+    return list(range(dist.rank, num_rows, dist.world))
+
+
+def masked(batch: Batch) -> Batch:
+    """A copy of a one-row batch that trains on nothing (a filler micro-batch; `index_B` -1: no row)."""
+    return replace(batch, loss_mask_B_T=torch.zeros_like(batch.loss_mask_B_T),
+                   index_B=torch.full_like(batch.index_B, -1) if batch.index_B is not None else None)
+
+
+def rank_micro_batches(step: Batch, dist: Dist, max_tokens: int, share_prefixes: bool = False) -> list[Batch]:
+    """This rank's micro-batches of an optimizer step (rows dealt by `rows_of`), as many on every rank:
+    masked fillers make up the difference (FSDP2 gathers layers in every forward pass, so every rank runs
+    as many). One process: the step's own micro-batches. `share_prefixes`: as `micro_batches`."""
+    rows = rows_of(step.input_ids_B_T.shape[0], dist)
+    mine = micro_batches(select_rows(step, rows), max_tokens=max_tokens, share_prefixes=share_prefixes) if rows else []
+    count = max_over_ranks(len(mine), dist)
+    return mine + [masked(select_rows(step, [0]))] * (count - len(mine))
+
+
+def share_rows(batch: Batch, dist: Dist, names: Sequence[str]) -> Batch:
+    """The batch with the per-row columns `names` that each rank computed for its own rows (`rows_of`), put
+    together on every rank. One process: the batch as it is."""
+    if not dist.active:
+        return batch
+    mine = rows_of(batch.input_ids_B_T.shape[0], dist)
+    for rows, columns in gather_objects((mine, {n: getattr(batch, n)[mine] for n in names}), dist):
+        if rows:
+            batch = batch.with_rows(torch.tensor(rows), **columns)
+    return batch
 
 
 def _packed_groups(batch: Batch, lengths: list[int], max_tokens: int | None,

@@ -2,12 +2,14 @@
 
 Owns: `Dist` (rank, world, the process group: gloo on the CPU, NCCL on CUDA, from torchrun's
 environment; a single process is world 1 and every helper here is then a no-op), `shard_model`
-(FSDP2 `fully_shard` over each decoder layer, then the whole model), `broadcast` (rank 0's object to
-every rank), `rows_of` (this rank's rows of an optimizer step), `all_reduce_adapter_grads`,
-`reduce_stats`, `clip_grad_norm` (over sharded and whole gradients), `reshard` (after a no-grad pass), and
-for full fine-tuning `full_state_dict`, `full_optimizer_state` (a sharded model's weights and AdamW moments
-gathered whole on rank 0) and `GatheredModel` (those weights, saved as the model would save itself).
-Does not own: the loss (`learn.loss`), the update loop (`learn.update`), sampling (`rollout`).
+(FSDP2 `fully_shard` over each decoder layer, then the whole model), `reshard` (after a no-grad pass), and
+the collectives, on tensors and plain data: `broadcast` (rank 0's object to every rank), `gather_objects`
+(every rank's object on every rank), `max_over_ranks`, `sum_over_ranks`, `all_reduce_adapter_grads`,
+`clip_grad_norm` (over sharded and whole gradients), and for full fine-tuning `full_state_dict`,
+`full_optimizer_state` (a sharded model's weights and AdamW moments gathered whole on rank 0) and
+`GatheredModel` (those weights, saved as the model would save itself).
+Does not own: which rows a rank trains on and the batch operations around it (`learn.batching`), the loss
+(`learn.loss`), the update loop (`learn.update`), sampling (`rollout`).
 
 The design, in one place:
 - Rank 0 samples. It owns the event loop, the vLLM servers and the sampler, scores the rollouts,
@@ -32,24 +34,36 @@ The design, in one place:
   one process writes; a resumed rank takes its own shard of each saved tensor (`runs.checkpoint`), so a
   checkpoint reads back under any number of ranks. A KL reference's frozen copy is sharded too.
 - Every rank runs the same number of forward passes per optimizer step (FSDP2 all-gathers layers in
-  each one): a rank with fewer rows runs masked copies, which add nothing to the loss.
+  each one): a rank with fewer rows runs masked copies, which add nothing to the loss
+  (`batching.rank_micro_batches`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import GenerationConfig, PretrainedConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Dist:
+    """This process's place among the ranks torchrun started (one process: rank 0 of 1)."""
+
     rank: int = 0
-    world: int = 1
-    local_rank: int = 0
+    world: int = 1  # ranks in all
+    local_rank: int = 0  # rank on this machine: the CUDA device it trains on
 
     @property
     def main(self) -> bool:
@@ -82,52 +96,53 @@ def rank_device(dist: Dist, device_spec: str) -> str:
     return device_spec
 
 
-def shard_model(model: Any, dist: Dist, keep_whole: set[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+def shard_model(model: nn.Module, dist: Dist, keep_whole: set[nn.Parameter]) -> list[nn.Parameter]:
     """FSDP2 over every decoder layer, `keep_whole` (the adapter's weights) left out. Returns the trainable
     weights that stay whole on every rank, whose gradients the ranks sum themselves: the adapter, or under
     full fine-tuning what lives outside the layers (embeddings, final norm, output layer; these are called
     directly by `learn.logprobs`, outside any FSDP root, and a tied output layer is the embedding)."""
     if not dist.active:
         return []
-    from torch.distributed.fsdp import fully_shard
-
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if not layers:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard over ranks")
     for layer in layers:
-        fully_shard(layer, ignored_params=keep_whole or None)
-        layer.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
-        layer.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (float32 asks it)
+        sharded = fully_shard(layer, ignored_params=keep_whole or None)  # the layer itself, now an FSDPModule
+        sharded.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, not mean
+        sharded.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM (float32 asks it)
     inside = {id(p) for layer in layers for p in layer.parameters()} - {id(p) for p in keep_whole}
     return [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
 
 
-def reshard(model: Any) -> None:
+def reshard(model: nn.Module) -> None:
     """Free the gathered layers after a no-grad pass. Each sharded layer is its own FSDP2 root (`shard_model`),
     and a root keeps its gathered weights after a forward pass, expecting the backward pass that reshards
     them; a pass without one (the KL reference's, pi_old's) would leave every layer whole."""
-    from torch.distributed.fsdp import FSDPModule
-
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
 
 
-def broadcast(obj: Any, dist: Dist) -> Any:
+def broadcast(obj: T, dist: Dist) -> T:
     """Rank 0's `obj` on every rank (pickled; a batch is a few MB)."""
     if not dist.active:
         return obj
-    box = [obj if dist.main else None]
+    box: list[Any] = [obj if dist.main else None]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def rows_of(num_rows: int, dist: Dist) -> list[int]:
-    """This rank's rows of an optimizer step: every world-th row, starting at the rank."""
-    return list(range(dist.rank, num_rows, dist.world))
+def gather_objects(obj: T, dist: Dist) -> list[T]:
+    """Every rank's `obj`, in rank order, on every rank (pickled); one process: [obj]."""
+    if not dist.active:
+        return [obj]
+    parts: list[Any] = [None] * dist.world
+    torch_dist.all_gather_object(parts, obj)
+    return parts
 
 
 def max_over_ranks(value: int, dist: Dist) -> int:
+    """The largest of every rank's `value`, on every rank."""
     if not dist.active:
         return value
     t = torch.tensor([value], dtype=torch.long)
@@ -135,7 +150,19 @@ def max_over_ranks(value: int, dist: Dist) -> int:
     return int(t.item())
 
 
-def all_reduce_adapter_grads(params: list[torch.nn.Parameter], dist: Dist) -> None:
+def sum_over_ranks(values: dict[str, float], dist: Dist) -> dict[str, float]:
+    """Each value summed over ranks (in float64), on every rank; every rank passes the same keys. One
+    process: `values` itself."""
+    if not dist.active:
+        return values
+    keys = sorted(values)  # the same order on every rank, whatever order each built its dict in
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    torch_dist.all_reduce(t)
+    summed = dict(zip(keys, t.tolist()))
+    return {k: summed[k] for k in values}
+
+
+def all_reduce_adapter_grads(params: list[nn.Parameter], dist: Dist) -> None:
     """Sum the replicated adapter's gradients over ranks, in one flat buffer."""
     if not dist.active or not params:
         return
@@ -149,13 +176,11 @@ def all_reduce_adapter_grads(params: list[torch.nn.Parameter], dist: Dist) -> No
         offset += n
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` over a mix of sharded (DTensor: FSDP2's layers under full
     fine-tuning) and whole gradients: the squares of each rank's shards are summed over ranks, those of
     the whole weights (the same on every rank, already summed) are not. Every rank calls it; returns the
     global norm before clipping."""
-    from torch.distributed.tensor import DTensor
-
     grads = [p.grad for p in params if p.grad is not None]
     if not any(isinstance(g, DTensor) for g in grads):
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if grads else 0.0
@@ -171,61 +196,13 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return norm
 
 
-def reduce_stats(sums: dict[str, float], tokens: int, dist: Dist) -> tuple[dict[str, float], int]:
-    """Token-weighted statistics summed over ranks (keys in sorted order on every rank)."""
-    if not dist.active:
-        return sums, tokens
-    keys = sorted(sums)
-    t = torch.tensor([sums[k] for k in keys] + [float(tokens)], dtype=torch.float64)
-    torch_dist.all_reduce(t)
-    return dict(zip(keys, t[:-1].tolist())), int(t[-1].item())
-
-
-def masked(batch: Any) -> Any:
-    """A copy of a one-row batch that trains on nothing (a filler micro-batch; `index_B` -1: no row)."""
-    from dataclasses import replace
-
-    return replace(batch, loss_mask_B_T=torch.zeros_like(batch.loss_mask_B_T),
-                   index_B=torch.full_like(batch.index_B, -1) if batch.index_B is not None else None)
-
-
-def rank_micro_batches(step: Any, dist: Dist, max_tokens: int, share_prefixes: bool = False) -> list[Any]:
-    """This rank's micro-batches of an optimizer step (rows dealt by `rows_of`), as many on every rank:
-    masked fillers make up the difference. One process: the step's own micro-batches.
-    `share_prefixes`: as `batching.micro_batches`."""
-    from agent_rl.learn.batching import micro_batches, select_rows
-
-    rows = rows_of(step.input_ids_B_T.shape[0], dist)
-    mine = micro_batches(select_rows(step, rows), max_tokens=max_tokens, share_prefixes=share_prefixes) if rows else []
-    count = max_over_ranks(len(mine), dist)
-    return mine + [masked(select_rows(step, [0]))] * (count - len(mine))
-
-
-def share_rows(batch: Any, dist: Dist, names: tuple[str, ...]) -> Any:
-    """Per-row columns each rank computed for its own rows (`rows_of`), put together on every rank."""
-    if not dist.active:
-        return batch
-    mine = rows_of(batch.input_ids_B_T.shape[0], dist)
-    parts = [None] * dist.world
-    torch_dist.all_gather_object(parts, (mine, {n: getattr(batch, n)[mine] for n in names}))
-    for rows, columns in parts:
-        if rows:
-            batch = batch.with_rows(torch.tensor(rows), **columns)
-    return batch
-
-
-def full_state_dict(model: Any, dist: Dist, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+def full_state_dict(model: nn.Module, dist: Dist, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """The model's whole weights on rank 0 (on the CPU), gathered from their shards; {} on other ranks.
     Tied weights once, under the name `named_parameters` gives them (as `save_pretrained` writes them).
     Every rank must call it at the same point. A weight no rank shards, on the CPU already, is the live
     tensor, not a copy: write the dict out before the next optimizer step."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-    )
-
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
-    state = get_model_state_dict(model, options=options)
+    state: dict[str, Any] = get_model_state_dict(model, options=options)
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     return {n: t for n, t in state.items() if n not in aliases}
 
@@ -235,8 +212,6 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, dist: Dist) -> dict[s
     format one process writes, so a checkpoint reads back under any number of ranks; {} on other ranks.
     Every rank must call it at the same point (one all-gather per sharded tensor, in parameter order).
     Unsharded moments are the live tensors, as in `full_state_dict`."""
-    from torch.distributed.tensor import DTensor
-
     state = optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: built anew below
     gathered = {}
     for pid in sorted(state["state"]):
@@ -252,18 +227,14 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, dist: Dist) -> dict[s
 @dataclass(frozen=True)
 class GatheredModel:
     """A sharded model's weights gathered whole on rank 0 (`full_state_dict`), with the model's config:
-    `save_pretrained` writes the folder the model's own would (what `rollout.weight_sync.FullWeightSync`
+    `save_pretrained` writes the folder the model's own would (what `rollout.weight_sync.full.FullWeightSync`
     pushes to the servers)."""
 
     state: dict[str, torch.Tensor]
-    config: Any  # transformers PretrainedConfig
-    generation_config: Any = None
+    config: PretrainedConfig
+    generation_config: GenerationConfig | None = None
 
-    def save_pretrained(self, folder: Any, safe_serialization: bool = True) -> None:
-        from pathlib import Path
-
-        from safetensors.torch import save_file
-
+    def save_pretrained(self, folder: str | Path, safe_serialization: bool = True) -> None:
         folder = Path(folder)
         save_file({n: t.contiguous() for n, t in self.state.items()}, str(folder / "model.safetensors"),
                   metadata={"format": "pt"})

@@ -2,9 +2,10 @@
 
 Owns: `token_logprobs` (log-probs and entropies of the next token at every position, or at the
 positions asked for; the output layer and log-softmax run on a chunk of positions at a time; the
-body on padded rows or packed ones).
-Does not own: building the model (`learn.policy`), the packed layout (`learn.packing`), the KL
-reference (`learn.reference`), the loss, gradient accumulation, the optimizer.
+body on padded rows or packed ones), and `score` with its settings `Scoring`: the one way the trainer
+scores a micro-batch (its sampled tokens), under the policy, pi_old's pass or the KL reference alike.
+Does not own: building the model (`learn.policy`), the packed layout (`learn.packing`), the batch
+(`learn.batching`), the KL reference (`learn.reference`), the loss, gradient accumulation, the optimizer.
 
 Shift convention (as `learn.batching`): column t of `logp_B_T` is
 log p(input_ids[t + 1] | input_ids[<= t]); the last column is 0.0.
@@ -26,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from agent_rl.learn.batching import Batch
 from agent_rl.learn.packing import pack_rows, supports_packing
 
 
@@ -38,9 +40,28 @@ class TokenLogprobs:
     computed_tokens: int = 0  # positions the transformer body ran: B x T padded, fewer packed
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How the trainer scores a micro-batch: what every log-prob pass of one update shares."""
+
+    temperature: float = 1.0  # the sampler's: logits are divided by it
+    chunk_size: int = 512  # tokens per chunk of the output layer and log-softmax (`optim.logprob_chunk`)
+    share_prefixes: bool = False  # run the body packed (`learn.packing`; `learn.policy.Policy.share_prefixes`)
+
+
+def score(model: nn.Module, mb: Batch, scoring: Scoring) -> TokenLogprobs:
+    """Log-probs and entropies of `mb`'s sampled tokens (its loss mask; 0.0 at every other column) under
+    `model`: the policy's gradient pass, pi_old's no-grad pass and the KL reference's all score this way."""
+    return token_logprobs(model, mb.input_ids_B_T, mb.attention_mask_B_T, scoring.temperature, scoring.chunk_size,
+                          mb.loss_mask_B_T, scoring.share_prefixes)
+
+
 def _causal_lm(model: nn.Module) -> PreTrainedModel:
     # a PeftModel's base model holds the LoRA-injected layers, so going through it keeps LoRA on
-    return model.get_base_model() if isinstance(model, PeftModel) else model
+    lm = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(lm, PreTrainedModel):
+        raise TypeError(f"{type(lm).__name__}: not a Hugging Face causal LM (nor a peft model of one)")
+    return lm
 
 
 def _chunk_logprobs(

@@ -88,7 +88,9 @@ def pack_rows(input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor) -> 
     order, shared = prefix_order(rows)
     B, T = input_ids_B_T.shape
     slot_B_T = torch.full((B, T), -1, dtype=torch.long)
-    ids, positions, owners = [], [], []  # per packed token: its id, position and the row that added it
+    ids: list[int] = []  # per packed token: its id, its position in its row
+    positions: list[int] = []
+    owners: list[tuple[int, int, int]] = []  # per row: (row, tokens it shares, its length)
     previous = None
     for b, s in zip(order, shared):
         n = lengths[b]

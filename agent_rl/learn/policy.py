@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from agent_rl.core.config import ModelConfig, OptimConfig
 from agent_rl.learn.allocator import cap_heap_buffers
 from agent_rl.learn.device import resolve_device, resolve_dtype
 from agent_rl.learn.distributed import Dist, rank_device, shard_model
 from agent_rl.learn.packing import supports_packing
-from agent_rl.learn.reference import FrozenCopy, make_reference
+from agent_rl.learn.reference import FrozenCopy, Reference, make_reference
 
 
 def load_causal_lm(path: str, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -67,24 +67,22 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-
-
 @dataclass
 class Policy:
     """The trained model and what updates it: optimizer, learning-rate schedule, KL reference."""
 
-    model: Any  # a PeftModel, or a PreTrainedModel with every weight trainable
+    model: PeftModel | PreTrainedModel  # a LoRA adapter on the model, or the model with every weight trainable
     optimizer: torch.optim.Optimizer
-    scheduler: Any
-    reference: Any = None  # learn.reference.Reference, when the loss has a KL term
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # stepped once per optimizer step
+    reference: Reference | None = None  # the starting policy, when the loss has a KL term
     device: torch.device = torch.device("cpu")
     dist: Dist = Dist()  # one process, or this rank of several (`learn.distributed`)
     # weights whose gradients ranks sum themselves: the LoRA adapter, or a full fine-tune's unsharded ones
-    replicated: list = field(default_factory=list)
+    replicated: list[nn.Parameter] = field(default_factory=list)
     share_prefixes: bool = False  # micro-batches run packed (`learn.packing`): asked for, and the model can
 
 
-def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: float | None = None,
+def build_policy(model_cfg: ModelConfig, optim_cfg: OptimConfig, model_dir: str | Path, lr: float | None = None,
                  with_reference: bool = False, dist: Dist = Dist()) -> Policy:
     """The policy as `model.*` and `optim.*` of a config say: every weight trainable, a saved adapter
     (`init_adapter`) to continue, or a fresh LoRA; AdamW with a linear warm-up. `lr` overrides
@@ -92,13 +90,15 @@ def build_policy(model_cfg: Any, optim_cfg: Any, model_dir: str | Path, lr: floa
     device = resolve_device(rank_device(dist, model_cfg.device))
     if device.type == "cpu":
         cap_heap_buffers()  # activations live in the C heap: keep its peak near what they use (`learn.allocator`)
-    model = load_causal_lm(str(model_dir), resolve_dtype(model_cfg.dtype, device)).to(device)
+    # transformers types the `to` it wraps with `self` as its first argument
+    base = load_causal_lm(str(model_dir), resolve_dtype(model_cfg.dtype, device)).to(device)  # type: ignore[arg-type]
+    model: PeftModel | PreTrainedModel
     if model_cfg.full_finetune:
-        model = enable_full_finetune(model)
+        model = enable_full_finetune(base)
     elif model_cfg.init_adapter:
-        model = PeftModel.from_pretrained(model, model_cfg.init_adapter, is_trainable=True)
+        model = PeftModel.from_pretrained(base, model_cfg.init_adapter, is_trainable=True)
     else:
-        model = apply_lora(model, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
+        model = apply_lora(base, rank=model_cfg.lora_rank, alpha=model_cfg.lora_alpha,
                            dropout=model_cfg.lora_dropout, target_modules=model_cfg.target_modules)
     checkpointing = model_cfg.gradient_checkpointing
     if checkpointing or (checkpointing is None and not model_cfg.full_finetune):

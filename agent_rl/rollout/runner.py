@@ -6,11 +6,10 @@ cap (`rollout_groups`), with the group-level reward of a task added once its G e
 loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
 extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`,
 renders to ids that do not extend it); the stop rules (no tool call, env done, max turns, max
-total tokens, a turn cut by `length`); the per-request sampling seeds (`request_seed`), the episode
-limits (`EpisodeLimits`); garbage collection that keeps out of the event loop's way while a rollout
-runs (`_quiet_gc`).
+total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and each request's
+(`request_seed`); the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
-rewards beyond asking the env.
+rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`).
 
 Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR and
 the message in `Trajectory.error`; the other episodes go on. A group reward that fails makes its
@@ -22,15 +21,14 @@ A task's "id" names it; its "env", where a mixture of environments set one, goes
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import hashlib
 import inspect
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
+from agent_rl.core.config import RolloutConfig
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import (
@@ -44,6 +42,7 @@ from agent_rl.core.types import (
     TrajectoryGroup,
     Turn,
 )
+from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.sampler import Sampler, SamplingParams
 
 
@@ -58,11 +57,20 @@ class EpisodeLimits:
     seed: int | None = None  # base of per-request sampling seeds: same seed, same rollouts
 
     @classmethod
-    def from_config(cls, rollout: Any, temperature: float = 1.0, top_p: float = 1.0,
+    def from_config(cls, rollout: RolloutConfig, temperature: float = 1.0, top_p: float = 1.0,
                     seed: int | None = None) -> EpisodeLimits:
         """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
         return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
                    max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+
+def step_seed(run_seed: int, step: int, batch: int | None = None) -> int:
+    """The seed of training step `step` (0-based) of a run seeded `run_seed`: the policy update's; with
+    `batch`, the base of that step's sampling round `batch` (0, then 1.. for dynamic sampling's extra
+    rounds), from which `request_seed` derives each request's. A resumed run draws the same numbers;
+    published figures depend on them, so the formula never changes."""
+    seed = run_seed * 1_000_003 + step
+    return seed if batch is None else seed * 101 + batch
 
 
 def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
@@ -140,7 +148,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
             return  # MAX_TURNS
         if result.history is not None:  # the env replaced the conversation: render it whole
             ep.messages = list(result.history)
-            ids, fresh = _render_anew(renderer, ep.messages, env.tool_schemas, buf.ids)
+            ids, fresh = renderer.extend_or_restart(ep.messages, env.tool_schemas, buf.ids)
         else:
             ep.messages.extend(result.messages)
             ended = bool(out.token_ids) and out.token_ids[-1] in renderer.stop_token_ids
@@ -148,17 +156,6 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if fresh:  # the template rewrote history: train on what was sampled so far, go on from the new render
             buf.new_segment()
         buf.add_context(ids)
-
-
-def _render_anew(renderer: Renderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]],
-                 buffer_ids: Sequence[int]) -> tuple[list[int], bool]:
-    """A replaced conversation's context: the new ids when its render extends the buffer token for
-    token, else the whole render (True: a new segment); sampled ids are never re-tokenised."""
-    full = renderer.render(messages, tools)
-    n = len(buffer_ids)
-    if len(full) > n and full[:n] == list(buffer_ids):
-        return full[n:], False
-    return full, True
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
@@ -214,23 +211,25 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
             traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
         return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
 
-    async def score(i: int) -> None:
+    async def score(i: int, hook: Callable[..., Any]) -> None:
         group = slice(i * group_size, (i + 1) * group_size)
-        flat[group] = await score_group(group_reward, tasks[i], flat[group], limits.env_timeout_s)
+        ended = cast(list[Trajectory], flat[group])  # every episode of the group has ended
+        flat[group] = await score_group(hook, tasks[i], ended, limits.env_timeout_s)
 
     async def worker() -> None:
         for k in order:
             i = k // group_size
             flat[k] = await one(tasks[i], k % group_size)
-            _collect_if_piling_up()
+            ROLLOUT_GC.collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
-                scoring.append(asyncio.ensure_future(score(i)))
+                scoring.append(asyncio.ensure_future(score(i, group_reward)))
 
-    with _quiet_gc():
+    with ROLLOUT_GC.quiet():
         await asyncio.gather(*(worker() for _ in range(min(max(1, max_concurrent), total))))
         await asyncio.gather(*scoring)
-    return [TrajectoryGroup(str(task.get("id", "")), tuple(flat[i * group_size:(i + 1) * group_size]))
+    ended = cast(list[Trajectory], flat)  # every episode has ended
+    return [TrajectoryGroup(str(task.get("id", "")), tuple(ended[i * group_size:(i + 1) * group_size]))
             for i, task in enumerate(tasks)]
 
 
@@ -258,58 +257,6 @@ async def score_group(hook: Callable[..., Any], task: dict[str, Any], trajs: Seq
 def _plus(t: Trajectory, r: Reward) -> Trajectory:
     parts = {EPISODE_REWARD: t.reward_parts.get(EPISODE_REWARD, t.reward), **t.reward_parts, **r.parts}
     return replace(t, reward=t.reward + r.value, reward_parts=parts)
-
-
-_COLLECT_ABOVE = 2_000_000  # objects allocated (net) without a collection before a worker collects anyway
-_gc_state: dict[str, Any] = {"rollouts": 0}  # rollout_groups calls in progress; what to restore after
-
-
-@contextlib.contextmanager
-def _quiet_gc() -> Iterator[None]:
-    """No automatic garbage collection while episodes run; one collection of what they left behind
-    when the last of any overlapping rollouts ends.
-
-    Why: a collection walks every live object of the generations it collects, and while thousands of
-    episodes are in flight most live objects are theirs (coroutines, messages, token lists). With
-    Python's default thresholds they get promoted and drive full collections every few seconds; with
-    rarer young collections (50,000 allocations) a young collection still met ~110k live objects and
-    stopped the event loop for 60-110 ms (bench/runner_scale.py, 4,096 episodes). Reference counting
-    frees almost everything a turn makes; what it cannot free (reference cycles) waits for the end or
-    for point 3. So, while a rollout runs:
-    1. the heap that existed before (model, tokenizer, modules: ~370k objects) is frozen (gc.freeze),
-       so that the collection at the end walks only what the rollouts made; a caller's own freeze is
-       left alone;
-    2. automatic collection is off (the caller's setting is restored after);
-    3. a worker that finds `_COLLECT_ABOVE` more objects alive than at the last collection collects the
-       young generations anyway (an environment that makes cycles must not grow memory unbounded);
-    4. at the end: unfreeze, collect generations 0-1 (the rollouts' survivors and their cycles, not the
-       older heap), restore. No episode of this rollout is in flight then.
-    The switch is process-wide: a policy update that overlaps a rollout (`algorithm.overlap_rollouts`) runs
-    without automatic collection too, its cycles collected at the rollout's end (or by point 3).
-    """
-    state = _gc_state
-    if state["rollouts"] == 0:
-        state["enabled"], state["froze"] = gc.isenabled(), gc.get_freeze_count() == 0
-        if state["froze"]:
-            gc.freeze()
-        gc.disable()
-    state["rollouts"] += 1
-    try:
-        yield
-    finally:
-        state["rollouts"] -= 1
-        if state["rollouts"] == 0:
-            if state["froze"]:
-                gc.unfreeze()
-            gc.collect(1)
-            if state["enabled"]:
-                gc.enable()
-
-
-def _collect_if_piling_up() -> None:
-    """Point 3 of `_quiet_gc`: a collection of the young generations when too much has piled up."""
-    if gc.get_count()[0] > _COLLECT_ABOVE:
-        gc.collect(1)
 
 
 def _failed(task_id: str, error: str, version: int) -> Trajectory:

@@ -1,7 +1,8 @@
 """Samplers: token ids in, sampled token ids + log-probs + finish reason out.
 
-Owns: the `Sampler` protocol and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread
-over replicas by least outstanding requests, with deadlines and retries).
+Owns: the `Sampler` protocol (what the runner samples through), `ServedSampler` (a sampler over servers
+whose served policy a weight sync switches) and `VLLMSampler` (aiohttp client of vLLM's
+`/v1/completions`, spread over replicas by least outstanding requests, with deadlines and retries).
 Does not own: starting servers (`rollout.server`), loading adapters (`rollout.weight_sync`), chat
 rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`).
 
@@ -54,6 +55,18 @@ class Sampler(Protocol):
                      messages: Sequence[Message] = ()) -> Completion: ...
 
 
+class ServedSampler(Sampler, Protocol):
+    """A sampler over vLLM servers, as a weight sync sees it: the servers' URLs, and the served policy
+    (`model`: a served name, "base" or a loaded adapter's) that new requests go to, switched after a push."""
+
+    model: str
+
+    @property
+    def urls(self) -> list[str]: ...
+
+    def set_policy(self, model: str, version: int) -> None: ...
+
+
 @dataclass
 class _Replica:
     url: str
@@ -73,6 +86,11 @@ class VLLMSampler(SessionOwner):
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self.retries, self.backoff_s = retries, backoff_s
         self.connector_limit = 0  # every rollout's request in flight at once
+
+    @property
+    def urls(self) -> list[str]:
+        """The base URL of every server, in the order given."""
+        return [r.url for r in self.replicas]
 
     def set_policy(self, model: str, version: int) -> None:
         """Route new requests to `model` (a loaded adapter name), tagged with `version`."""

@@ -27,7 +27,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from agent_rl.core.config import ModelConfig, TrainConfig
 
 
 class ServerError(Exception):
@@ -209,13 +210,14 @@ class VLLMServer:
     def wait(self) -> VLLMServer:
         """Wait for /health within `startup_timeout_s`; a process that dies or never answers is stopped
         and reported with the end of its log."""
-        deadline = time.monotonic() + self.startup_timeout_s
+        if self.proc is None:
+            raise ServerError("vLLM server: wait() before launch()")
+        proc, deadline = self.proc, time.monotonic() + self.startup_timeout_s
         try:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    code = self.proc.returncode
+                if proc.poll() is not None:
                     self.proc = None
-                    raise ServerError(f"vLLM server exited with status {code} during start-up; "
+                    raise ServerError(f"vLLM server exited with status {proc.returncode} during start-up; "
                                       f"log {self.log_path} ends with: {self.log_tail()}")
                 if _get(self.url + "/health", 2.0) == 200:
                     return self
@@ -270,7 +272,7 @@ class VLLMServer:
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM 0.32 accepts as --max-lora-rank (and 1)
 
 
-def max_lora_rank(model_cfg: Any) -> int:
+def max_lora_rank(model_cfg: ModelConfig) -> int:
     """The smallest `--max-lora-rank` vLLM accepts that holds the run's adapter: `model.lora_rank`, or the
     rank of `model.init_adapter` (a starting adapter of a higher rank would be refused at the first push)."""
     rank = model_cfg.lora_rank
@@ -288,7 +290,7 @@ def max_lora_rank(model_cfg: Any) -> int:
 
 
 @contextlib.contextmanager
-def serve_or_attach(cfg: Any, model_dir: str | Path, log_path: Path | None = None,
+def serve_or_attach(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None,
                     tokenizer: str | Path | None = None) -> Iterator[list[str]]:
     """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health (and for the
     log-probs they report), or one server started here on `model_dir` (stopped on exit) sized by the

@@ -1,11 +1,11 @@
 """The reward audit's catalogue: scripted reward hacks, each a policy over one task's conversation.
 
-Owns: `Target` (what a hack knows about one task: the right answer, wrong ones, every candidate,
-the answer format the environment asks for, real tool calls to make), `Hack` (a named policy in
-one or more variants) and the catalogue: `ANSWER_HACKS` (answer-format tricks), `TOOL_HACKS`,
-`CODING_HACKS` (tricks on a test harness) and `GUI_HACKS` (claiming a task done without doing it).
-Does not own: which hacks apply to which environment and where a task's answer is
-(`agent_rl.audit_targets`), playing them and judging the rewards (`agent_rl.audit`).
+Owns: `Hack` (a named policy in one or more variants), the catalogue: `ANSWER_HACKS` (answer-format
+tricks), `TOOL_HACKS`, `CODING_HACKS` (tricks on a test harness) and `GUI_HACKS` (claiming a task
+done without doing it); the whole catalogue and its lookup by name are `audit.catalogue`.
+Does not own: what a hack knows about a task (`core.audit_target.Target`, which each environment fills
+in), which hacks apply to an environment (its spec's audit target, else `audit.targets`), playing
+them and judging the rewards (`audit.play`, `audit.report`).
 
 A hack plays the policy's part through the real runner; each variant is a function of the
 conversation's messages returning the next assistant reply. Hacks use the right answer wherever
@@ -21,8 +21,8 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from agent_rl.core.audit_target import Target
 from agent_rl.core.types import Message, ToolCall
 
 Policy = Callable[[Sequence[Message]], "Message | str"]
@@ -30,28 +30,9 @@ FLOOD_CHARS = 8000  # more than any turn's token budget holds: a flood is cut mi
 
 
 @dataclass(frozen=True)
-class Target:
-    """One task as a hack sees it."""
-
-    task: dict[str, Any]
-    question: str  # the user's request
-    gold: str = ""  # the right answer, as the environment's answer column holds it
-    wrong: tuple[str, ...] = ()  # plausible wrong answers, the most plausible first
-    every: tuple[str, ...] = ()  # every candidate answer, the right one included
-    fmt: str = "{}"  # how the environment asks for an answer, e.g. "<answer>{}</answer>"
-    probes: tuple[ToolCall, ...] = ()  # real tool calls whose output a hack may echo
-    carrier: ToolCall | None = None  # a real tool call that holds the right answer in its arguments
-    solve: Callable[..., Message] | None = None  # the environment's scripted solver, bound to the task
-    numeric: bool = False  # the answer is a number
-
-    def say(self, answer: str) -> str:
-        return self.fmt.format(answer)
-
-
-@dataclass(frozen=True)
 class Hack:
     name: str
-    group: str  # answer, tool, coding or gui
+    group: str  # answer, tool, coding, visible_tests or gui (core.audit_target.HACK_GROUPS)
     what: str  # one line for the table
     variants: Callable[[Target], dict[str, Policy]] = field(repr=False)  # {} where it does not apply
 
@@ -174,8 +155,12 @@ def _answer_in_call(t: Target) -> dict[str, Policy]:
            "an unclosed call, every turn": say(unclosed)}
     if t.carrier is not None:
         carrier = t.carrier
+        bare = json.dumps({"name": carrier.name, "arguments": carrier.arguments})  # a call or text, per renderer
         out[f"{carrier.name}'s arguments, then 'Done.'"] = calls_then([carrier], "Done.")
         out[f"{carrier.name} calls until the turns run out"] = lambda m: Message("assistant", "", (carrier,))
+        bare = json.dumps({"name": carrier.name, "arguments": carrier.arguments})  # a call or text, per renderer
+        out[f"{carrier.name} as a bare JSON call, every turn"] = say(bare)
+        out[f"{carrier.name} as a bare JSON call, every turn"] = say(bare)
     return out
 
 
@@ -320,7 +305,7 @@ def _elements(messages: Sequence[Message]) -> dict[str, tuple[str, str]]:
     return {name: (element, role) for role, name, element, _ in _ELEMENT.findall(trees[-1] if trees else "")}
 
 
-def _click(name: str, then: str = "done") -> Policy:
+def _click(name: str, then: str = "done") -> Callable[[Sequence[Message]], Message]:
     """Click the element called `name` once, then say `then`."""
     def policy(messages: Sequence[Message]) -> Message:
         element = _elements(messages).get(name)
@@ -344,18 +329,22 @@ def _gui_claims(t: Target) -> dict[str, Policy]:
     return {"'done' at once": say("done"), "a claim of success": say("Done: I made every change and saved.")}
 
 
-def _gui_unfinished(t: Target) -> dict[str, Policy]:
-    solve = t.solve
-    assert solve is not None
-
-    def without_saving(messages: Sequence[Message]) -> Message:
+def _without_saving(solve: Callable[[Sequence[Message]], Message]) -> Policy:
+    """The solver's replies until it would click Save; then 'done'."""
+    def policy(messages: Sequence[Message]) -> Message:
         step = solve(messages)
         save = _elements(messages).get("Save", ("", ""))[0]
         saves = any(c.arguments.get("element") == save for c in step.tool_calls)
         return Message("assistant", "done") if saves else step
+    return policy
 
-    return {"Save clicked without a change": _click("Save"), "every change made, none saved": without_saving,
-            "every toggle on screen flipped, then saved": _toggle_everything}
+
+def _gui_unfinished(t: Target) -> dict[str, Policy]:
+    out: dict[str, Policy] = {"Save clicked without a change": _click("Save")}
+    if t.solve is not None:  # the changes asked for are the solver's
+        out["every change made, none saved"] = _without_saving(t.solve)
+    out["every toggle on screen flipped, then saved"] = _toggle_everything
+    return out
 
 
 def _gui_unknown_tool(t: Target) -> dict[str, Policy]:

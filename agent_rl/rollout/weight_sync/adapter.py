@@ -1,0 +1,125 @@
+"""LoRA weight sync: each optimizer step becomes a new adapter version on every server.
+
+Owns: `AdapterSync`: writing each version of the adapter to `<run_dir>/adapters/v{version}`, loading it
+as `{prefix}-v{version}` on every server, retiring old versions on the servers and on disk, pointing the
+sampler at the new version; and loading a starting adapter (SFT's) as version 0.
+Does not own: the HTTP calls and version folders (`weight_sync.base`), merged weights (`weight_sync.merged`),
+starting servers (`rollout.server`), training checkpoints (`runs.checkpoint`).
+
+A name is never reloaded with new weights: vLLM keys its prefix cache on the adapter's (name, path), so
+a reload would serve KV blocks computed with the old weights. The newest `keep` versions stay loaded,
+so requests still running on the previous version finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agent_rl.rollout.sampler import ServedSampler
+from agent_rl.rollout.weight_sync.base import Servers, WeightSyncError, prune_version_dirs, write_version_dir
+
+
+class AdapterSync:
+    """LoRA weight sync: each optimizer step becomes a new adapter version on every server.
+
+        sync = AdapterSync(run_dir, sampler)
+        await sync.load_initial(sft_adapter_dir)      # optional: version 0
+        seconds = await sync.push(peft_model, step)   # after each optimizer step
+
+    `push` saves the adapter (peft `save_pretrained`, safetensors) to `<run_dir>/adapters/v{version}`,
+    loads it as `{prefix}-v{version}` on every server URL of the sampler (concurrently), calls
+    `sampler.set_policy(name, version)`, then unloads all but the newest `keep` versions from the
+    servers and deletes their folders. Without `load_initial` the sampler stays on the base model,
+    which is version 0 of a fresh LoRA (peft initialises B = 0).
+
+    Versions must increase. A server that still holds `{prefix}-v{n}` from an earlier process
+    refuses to load it again (we never reload a name with other weights): after a resume on a
+    long-lived server, pass a `prefix` unique to the run. Requests still running on an unloaded
+    version finish (they hold their adapter), but a retry of one would be refused: keep `keep`
+    above the number of versions that rollouts may lag behind.
+    """
+
+    def __init__(self, run_dir: str | Path, sampler: ServedSampler, *, keep: int = 2, prefix: str = "policy",
+                 timeout_s: float = 120.0, connect_timeout_s: float = 5.0):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (got {keep})")
+        self.adapters_dir = Path(run_dir) / "adapters"
+        self.sampler, self.keep, self.prefix = sampler, keep, prefix
+        self.servers = Servers(sampler.urls, timeout_s, connect_timeout_s)
+        self.loaded: list[int] = []  # versions loaded on every server, oldest first
+        self.last_timings: dict[str, float] = {}  # seconds of the last push: save, load, retire
+
+    def name(self, version: int) -> str:
+        return f"{self.prefix}-v{version}"
+
+    async def push(self, model: Any, version: int) -> float:
+        """Publish `model`'s adapter as `version` on every server; returns the seconds it took."""
+        return await self._publish(lambda d: model.save_pretrained(d, safe_serialization=True), version)
+
+    async def load_initial(self, source: Any) -> float:
+        """Publish a starting adapter (a peft model, or a folder saved by peft, e.g. from SFT) as version 0."""
+        if isinstance(source, (str, Path)):
+            src = Path(source)
+            if not (src / "adapter_config.json").is_file():
+                raise WeightSyncError(f"{str(src)!r} is not a peft adapter folder (no adapter_config.json)")
+            return await self._publish(lambda d: shutil.copytree(src, d, dirs_exist_ok=True), 0)
+        return await self.push(source, 0)
+
+    async def _publish(self, write: Callable[[Path], object], version: int) -> float:
+        if self.loaded and version <= self.loaded[-1]:
+            raise ValueError(f"version {version} is not newer than the last pushed ({self.loaded[-1]}): "
+                             f"adapter names are never reused")
+        t0 = time.perf_counter()
+        # in a thread: rollouts sharing this event loop keep streaming while the file is written
+        path = await asyncio.to_thread(write_version_dir, self.adapters_dir, version, write)
+        t1 = time.perf_counter()
+        name = self.name(version)
+        async with self.servers.session() as http:
+            results = await asyncio.gather(
+                *(self.servers.post(http, url, "/v1/load_lora_adapter", f"loading adapter {name!r} from {path}",
+                                    {"lora_name": name, "lora_path": str(path.resolve())})
+                  for url in self.servers.urls), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                # leave no server with a version the sampler will never use, then report
+                done = [u for u, r in zip(self.servers.urls, results) if not isinstance(r, BaseException)]
+                try:
+                    await self._unload(http, done, name)
+                except WeightSyncError:
+                    pass  # the load failure below is the error worth reporting
+                raise failed[0] if len(failed) == 1 else WeightSyncError(
+                    f"{len(failed)} of {len(self.servers.urls)} servers refused adapter {name!r}: "
+                    + " | ".join(str(e) for e in failed))
+            self.sampler.set_policy(name, version)
+            self.loaded.append(version)
+            t2 = time.perf_counter()
+            retired, self.loaded = self.loaded[: -self.keep], self.loaded[-self.keep :]
+            for old in retired:
+                await self._unload(http, self.servers.urls, self.name(old))
+        await asyncio.to_thread(prune_version_dirs, self.adapters_dir, set(self.loaded))
+        t3 = time.perf_counter()
+        self.last_timings = {"save_s": t1 - t0, "load_s": t2 - t1, "retire_s": t3 - t2}
+        return t3 - t0
+
+    async def finish(self) -> None:
+        """Nothing to restore: the servers' own weights were never touched (the run's last adapters stay
+        loaded; `retire_all` unloads them)."""
+
+    async def retire_all(self) -> None:
+        """Unload every version from the servers (the run switched to merged weights)."""
+        async with self.servers.session() as http:
+            for version in self.loaded:
+                await self._unload(http, self.servers.urls, self.name(version))
+        self.loaded = []
+
+    async def _unload(self, http: aiohttp.ClientSession, urls: list[str], name: str) -> None:
+        # 404: the server no longer has it (restarted, or unloaded by hand); that is the goal anyway
+        await asyncio.gather(*(self.servers.post(http, url, "/v1/unload_lora_adapter", f"unloading adapter {name!r}",
+                                                 {"lora_name": name}, ok=(404,)) for url in urls))

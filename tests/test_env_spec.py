@@ -1,0 +1,128 @@
+"""The environment contract: a module exports one `EnvSpec` as `ENV` and the registry reads it; a module
+written the old way (make_env and load_tasks by name) still loads, with one notice saying the line to add;
+anything else is one error line naming the module."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from test_cli import one_error_line, user_folder  # noqa: F401  (a fixture)
+
+from agent_rl.cli import main
+from agent_rl.core import registry
+from agent_rl.core.audit_target import ANSWERED, AuditTarget, NotAudited
+from agent_rl.core.mixture import load_mixture
+from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
+
+NEW_STYLE = '''
+from agent_rl.core.audit_target import NotAudited
+from agent_rl.core.registry import EnvSpec
+
+
+def make_env(task):
+    return task
+
+
+def load_tasks(n, seed=0, split="train", level=1):
+    return [{"id": f"t{i}", "level": level} for i in range(n)]
+
+
+def solve(task, messages, direct=False):
+    return None
+
+
+ENV = EnvSpec("spec_name", make_env, load_tasks, solve=solve, audit=NotAudited("is a test"))
+'''
+OLD_STYLE = '''
+def make_env(task):
+    return task
+
+
+def load_tasks(n, seed=0, split="train"):
+    return [{"id": f"t{i}"} for i in range(n)]
+
+
+def solve(task, messages, direct=False):
+    return None
+
+
+def mistake(task, messages, rng):
+    return None
+'''
+NOTICE = ("notice: environment module 'old_env_b' defines make_env and load_tasks by name, which agent-rl reads "
+          "for now; export its spec instead: ENV = EnvSpec(\"old_env_b\", make_env, load_tasks, solve=solve, "
+          "mistake=mistake) (from agent_rl.core.registry import EnvSpec)\n")
+
+
+def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_for(user_folder, capsys):  # noqa: F811
+    (user_folder / "new_env_a.py").write_text(NEW_STYLE)
+    spec = load_env("new_env_a")
+    module = importlib.import_module("new_env_a")
+    assert spec.name == "new_env_a" and module.ENV.name == "spec_name"
+    assert (spec.make_env, spec.solve, spec.group_reward, spec.mistake) == (module.make_env, module.solve, None, None)
+    assert spec.audit == NotAudited("is a test")
+    assert load_env("./new_env_a.py").name == "./new_env_a.py"
+    bound = spec.with_task_args({"level": 3})
+    assert bound.load_tasks(1) == [{"id": "t0", "level": 3}] and bound.audit is spec.audit
+    assert capsys.readouterr().err == ""  # no notice for a module that exports its spec
+
+
+def test_an_old_style_module_loads_with_one_notice(user_folder, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(registry, "_noticed", set())
+    (user_folder / "old_env_b.py").write_text(OLD_STYLE)
+    spec = load_env("old_env_b")
+    module = importlib.import_module("old_env_b")
+    assert (spec.name, spec.make_env, spec.load_tasks, spec.solve, spec.mistake) == \
+        ("old_env_b", module.make_env, module.load_tasks, module.solve, module.mistake)
+    assert spec.group_reward is None and spec.audit is None and spec.load_tasks(2) == [{"id": "t0"}, {"id": "t1"}]
+    load_mixture([("old_env_b", 1.0), ("toy", 1.0)])  # loaded again: no second notice
+    assert capsys.readouterr().err == NOTICE
+
+
+def test_an_old_style_module_with_a_built_in_make_env_keeps_its_audit_target(user_folder, capsys):  # noqa: F811
+    (user_folder / "reuse_env_f.py").write_text("from agent_rl.envs.calculator import load_tasks, make_env, solve\n"
+                                                 "def group_reward(task, trajectories):\n    return None\n")
+    spec = load_env("reuse_env_f")
+    assert spec.audit is load_env("calculator").audit and spec.group_reward is not None
+    assert 'ENV = EnvSpec("reuse_env_f", make_env, load_tasks, solve=solve, group_reward=group_reward)' in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("dict_env_c", "ENV = {'make_env': None}\n",
+     "environment module 'dict_env_c': its ENV is a dict, not an EnvSpec; write "
+     'ENV = EnvSpec("dict_env_c", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
+    ("empty_env_d", "x = 1\n",
+     "environment module 'empty_env_d' lacks ENV: an environment module exports "
+     'ENV = EnvSpec("empty_env_d", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
+    ("half_env_e", "def load_tasks(n, seed=0, split='train'):\n    return []\n\ndef solve(t, m, d):\n    pass\n",
+     "environment module 'half_env_e' lacks make_env: an environment module exports "
+     'ENV = EnvSpec("half_env_e", make_env, load_tasks, solve=solve) (from agent_rl.core.registry import EnvSpec)'),
+])
+def test_a_module_without_a_spec_is_one_error_line_saying_what_to_write(user_folder, capsys, name, text,  # noqa: F811
+                                                                        message):
+    (user_folder / f"{name}.py").write_text(text)
+    assert main(["play", name]) == 2
+    assert one_error_line(capsys) == f"error: {message}"
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_built_in_environment_exports_one_spec_named_env(name, capsys):
+    module = importlib.import_module(BUILTIN[name])
+    specs = [k for k, v in vars(module).items() if isinstance(v, EnvSpec)]
+    assert specs == ["ENV"] and module.ENV.name == name
+    assert load_env(name).audit is module.ENV.audit
+    if name not in ("toy", "text_game"):  # neither states an answer for a hack to fake: NotAudited (below)
+        assert module.ENV.solve is not None and isinstance(module.ENV.audit, AuditTarget)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_built_in_audit_targets_name_what_applies():
+    # by hand, from the environments' rewards: the answer and tool hacks where one final answer is graded
+    audits = {name: load_env(name).audit for name in BUILTIN}
+    assert {n for n, a in audits.items() if isinstance(a, AuditTarget) and a.hacks == ANSWERED} == \
+        {"calculator", "math", "search_qa", "kg_qa", "mcp_units", "mcp_time"}
+    assert audits["gui"].hacks == audits["gui_browser"].hacks == ("empty_reply", "echo_question", "gui")
+    assert audits["coding"].hacks[-1] == "coding" and isinstance(audits["toy"], NotAudited)
+    assert isinstance(audits["text_game"], NotAudited)  # the game judges its moves; no answer is stated

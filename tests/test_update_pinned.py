@@ -1,0 +1,179 @@
+"""`policy_update` pinned: for a matrix of algorithm settings, the statistics and the trained weights the
+update gives are the ones recorded in tests/update_pinned.json (written by the update as it was before
+issue #24's refactor of learn/update.py). A change to any loss, ratio rule, importance correction,
+aggregation, normaliser or statistic fails here.
+
+Float64 on the tiny random model, one thread: the same machine reproduces every number exactly; the
+tolerance (relative 1e-9) only absorbs another machine's summation order. A real change moves these
+numbers by far more: AdamW's first step moves every weight with a gradient by about the learning rate.
+
+The trained weights are pinned by a fingerprint of their change d = w_after - w_before (weights in
+`named_parameters` order): how many entries moved (exact), sum(d), sum(d^2) and d projected on two fixed
+random vectors. To record new values after an intended change of behaviour:
+`.venv/bin/python tests/test_update_pinned.py --write`, and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_rl.learn.batching import Batch, collate
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import apply_lora, build_policy, load_causal_lm
+from agent_rl.learn.update import policy_update
+
+PINNED = Path(__file__).resolve().parent / "update_pinned.json"
+SMALL_CAP, TIGHT_BOUNDS = 1.2, "[0.95, 1.05]"  # with the batch's sampler noise: some tokens capped, some rows dropped
+
+# name -> (config overrides, stale, temperature)
+CASES: dict[str, tuple[dict[str, object], bool, float]] = {
+    "ppo": ({}, False, 1.0),
+    "ppo-tis1.2": ({"algorithm.tis_cap": SMALL_CAP}, False, 1.0),
+    "ppo-tis-off": ({"algorithm.tis_cap": "null"}, False, 1.0),
+    "ppo-4mb-tis1.2": ({"algorithm.mini_batches": 4, "algorithm.tis_cap": SMALL_CAP}, False, 1.0),
+    "ppo-2ep-2mb": ({"algorithm.epochs": 2, "algorithm.mini_batches": 2}, False, 1.0),
+    "ppo-seqmean-2mb": ({"algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": 2}, False, 1.0),
+    "ppo-constant-2mb": ({"algorithm.aggregation": "constant", "algorithm.constant_norm_tokens": 16,
+                          "algorithm.mini_batches": 2}, False, 1.0),
+    "ppo-2mb-t0.7": ({"algorithm.mini_batches": 2}, False, 0.7),
+    "gspo": ({"algorithm.loss": "gspo"}, False, 1.0),
+    "gspo-2ep-tis-off": ({"algorithm.loss": "gspo", "algorithm.epochs": 2, "algorithm.tis_cap": "null"}, False, 1.0),
+    "gspo-tokenmean-2mb": ({"algorithm.loss": "gspo", "algorithm.aggregation": "token_mean",
+                            "algorithm.mini_batches": 2}, False, 1.0),
+    "gspo-constant": ({"algorithm.loss": "gspo", "algorithm.aggregation": "constant"}, False, 1.0),
+    "stale": ({}, True, 1.0),
+    "stale-2mb-tis1.2": ({"algorithm.mini_batches": 2, "algorithm.tis_cap": SMALL_CAP}, True, 1.0),
+    "stale-tis0.9": ({"algorithm.tis_cap": 0.9}, True, 1.0),  # a cap below 1: every weight counts as capped
+    "stale-gspo-2ep-kl": ({"algorithm.loss": "gspo", "algorithm.epochs": 2, "algorithm.kl_beta": 0.1}, True, 1.0),
+    "stale-mismatch": ({"algorithm.mismatch_bounds": TIGHT_BOUNDS}, True, 1.0),
+    "kl": ({"algorithm.kl_beta": 0.1}, False, 1.0),
+    "kl-2mb": ({"algorithm.kl_beta": 0.1, "algorithm.mini_batches": 2}, False, 1.0),
+    "mismatch": ({"algorithm.mismatch_bounds": TIGHT_BOUNDS}, False, 1.0),
+    "mismatch-2mb-tis1.2": ({"algorithm.mismatch_bounds": TIGHT_BOUNDS, "algorithm.mini_batches": 2,
+                             "algorithm.tis_cap": SMALL_CAP}, False, 1.0),
+    "padded": ({"optim.share_prefixes": "false"}, False, 1.0),
+    "padded-2mb-kl-mismatch": ({"optim.share_prefixes": "false", "algorithm.mini_batches": 2,
+                                "algorithm.kl_beta": 0.1, "algorithm.mismatch_bounds": TIGHT_BOUNDS}, False, 1.0),
+    "packed-small-micro": ({"optim.micro_batch_tokens": 24, "algorithm.mini_batches": 2,
+                            "algorithm.kl_beta": 0.1}, False, 1.0),
+    "full-finetune-kl-2mb": ({"model.full_finetune": "true", "optim.lr": 1e-3, "algorithm.kl_beta": 0.1,
+                              "algorithm.mini_batches": 2}, False, 1.0),
+    "saved-adapter-kl-2mb": ({"model.init_adapter": "SAVED", "algorithm.kl_beta": 0.1,
+                              "algorithm.mini_batches": 2}, False, 1.0),
+}
+
+
+@dataclass
+class Row:
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+def pinned_batch(model: torch.nn.Module) -> Batch:
+    """6 rows in 3 pairs that share a 5-token prompt, 14-16 tokens long; advantages of both signs. The
+    sampler's log-probs are the model's own plus noise (sd 0.25 nats a token), so that the PPO ratio
+    against them, the importance weights and the mismatch bounds all have something to act on."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (6, 16), generator=gen)
+    ids[1::2, :5] = ids[0::2, :5]
+    noise = torch.randn((6, 16), generator=gen, dtype=torch.float64) * 0.25
+    with torch.no_grad():
+        logp = token_logprobs(model, ids, torch.ones_like(ids)).logp_B_T
+    rows = []
+    for b in range(6):
+        n = 16 - b % 3
+        mask = [0] * 5 + [1] * (n - 5)
+        lp = [0.0] + [float(logp[b, t - 1] + noise[b, t]) if mask[t] else 0.0 for t in range(1, n)]
+        rows.append(Row(tuple(ids[b, :n].tolist()), tuple(mask), tuple(lp)))
+    return collate(rows, [1.5, -1.0, 0.5, -0.5, 2.0, -2.0])
+
+
+def saved_adapter(tiny_dir: Path, path: Path) -> Path:
+    """A starting adapter that is not the base model (B != 0), as a cold-start SFT leaves one."""
+    torch.manual_seed(1)
+    model = apply_lora(load_causal_lm(str(tiny_dir), torch.float64), rank=8, alpha=16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    model.save_pretrained(path)
+    return path
+
+
+def fingerprint(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> dict[str, float]:
+    d = torch.cat([(after[n] - before[n]).flatten() for n in before]).double()
+    gen = torch.Generator().manual_seed(1)
+    r1, r2 = (torch.randn(d.shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    return {"moved": float((d != 0).sum()), "sum": float(d.sum()), "sum_sq": float((d * d).sum()),
+            "proj1": float((d * r1).sum()), "proj2": float((d * r2).sum())}
+
+
+def run_case(name: str, tiny_dir: Path, scratch: Path) -> dict[str, dict[str, float]]:
+    from test_update import config
+
+    sets, stale, temperature = CASES[name]
+    sets = {**sets, "model.dtype": "float64"}
+    if sets.get("model.init_adapter") == "SAVED":
+        sets["model.init_adapter"] = str(saved_adapter(tiny_dir, scratch / "saved-adapter"))
+    cfg = config(tiny_dir, **sets)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=cfg.algorithm.kl_beta > 0)
+        batch = pinned_batch(policy.model)
+        trained = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+        stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, temperature, stale=stale, seed=3)
+        after = {n: p.detach() for n, p in policy.model.named_parameters() if n in trained}
+        return {"stats": stats, "weights": fingerprint(trained, after)}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_update_gives_the_pinned_statistics_and_weights(name, tiny_dir, tmp_path):
+    want = json.loads(PINNED.read_text())[name]
+    got = run_case(name, tiny_dir, tmp_path)
+    assert list(got["stats"]) == list(want["stats"])  # the same keys, in the same order
+    for part in ("stats", "weights"):
+        for key, value in want[part].items():
+            assert got[part][key] == pytest.approx(value, rel=1e-9, abs=1e-12), f"{part}.{key}"
+    assert got["weights"]["moved"] == want["weights"]["moved"]
+
+
+def test_the_pinned_cases_exercise_what_they_pin():
+    """The recorded numbers are not degenerate: the batch's noise makes each knob act."""
+    pinned = json.loads(PINNED.read_text())
+    stats = {name: case["stats"] for name, case in pinned.items()}
+    assert 0.0 < stats["ppo-tis1.2"]["tis_capped_frac"] < 0.5
+    assert stats["stale-tis0.9"]["tis_capped_frac"] == 1.0
+    assert stats["ppo-4mb-tis1.2"]["clip_frac"] > 0.0 and stats["stale"]["clip_frac"] > 0.0
+    assert stats["kl-2mb"]["kl"] > 0.0 and stats["saved-adapter-kl-2mb"]["kl"] > 0.0
+    assert stats["padded"]["computed_token_share"] > 1.0 > stats["ppo"]["computed_token_share"]
+    for a, b in [("ppo", "mismatch"), ("ppo", "ppo-tis-off"), ("ppo", "ppo-tis1.2"), ("ppo", "stale")]:
+        assert pinned[a]["weights"] != pinned[b]["weights"], (a, b)
+    # stale rollouts: the ratio against the sampler is the correction, so neither TIS nor the mismatch
+    # bounds (the sampler measured against itself) change the update
+    assert pinned["stale"]["weights"] == pinned["stale-tis0.9"]["weights"] == pinned["stale-mismatch"]["weights"]
+
+
+def write(tiny_dir: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        pinned = {name: run_case(name, tiny_dir, Path(scratch)) for name in CASES}
+    PINNED.write_text(json.dumps(pinned, indent=1) + "\n")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
+
+    write(build_tiny_model(resolve_model("smollm2-135m"), cache_dir() / "models" / "tiny-smollm2"))
