@@ -211,5 +211,5 @@ def _slug(game: str) -> str:
 
 
 ENV = EnvSpec("text_game", make_env, load_tasks, solve=solve,
-              audit=NotAudited("is scored by the TextArena game itself, which parses and judges every move: "
-                               "there is no stated answer for the audit's hacks to fake"))
+              audit=NotAudited("is scored by the TextArena game itself, which parses and judges every move "
+                               "(no stated answer to fake)"))

@@ -131,6 +131,7 @@ def test_the_solver_answers_at_once_when_asked_to():
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(300)  # the session's vLLM server may start within this test (1-3 min under load)
 async def test_rollouts_against_vllm_keep_token_truth(play_on_server):
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=48, max_total_tokens=2048)
     groups = await play_on_server(mcp_time.load_tasks(2, seed=0), mcp_time.make_env, limits)

@@ -205,6 +205,7 @@ def test_without_textarena_one_line_names_what_to_install(monkeypatch):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(300)  # the session's vLLM server may start within this test (1-3 min under load)
 async def test_games_against_vllm_keep_token_truth(play_on_server):
     limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=24, max_total_tokens=1024)
     groups = await play_on_server(text_game.load_tasks(2, seed=0), text_game.make_env, limits)
