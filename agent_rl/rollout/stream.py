@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -73,6 +72,11 @@ def legacy_state(saved: Any, step: int, batch: int) -> dict[str, Any]:
     return {"position": int(saved), "opened": step * batch, "open": [], "groups": []}
 
 
+def _now() -> float:
+    """The event loop's clock: a simulated one (bench/async_sim.py) makes every figure here simulated too."""
+    return asyncio.get_running_loop().time()
+
+
 @dataclass(frozen=True)
 class Episodes:
     """How the stream plays a group: what `rollout.runner.rollout_groups` takes, as one value."""
@@ -91,7 +95,7 @@ class IdleMeter:
 
     def __init__(self, inner: Sampler, servers: int):
         self.inner, self.servers = inner, max(1, servers)
-        self.running, self.idle_s, self.since = 0, 0.0, time.perf_counter()
+        self.running, self.idle_s, self.since = 0, 0.0, _now()
         self._mark = (self.since, 0.0)
 
     @property
@@ -99,7 +103,7 @@ class IdleMeter:
         return self.inner.policy_version
 
     def _tick(self, change: int) -> None:
-        now = time.perf_counter()
+        now = _now()
         self.idle_s += (now - self.since) * max(0, self.servers - self.running) / self.servers
         self.since, self.running = now, self.running + change
 
@@ -161,7 +165,6 @@ class RolloutStream:
         self.changed = asyncio.Event()
         self.counts = _Counts()
         self.failure: BaseException | None = None
-        self.last_batch = time.perf_counter()
 
     async def __aenter__(self) -> RolloutStream:
         for _ in range(self.workers):
@@ -203,7 +206,7 @@ class RolloutStream:
 
     async def batch(self, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """Step `step`'s groups, in task order, once `Admission.choose` allows; and the stream's figures."""
-        t0 = time.perf_counter()
+        t0 = _now()
         while True:
             if self.failure is not None:
                 raise self.failure
@@ -218,11 +221,9 @@ class RolloutStream:
             await self.changed.wait()
         self.admission.take(chosen)
         mine = sorted((self.groups.pop(n) for n in chosen), key=lambda g: g.position)
-        now = time.perf_counter()
-        metrics = {"time/wait_s": now - t0, "resample_batches": float(max((g.label[1] for g in mine), default=0)),
+        metrics = {"time/wait_s": _now() - t0, "resample_batches": float(max((g.label[1] for g in mine), default=0)),
                    "server_idle_share": self.meter.idle_share(), "stream/buffered": float(len(kept) - len(mine)),
                    "stream/open_slots": float(len(self.groups))}
-        self.last_batch = now
         return [g.ended for g in mine if g.ended is not None], metrics
 
     def data_position(self) -> int:
