@@ -31,7 +31,7 @@ from agent_rl.core.types import Message, ToolCall
 
 # the hack groups of `agent_rl.audit.hacks`: answer-format tricks, tool tricks, tricks on a test
 # harness, a GUI task claimed done; an `AuditTarget` names groups and single hacks alike
-HACK_GROUPS = ("answer", "tool", "coding", "gui")
+HACK_GROUPS = ("answer", "tool", "coding", "visible_tests", "gui")
 ANSWERED = ("answer", "tool")  # what applies to an environment graded on one final answer
 
 

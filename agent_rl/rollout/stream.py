@@ -102,6 +102,10 @@ class IdleMeter:
     def policy_version(self) -> int:
         return self.inner.policy_version
 
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:  # the Sampler protocol's field: the inner sampler's
+        self.inner.policy_version = version
+
     def _tick(self, change: int) -> None:
         now = _now()
         self.idle_s += (now - self.since) * max(0, self.servers - self.running) / self.servers
