@@ -65,7 +65,8 @@ class VersionSync:
 
 
 def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str) -> trainer.Run:
-    cfg = load_config(None, ["rollout.env=toy", "rollout.tasks_per_step=3", "rollout.group_size=2",
+    env = [] if any(x.startswith("rollout.envs=") for x in sets) else ["rollout.env=toy"]
+    cfg = load_config(None, [*env, "rollout.tasks_per_step=3", "rollout.group_size=2",
                              "rollout.max_turns=1", "run.steps=8", "run.seed=3", f"run.run_dir={tmp_path}",
                              "run.save_every=100", "run.tensorboard=false", "run.trace_groups=0", *sets])
     model = torch.nn.Linear(2, 1)
@@ -170,6 +171,23 @@ async def test_a_group_reward_is_scored_once_when_its_group_has_ended(tmp_path, 
     assert sorted(calls) == [(f"t{i}", 2) for i in range(6)]  # each of the 6 groups once, with its 2 episodes
     assert all(t.reward_parts.get("episode_reward") is not None for groups in seen for g in groups
                for t in g.trajectories)
+
+
+async def test_a_mixture_streams_each_task_to_its_own_environment(tmp_path, smol_dir, renderer):
+    """k = 2 over two environments weighted 1:1: the 12 slots of 4 steps take the mixture's first 12 tasks (its
+    schedule alternates them), each played by its own environment, none skipped or twice."""
+    sets = ["rollout.envs={toy: 1, half_flat_env: 1}", "run.steps=4", "algorithm.max_staleness=2"]
+    cfg = load_config(None, sets)
+    tasks = env_of(cfg).load_tasks(40, seed=3, split="train")
+    run = scripted_run(tmp_path, smol_dir, renderer, tasks, *sets)
+    seen, lines = await play(run, TimedSampler(renderer, lambda prompt: FAST_S))
+    trained = [g.task_id for groups in seen for g in groups]
+    assert sorted(trained) == sorted(t["id"] for t in tasks[:12]) and len(set(trained)) == 12
+    assert [t["env"] for t in tasks[:4]] == ["toy", "half_flat_env", "toy", "half_flat_env"]
+    by_id = {t["id"]: t["env"] for t in tasks}
+    assert all(t.env == by_id[g.task_id] for groups in seen for g in groups for t in g.trajectories)
+    assert lines[-1]["data_position/toy"] == lines[-1]["data_position/half_flat_env"] == 6.0
+    assert 1 <= max(x["lag/max"] for x in lines) <= 2
 
 
 async def test_the_idle_share_counts_servers_without_a_request():
