@@ -87,3 +87,17 @@ def _rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for k in parts:
         m[f"reward/{k}"] = _mean([t.reward_parts.get(k, 0.0) for t in ok])
     return m
+
+
+def lag_metrics(trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    """How many policy versions behind the trainer (at `step`: the weights after `step` optimizer steps) the
+    sampled tokens of the trajectories are: `lag/mean`, `lag/max`, and `lag/share_<n>` for each lag seen."""
+    tokens: Counter[int] = Counter()
+    for t in trajectories:
+        for turn in t.turns:
+            tokens[step - turn.policy_version] += turn.end - turn.start
+    total = sum(tokens.values())
+    if not total:
+        return {}
+    return {"lag/mean": sum(lag * n for lag, n in tokens.items()) / total, "lag/max": float(max(tokens)),
+            **{f"lag/share_{lag}": n / total for lag, n in sorted(tokens.items())}}
