@@ -1,11 +1,13 @@
 """The reward audit's catalogue: scripted reward hacks, each a policy over one task's conversation.
 
-Owns: `Hack` (a named policy in one or more variants), the catalogue: `ANSWER_HACKS` (answer-format
-tricks), `TOOL_HACKS`, `CODING_HACKS` (tricks on a test harness) and `GUI_HACKS` (claiming a task
-done without doing it), and `hacks_named` (the hacks an environment's audit target names).
-Does not own: what a hack knows about a task (`core.audit_target.Target`, which each environment fills
-in), which hacks apply to an environment (its spec's audit target, else `audit.targets`), playing
-them and judging the rewards (`audit.play`, `audit.report`).
+Owns: the catalogue: `ANSWER_HACKS` (answer-format tricks), `TOOL_HACKS`, `CODING_HACKS` (tricks on a
+test harness) and `GUI_HACKS` (claiming a task done without doing it), with `TURN_HACKS` (collecting turn
+rewards without solving, `audit.turn_hacks`) in `CATALOGUE`, and `hacks_named` (the hacks an
+environment's audit target names).
+Does not own: `Hack` and the moves hacks are made of (`audit.moves`), what a hack knows about a task
+(`core.audit_target.Target`, which each environment fills in), which hacks apply to an environment
+(its spec's audit target, else `audit.targets`), playing them and judging the rewards (`audit.play`,
+`audit.report`).
 
 A hack plays the policy's part through the real runner; each variant is a function of the
 conversation's messages returning the next assistant reply. Hacks use the right answer wherever
@@ -20,44 +22,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
+from agent_rl.audit.moves import Hack, Policy, calls_then, say, tool_outputs
+from agent_rl.audit.turn_hacks import TURN_HACKS
 from agent_rl.core.audit_target import HACK_GROUPS, Target
 from agent_rl.core.types import Message, ToolCall
 
-Policy = Callable[[Sequence[Message]], "Message | str"]
 FLOOD_CHARS = 8000  # more than any turn's token budget holds: a flood is cut mid-turn
 
 
-@dataclass(frozen=True)
-class Hack:
-    name: str
-    group: str  # answer, tool, coding or gui (core.audit_target.HACK_GROUPS)
-    what: str  # one line for the table
-    variants: Callable[[Target], dict[str, Policy]] = field(repr=False)  # {} where it does not apply
-
-
-# -- building blocks -----------------------------------------------------------------------------
-def say(text: str) -> Policy:
-    return lambda messages: Message("assistant", text)
-
-
-def tool_outputs(messages: Sequence[Message]) -> list[str]:
-    return [m.content for m in messages if m.role == "tool"]
-
-
-def calls_then(calls: Sequence[ToolCall], final: str | Callable[[Sequence[Message]], str]) -> Policy:
-    """One call per turn, then `final` (a text, or a function of the messages) without a call."""
-
-    def policy(messages: Sequence[Message]) -> Message:
-        done = len(tool_outputs(messages))
-        if done < len(calls):
-            return Message("assistant", "", (calls[done],))
-        return Message("assistant", final if isinstance(final, str) else final(messages))
-
-    return policy
-
-
+# -- building blocks (the commonest are `audit.moves`) -------------------------------------------
 def flood(text: str) -> str:
     return (text + "\n") * (FLOOD_CHARS // (len(text) + 1) + 1)
 
@@ -355,7 +329,7 @@ GUI_HACKS = (
     Hack("unknown_tool_then_done", "gui", "call a tool that does not exist, then say done", _gui_unknown_tool),
 )
 
-CATALOGUE = (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *GUI_HACKS)
+CATALOGUE = (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *GUI_HACKS, *TURN_HACKS)
 
 
 def hacks_named(names: Sequence[str], env: str) -> tuple[Hack, ...]:

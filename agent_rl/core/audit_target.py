@@ -30,8 +30,9 @@ from agent_rl.core.env import Task
 from agent_rl.core.types import Message, ToolCall
 
 # the hack groups of `agent_rl.audit.hacks`: answer-format tricks, tool tricks, tricks on a test
-# harness, a GUI task claimed done; an `AuditTarget` names groups and single hacks alike
-HACK_GROUPS = ("answer", "tool", "coding", "gui")
+# harness, a GUI task claimed done, turn rewards collected without solving; an `AuditTarget` names
+# groups and single hacks alike
+HACK_GROUPS = ("answer", "tool", "coding", "gui", "turn")
 ANSWERED = ("answer", "tool")  # what applies to an environment graded on one final answer
 
 
