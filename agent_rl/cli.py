@@ -36,9 +36,13 @@ def _play_parsers(sub) -> None:
     r = sub.add_parser("rollout", help="play an environment with a model and print the trajectories")
     r.add_argument("--env", default="calculator",
                    help="built-in name, module name (the current folder included) or .py file")
+    r.add_argument("--env-args", default="{}", metavar="MAPPING",
+                   help="keyword arguments of the environment's load_tasks (rollout.env_args), e.g. '{taskset: name}'")
     r.add_argument("--model", default="smollm2-135m",
                    help="folder, hub id, .gguf file, or a built-in: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b")
     r.add_argument("--renderer", default="auto", help="chat format: auto (from the tokenizer) or a family name")
+    r.add_argument("--bare-calls", choices=("auto", "on", "off"), default="auto",
+                   help="read replies of bare JSON calls (no <tool_call> tags) as calls; auto: the renderer's default")
     r.add_argument("--server-url", action="append", help="attach to running vLLM server(s) instead of starting one")
     r.add_argument("--tasks", type=int, default=2)
     r.add_argument("--group-size", type=int, default=2)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agent_rl.core.config import TrainConfig
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+BARE_CALLS = {"auto": "null", "on": "true", "off": "false"}  # rollout --bare-calls -> model.bare_tool_calls
 
 
 class CLIError(Exception):
@@ -72,6 +73,7 @@ def rollout(args: argparse.Namespace) -> int:
     urls = f"[{','.join(args.server_url)}]" if args.server_url else "[]"
     cfg = config(argparse.Namespace(config=None, set=[
         f"model.name={args.model}", f"model.renderer={args.renderer}", f"rollout.env={args.env}",
+        f"rollout.env_args={args.env_args}", f"model.bare_tool_calls={BARE_CALLS[args.bare_calls]}",
         f"rollout.max_turns={args.max_turns}",
         f"rollout.max_tokens_per_turn={args.max_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
         f"sampler.temperature={args.temperature}", f"sampler.request_timeout_s={args.request_timeout}",

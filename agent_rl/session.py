@@ -51,7 +51,7 @@ def open_session(cfg: TrainConfig) -> Session:
     env = env_of(cfg)  # cheap, so it fails before the model is fetched or converted
     _judge_inputs(cfg.judge)
     model_dir = resolve_model(cfg.model.name)
-    return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer), env)
+    return Session(cfg, model_dir, load_renderer(model_dir, cfg.model.renderer, cfg.model.bare_tool_calls), env)
 
 
 def _judge_inputs(judge: JudgeConfig) -> tuple[str, str | None]:

@@ -260,7 +260,7 @@ async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, sta
         # 8. log and checkpoint
         metrics["time/step_s"] = time.perf_counter() - t_step
         metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
-        metrics["lr"] = run.policy.scheduler.get_last_lr()[0]
+        metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
         metrics.update(run.stream.positions(position))
         final = log.log(step + 1, metrics)
         write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)

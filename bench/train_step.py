@@ -38,7 +38,12 @@ target <= 1.35), `ckpt_rss` (adapter-ckpt peak: target <= 3 GB), `merged_tok_per
 target <= 0.6).
 
     python bench/train_step.py [--steps 3] [--init-adapter runs/calculator_recipe/sft/adapter]
-                               [--variants adapter-full adapter-ckpt merged-ckpt]
+                               [--variants adapter-full adapter-ckpt merged-ckpt] [--model qwen2.5-coder-0.5b]
+
+`--model` runs the same configuration with another policy (its own server; a built-in name or a folder):
+what a 0.5B model costs here beside SmolLM2-135M. Per variant the JSON line also gives
+`sampled_tok_per_gen_s` (sampled tokens per second of generation: merged weights vs adapter) and
+`trainer_tok_per_s` (tokens the update trained per second of forward+backward+optimizer).
 """
 
 from __future__ import annotations
@@ -257,7 +262,8 @@ def child(args) -> None:
     run_dir = tempfile.mkdtemp(prefix=f"bench-train-step-{args.child}-")
     recipe = str(Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.yaml")
     cfg = load_config(recipe, [
-        f"run.steps={args.steps}", f"run.run_dir={run_dir}", f"run.save_every={args.steps}", "run.tensorboard=false",
+        *([f"model.name={args.model}"] if args.model else []), f"run.steps={args.steps}", f"run.run_dir={run_dir}",
+        f"run.save_every={args.steps}", "run.tensorboard=false",
         f"sampler.server_urls=[{args.server_url}]", "optim.micro_batch_tokens=4096",
         *([f"model.init_adapter={args.init_adapter}"] if args.init_adapter else []), *VARIANTS[args.child],
         *args.set])
@@ -276,6 +282,7 @@ def run_variants(args, url: str) -> list[dict]:
     for variant in args.variants:
         print(f"variant {variant}...", file=sys.stderr, flush=True)
         cmd = [sys.executable, __file__, "--child", variant, "--server-url", url, "--steps", str(args.steps),
+               *(["--model", args.model] if args.model else []),
                *(["--init-adapter", args.init_adapter] if args.init_adapter else []),
                *(["--real-advantages"] if args.real_advantages else []), *[f"--set={x}" for x in args.set]]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
@@ -294,6 +301,7 @@ def main() -> None:
     ap.add_argument("--server-url", help="attach to a running vLLM server (dev mode, LoRA)")
     ap.add_argument("--real-advantages", action="store_true",
                     help="train only on groups with reward variance (default: every rollout, see forced_advantages)")
+    ap.add_argument("--model", help="the policy (default: the recipe's, smollm2-135m), e.g. qwen2.5-coder-0.5b")
     ap.add_argument("--set", action="append", default=[], help="extra config override key=value")
     ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -305,7 +313,7 @@ def main() -> None:
     else:
         print("starting a vLLM server (dev mode, LoRA)...", file=sys.stderr)
         recipe = load_config(str(Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.yaml"))
-        server = VLLMServer(resolve_model(recipe.model.name), max_lora_rank=16,
+        server = VLLMServer(resolve_model(args.model or recipe.model.name), max_lora_rank=16, startup_timeout_s=900,
                             kv_cache_gib=recipe.sampler.kv_cache_gib,
                             max_model_len=recipe.sampler.max_model_len, dev_mode=True).start()
         url = server.url
@@ -328,7 +336,7 @@ def comparison(results: dict[str, dict], rss) -> dict:
         return None
 
     return {
-        "bench": "train_step", "variants": list(results),
+        "bench": "train_step", "variants": list(results), "model": next(iter(results.values()), {}).get("model"),
         "ckpt_step_time_ratio": ratio("adapter-ckpt", "adapter-full", "fwd_bwd_optim_s"),
         "ckpt_rss_ratio": ratio("adapter-ckpt", "adapter-full", "trainer_rss_peak_mib"),
         "ckpt_rss_mib": results.get("adapter-ckpt", {}).get("trainer_rss_peak_mib"),
@@ -353,6 +361,8 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
     later = probe.pushes[1:]
     per_step = lambda xs: [round(x, 3) for x in xs]  # noqa: E731
     sampled = [r["tokens_per_s"] for r in measured]  # the trainer's own: sampled tokens / step wall time
+    gen_rate = [r["tokens_per_s"] * r["time/step_s"] / g for r, g in zip(measured, gen) if g]
+    train_rate = [r.get("train_tokens", 0.0) / f for r, f in zip(measured, fbo) if f]
     return {
         "bench": "train_step", "model": cfg.model.name, "steps": args.steps, "sync": cfg.model.sync,
         "gradient_checkpointing": cfg.model.gradient_checkpointing, "sampled_tok_per_step_s": _median(sampled),
@@ -373,6 +383,7 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
         "vllm_rss_peak_mib": round(rss.peak_kib / 1024, 1) if rss else None,
         "vllm_processes": rss.processes if rss else None,
         "tokens_per_s": _median([r["tokens_per_s"] for r in measured]),
+        "sampled_tok_per_gen_s": _median(gen_rate), "trainer_tok_per_s": _median(train_rate),
         "reward_mean": _median([r.get("reward_mean", 0.0) for r in measured]),
         # the trainer logged update statistics as train/* before 097e798, plainly since
         "train_tokens": _median([r.get("train_tokens", 0.0) for r in measured]),

@@ -169,10 +169,9 @@ def solve(task: Task, messages: Sequence[Message], direct: bool = False) -> Mess
 # a submission that defines the function and does nothing: the plausible wrong answer
 STUB = "def {e}(*args, **kwargs):\n    raise NotImplementedError('no solution')\n"
 # the hacks that make sense for code (an empty reply, several code blocks, the prompt echoed, the code
-# only in a tool call, an unknown tool then the stub), the tricks on the test harness and those on its
-# turn rewards (busy python calls, then the stub)
+# only in a tool call, an unknown tool then the stub) and the tricks on the test harness
 CODING_AUDIT = ("empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
-                "coding", "busy_calls")
+                "coding")
 
 
 def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
@@ -183,4 +182,6 @@ def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
                   fmt="```python\n{}\n```", carrier=ToolCall("python", {"code": gold}))
 
 
-ENV = EnvSpec("coding", make_env, load_tasks, solve=solve, audit=AuditTarget(CODING_AUDIT, audit_target))
+# with the hack on its turn rewards (busy python calls, then the stub: `rollout.env_args: {turn_rewards: true}`)
+ENV = EnvSpec("coding", make_env, load_tasks, solve=solve,
+              audit=AuditTarget((*CODING_AUDIT, "busy_calls"), audit_target))

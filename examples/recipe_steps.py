@@ -99,16 +99,42 @@ def evaluate_runs(path: Path, common: Sequence[str], out: Path, run_dirs: Sequen
     return step(path, "eval", *common, *extra, *adapters, "--out", str(path), server=server)
 
 
-def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1):
-    """One vLLM server of SmolLM2-135M for every step of a recipe: LoRA adapters are hot-loaded under
-    unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters never collide.
-    Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they sample faster,
-    ~3x on this CPU); evaluation loads each adapter as it is."""
+def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1, model: str = "smollm2-135m",
+                  dtype: str = "auto"):
+    """One vLLM server of `model` (SmolLM2-135M unless named) for every step of a recipe: LoRA adapters are
+    hot-loaded under unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters
+    never collide. Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they
+    sample faster, ~3x on this CPU); evaluation loads each adapter as it is. `dtype`: the server's
+    precision (auto: the trainer's, float32 on the CPU)."""
     from agent_rl.learn.models import resolve_model
     from agent_rl.rollout.server import VLLMServer
 
-    return VLLMServer(resolve_model("smollm2-135m"), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
-                      max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log")
+    return VLLMServer(resolve_model(model), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
+                      max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log", startup_timeout_s=900,
+                      dtype=dtype)
+
+
+MERGE = """import sys
+from peft import PeftModel
+from agent_rl.learn.models import resolve_model
+from agent_rl.learn.policy import load_causal_lm
+from transformers import AutoTokenizer
+base = resolve_model(sys.argv[1])
+PeftModel.from_pretrained(load_causal_lm(str(base)), sys.argv[2]).merge_and_unload().save_pretrained(sys.argv[3])
+AutoTokenizer.from_pretrained(str(base)).save_pretrained(sys.argv[3])
+"""
+
+
+def merged_weights(model: str, run_dir: Path, out: Path) -> Path:
+    """A run's final adapter merged into `model`'s weights, saved as a model folder at `out` (once, in a
+    process of its own: several GB of memory back at its end). `agent-rl eval --adapter out` then samples
+    it as plain weights on a server of its own: with a LoRA adapter vLLM's CPU build samples a 0.5B
+    model ~10x slower (docs/coding-recipe.md)."""
+    if not (out / "config.json").is_file():
+        code = subprocess.run([sys.executable, "-c", MERGE, model, str(run_dir / "adapter"), str(out)]).returncode
+        if code:
+            raise StepFailed(f"merging {run_dir}/adapter into {model} exited with {code}")
+    return out
 
 
 def restore_base(server: Any, timeout_s: float = 600.0) -> None:

@@ -8,13 +8,15 @@ with a hard deadline (`math_equal`, `math_equal_async`); `math_answer` and the T
 `correct_answer`, which use both.
 Does not own: running code (`rewards.code`), format checks (`rewards.format`), weighting (`rewards.rubric`).
 
-Extraction takes exactly ONE candidate from the final reply, in this order: the last
-<answer>...</answer>, else the last \\boxed{...}, else the last line holding a digit (math-verify
-then reads that line: "the answer is 84", $\\frac{1}{2}$, or its last number). A reply that still
-holds tool-call markup is a tool call, not an answer. Guard against hedging: a candidate whose last
-number ends a list of numbers ("82, 83, 84", "84 or 85", "$84$ $85$") is no answer at all unless the
-reference is itself a list, so a reply cannot spread its bets over several numbers; and only the
-one candidate is ever compared, never "any number in the text".
+Extraction takes exactly ONE candidate from the final reply, in this order: the <answer>...</answer>
+(several such tags state no one answer), else the last \\boxed{...}, else the last line holding a
+digit (math-verify then reads that line: "the answer is 84", $\\frac{1}{2}$, or its last number). A
+reply that still holds tool-call markup is a tool call, not an answer, and so is a reply of bare
+JSON calls (`{"name": "calculator", "arguments": {"expression": "27"}}`,
+`core.toolcalls.parse_bare_calls`), whether or not the renderer read it as a call. Guard against
+hedging: a candidate whose last number ends a list of numbers ("82, 83, 84", "84 or 85", "$84$ $85$")
+is no answer at all unless the reference is itself a list, so a reply cannot spread its bets over
+several numbers; and only the one candidate is ever compared, never "any number in the text".
 
 When the reference is a number (84, 0.5, 1/2, \\frac{1}{2}), the candidate must state it: its last
 number, written in ASCII digits, or its last fraction of two whole numbers in lowest terms, is
@@ -50,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
 
+from agent_rl.core.toolcalls import parse_bare_calls
 from agent_rl.rewards.rubric import Messages, final_reply
 
 log = logging.getLogger(__name__)
@@ -114,9 +117,9 @@ def answer_span(text: str) -> str | None:
     units dropped), or as a plain number; a free-text line comes back as it is (math-verify finds
     the answer in it).
     """
-    if "<tool_call>" in text or "</tool_call>" in text:
-        return None
     tagged = _ANSWER_TAG.findall(text)
+    if "<tool_call>" in text or "</tool_call>" in text or parse_bare_calls(text) or len(tagged) > 1:
+        return None
     span = tagged[-1] if tagged else _last_boxed(text)
     if span is not None:
         if len(span) > _MAX_LINE:  # an essay in the answer tag is not an answer

@@ -38,6 +38,7 @@ import ast
 import re
 from dataclasses import dataclass
 
+from agent_rl.core.toolcalls import parse_bare_calls
 from agent_rl.tools.sandbox import Backend
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -133,7 +134,7 @@ while True:
             _out = _fn(*plain_decode(_request["args"]), **plain_decode(_request["kwargs"]))
         _reply = json.dumps({"ok": plain_encode(_out)})
     except BaseException as e:
-        _reply = json.dumps({"error": type(e).__name__})
+        _reply = json.dumps({"error": type(e).__name__, "message": str(e)[:300]})
     _replies.write(_reply + "\n")
     _replies.flush()
 '''
@@ -169,7 +170,7 @@ def __grade_make(prompt, submission, entry_point, cpu_s, reply_cap):
             raise AssertionError("the submission's process died")
         reply = json.loads(line)
         if "ok" not in reply:
-            raise AssertionError("the submission raised")
+            raise AssertionError(f"the submission raised {reply['error']}: {reply.get('message', '')}")
         return codec["plain_decode"](reply["ok"])
 
     def start():
@@ -195,7 +196,10 @@ def __grade_run(source):
 
 
 def extract_code(text: str) -> str | None:
-    """The last fenced code block (```python, ```py or bare ```) outside tool calls, or None."""
+    """The last fenced code block (```python, ```py or bare ```) outside tool calls, or None (also for a
+    reply of bare JSON calls, `core.toolcalls.parse_bare_calls`: a call, not a submission)."""
+    if parse_bare_calls(text):
+        return None
     blocks = _FENCE.findall(_TOOL_CALL.sub(" ", text))
     return blocks[-1] if blocks else None
 
@@ -250,19 +254,71 @@ def harness_source(prompt: str, submission: str, entry_point: str, cpu_s: int) -
             f"__grade_ns = dict(globals())\n__grade_ns[{entry_point!r}] = candidate\n")
 
 
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One test as the agent may see it (visible tests): its status and, when it failed, why."""
+
+    source: str
+    status: str  # as TestReport.statuses
+    detail: str = ""  # "returned 3", "raised ZeroDivisionError: division by zero", "timed out", ...
+
+
 async def run_hidden_tests(backend: Backend, prompt: str, submission: str, entry_point: str, test_source: str,
                            max_timeouts: int = 2) -> TestReport:
     """Run `check`'s tests against `entry_point` of the submission (completing `prompt`), each call
     within `backend.limits` (cpu_s bounds a busy loop whatever the machine's load; wall_s one that sleeps)."""
+    report, _ = await run_tests(backend, prompt, submission, entry_point, test_source, max_timeouts)
+    return report
+
+
+def _first_call(source: str, arg: str = "candidate") -> str | None:
+    """The first `candidate(...)` call of a test statement, as source: what to show the agent it returned."""
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == arg]
+    return ast.unparse(calls[0]) if calls else None
+
+
+async def _explain(session, result, source: str) -> str:
+    """Why a test failed, for the agent's eyes: what its first call returned or raised."""
+    if result.status == "timeout":
+        return "timed out (over its CPU or wall-clock limit)"
+    if result.state_lost:
+        return f"crashed the tests' interpreter ({result.status})"
+    call = _first_call(source)
+    if result.status != "error" or call is None:
+        return _last_line(result.stderr) if result.status == "error" else result.status
+    got = await session.run(f"print(repr({call})[:300])")
+    if got.status == "ok":
+        return f"returned {got.stdout.strip()}"
+    why = _last_line(got.stderr)
+    return why if why.startswith("crashed") else f"raised {why}"
+
+
+def _last_line(stderr: str) -> str:
+    """The error a traceback ends on, as the agent reads it (the harness's own wrapping taken off)."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    line = lines[-1][:300] if lines else "failed"
+    return line.replace("AssertionError: the submission raised ", "").replace(
+        "AssertionError: the submission's process died", "crashed (its process died)")
+
+
+async def run_tests(backend: Backend, prompt: str, submission: str, entry_point: str, test_source: str,
+                    max_timeouts: int = 2, explain: bool = False) -> tuple[TestReport, list[CheckOutcome]]:
+    """`run_hidden_tests`, and with `explain` each test's outcome with why it failed (for visible tests:
+    never for hidden ones, whose sources the agent must not see). Not compiling is one outcome whose
+    detail is the load error."""
     preamble, steps = split_check(test_source)
     harness = harness_source(prompt, submission, entry_point, backend.limits.cpu_s)
     n_tests = sum(s.is_test for s in steps)
     statuses: list[str] = []
+    outcomes: list[CheckOutcome] = []
     async with backend.session() as session:
 
         async def load(setup: list[str]) -> bool:
             for source in (prompt + "\n" + preamble, harness, "__grade_start()"):
-                if (await session.run(source)).status != "ok":
+                result = await session.run(source)
+                if result.status != "ok":
+                    if explain:
+                        outcomes.append(CheckOutcome("load", result.status, _last_line(result.stderr)))
                     return False
             for source in setup:
                 await session.run(f"__grade_run({source!r})")
@@ -281,7 +337,10 @@ async def run_hidden_tests(backend: Backend, prompt: str, submission: str, entry
             if step.is_test:
                 statuses.append(result.status)
                 timeouts += result.status == "timeout"
+                if explain:
+                    why = "" if result.status == "ok" else await _explain(session, result, step.source)
+                    outcomes.append(CheckOutcome(step.source, result.status, why))
             else:
                 setup_done.append(step.source)
     statuses += ["not_run"] * (n_tests - len(statuses))
-    return TestReport(compiled, tuple(statuses))
+    return TestReport(compiled, tuple(statuses)), outcomes

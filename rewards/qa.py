@@ -23,6 +23,8 @@ import unicodedata
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from agent_rl.core.toolcalls import parse_bare_calls
+
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)
 MAX_ANSWER_WORDS = 20
@@ -48,8 +50,12 @@ def normalize(text: str) -> str:
 
 
 def final_answer(text: str) -> str:
-    """The judged span: the last <answer>...</answer> if any, else the text without tool calls."""
+    """The judged span: the <answer>...</answer> if any, else the text without tool calls. "" for a reply
+    of bare JSON calls (a call, not an answer) and for several answer tags: a flood of tagged candidates
+    cut by the token budget would otherwise be judged on whichever tag the cut left last."""
     tagged = _ANSWER_TAG.findall(text)
+    if parse_bare_calls(text) or len(tagged) > 1:  # a call, or answers spread over several tags
+        return ""
     return (tagged[-1] if tagged else _TOOL_CALL.sub(" ", text)).strip()
 
 

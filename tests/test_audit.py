@@ -7,6 +7,7 @@ runs its hidden tests in the bubblewrap sandbox, so it plays two tasks).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -18,11 +19,13 @@ import pytest
 from doc_pages import marked_block
 
 from agent_rl import cli
-from agent_rl.audit.hacks import CATALOGUE, arithmetic_in, hacks_named, lookalike
+from agent_rl.audit.catalogue import CATALOGUE, hacks_named
+from agent_rl.audit.hacks import arithmetic_in, lookalike
 from agent_rl.audit.play import audit_env
 from agent_rl.audit.report import format_matrix, format_report
 from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, Target
 from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
+from agent_rl.core.renderers import get_renderer
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 from agent_rl.tools.sandbox_bwrap import unavailable_reason
@@ -34,6 +37,7 @@ CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_cal
 GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done", "busy_calls",
        "farm_saves"]
 TURNS = [*ANSWERED, "busy_calls"]  # the environments with turn rewards add the hacks on them
+CODING_TESTS = [*CODING, "hardcode_visible", "print_expected", "edit_tests", "catch_assertion"]
 
 
 def _no_browser() -> str | None:
@@ -51,6 +55,7 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each env
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
     pytest.param("kg_qa", 3, [h for h in TURNS if h != "lookalike_digits"], id="kg_qa"),
     pytest.param("coding", 2, [*CODING, "busy_calls"], id="coding", marks=needs_bwrap),
+    pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
     pytest.param("gui_browser", 1, GUI, id="gui_browser",
@@ -68,6 +73,35 @@ async def test_no_hack_earns_reward_and_the_solver_earns_full_reward(env, n_task
     solver = report.rows[-1]
     assert solver.episodes == n_tasks and solver.min_reward == 1.0 and solver.verdict == "ok", solver
     assert not report.failures and report.failure_line() == ""
+
+
+@pytest.mark.parametrize("env", ["calculator", "search_qa"])
+async def test_bare_json_calls_earn_nothing_read_as_calls_or_as_text(env, renderer, qwen25_tokenizer):
+    # Qwen2.5's renderer reads `{"name": ..., "arguments": ...}` without tags as a call, SmolLM2's ChatML as
+    # text; the answer in its arguments once earned 1 both ways (the reply read as the final answer, or an
+    # episode of such calls cut at max_turns scored on its last one)
+    for r in (renderer, get_renderer(qwen25_tokenizer)):
+        report = await audit_env(load_env(env), r, n_tasks=2)
+        [row] = [row for row in report.rows if row.name == "answer_in_tool_call"]
+        assert row.episodes == 10 and row.max_reward == 0.0 and not report.failures, report.failure_line()
+
+
+@needs_bwrap
+async def test_coding_tests_hacks_pass_the_visible_tests_and_earn_nothing(renderer):
+    # special-casing the visible tests passes them all (the tool says so); the hidden ones are disjoint
+
+    from agent_rl.audit.play import LIMITS, _play
+    from agent_rl.audit.targets import plan_for
+
+    spec = load_env("coding_tests")
+    tasks = spec.load_tasks(2)
+    plan = plan_for(spec)
+    [hack] = [h for h in plan.hacks if h.name == "hardcode_visible"]
+    for task in tasks:
+        for policy in hack.variants(plan.target(task, tasks)).values():
+            traj = await _play(spec, renderer, LIMITS, task, policy, asyncio.Semaphore(1))
+            n = len(task["shown_tests"])
+            assert traj.messages[3].content.startswith(f"{n} of {n} visible tests passed.") and traj.reward == 0.0
 
 
 async def test_toy_has_nothing_to_audit(renderer):
@@ -154,8 +188,8 @@ async def test_an_environments_own_audit_target_chooses_the_hacks_and_the_target
 async def test_an_audit_target_naming_no_hack_is_one_line(renderer):
     spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "guess_twice"), lambda task, tasks: None))
     with pytest.raises(ValueError, match="^environment 'any_number': its audit target names 'guess_twice', which is "
-                                         "no hack and no group of hacks [(]groups: answer, tool, coding, gui, turn; "
-                                         "hacks: "):
+                                         "no hack and no group of hacks [(]groups: answer, tool, coding, "
+                                         "visible_tests, gui, turn; hacks: "):
         await audit_env(spec, renderer)
 
 

@@ -222,3 +222,45 @@ async def test_two_calls_one_bad_get_two_tool_messages(request, fam):
     tools = [m.content for m in traj.messages if m.role == "tool"]
     assert tools == ["3", "Error: invalid arguments for add: b: Field required"]
     assert [c.ok for c in traj.tool_calls] == [True, False]
+
+
+# -- Qwen2.5's bare calls: `{"name": ..., "arguments": ...}` without <tool_call> tags (model.bare_tool_calls) -----
+BARE_CALL = '{"name": "add", "arguments": {"a": 2, "b": 3}}'
+# '{"', 'name', '":', ' "', 'add', '",', ' "', 'arguments', '":', ' {"', 'a', '":', ' ', '2', ',', ' "', 'b', '":',
+# ' ', '3', '}}', '<|im_end|>'
+BARE_CALL_IDS = [4913, 606, 788, 330, 718, 497, 330, 16370, 788, 5212, 64, 788, 220, 17, 11, 330, 65, 788, 220, 18,
+                 3417, 151645]
+MALFORMED["qwen2_5"] = [  # read leniently, then refused as a tagged call would be
+    ('{"name": "sub", "arguments": {"a": 1, "b": 2}}', "Error: unknown tool 'sub'; available tools: add"),
+    ('```json\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n```', "3"),  # fenced, string-encoded
+    ('{"name": "add", "arguments": {"a": 1, "b": 2}, "required": ["a"]}',
+     "Error: tool call 1 (add): unexpected keys ['required']; use {\"name\": ..., \"arguments\": {...}}"),
+]
+TWO_CALLS_ONE_BAD["qwen2_5"] = '{"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "add", "arguments": {"a": 1}}'
+
+
+async def test_a_bare_call_is_a_call_for_qwen2_5_and_text_when_switched_off(qwen25_tokenizer):
+    on, off = Qwen25Renderer(qwen25_tokenizer), Qwen25Renderer(qwen25_tokenizer)
+    off.bare_calls = False
+    assert on.bare_calls is True
+    played = {}
+    for name, renderer in (("on", on), ("off", off)):
+        replies = iter([BARE_CALL, "It is 5."])
+        played[name], _, _ = await play(renderer, lambda messages, replies=replies: next(replies))
+        traj, first = played[name], played[name].turns[0]
+        # the sampled ids are the same whichever way they are read; only the parse differs
+        assert list(traj.token_ids[first.start:first.end]) == BARE_CALL_IDS
+        assert list(traj.loss_mask[first.start:first.end]) == [1] * len(BARE_CALL_IDS)
+        assert traj.messages[2].content == BARE_CALL
+    # on: one call, its result, the answer; off: the JSON is the final reply and the episode ends
+    assert [m.content for m in played["on"].messages if m.role == "tool"] == ["5"] and len(played["on"].turns) == 2
+    assert played["off"].tool_calls == () and len(played["off"].turns) == 1
+    assert played["off"].stop_reason is StopReason.NO_TOOL_CALL
+
+
+@pytest.mark.parametrize("reply", ['I would call {"name": "add", "arguments": {"a": 2, "b": 3}} now.',
+                                   '{"name": "add", "arguments": {"a": 2, "b": 3}',  # broken JSON
+                                   '{"a": 2, "b": 3}'])
+async def test_a_reply_that_is_not_only_call_objects_ends_the_episode(qwen25_tokenizer, reply):
+    traj, _, _ = await play(Qwen25Renderer(qwen25_tokenizer), lambda messages: reply)
+    assert traj.tool_calls == () and len(traj.turns) == 1 and traj.stop_reason is StopReason.NO_TOOL_CALL

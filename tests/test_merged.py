@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -72,3 +73,23 @@ def test_merged_wins_when_the_sampling_it_saves_exceeds_its_push():
     # a GPU-like 10% LoRA overhead on a 7B bf16 model (14 GB): 4096 * (1/2700 - 1/3000) = 0.15 s vs 28.5 s
     merged, saved, push = prefer_merged(2700.0, 3000.0, 4096, 14_000_000_000)
     assert not merged and abs(push - 28.5) < 1e-9
+
+
+async def test_finish_removes_the_versions_folder_when_the_server_is_gone(tmp_path):
+    # a run that fails because its server died (the OOM killer) ends with finish(): its merged versions,
+    # 2 x 2.5 GB in /dev/shm for a 0.5B model, were left behind when the server refused the pause
+    from agent_rl.rollout.server import free_port
+    from agent_rl.rollout.weight_sync.base import WeightSyncError
+    from agent_rl.rollout.weight_sync.merged import MergedSync
+
+    sampler = type("Sampler", (), {"urls": [f"http://127.0.0.1:{free_port()}"]})()
+    model = tiny_lora(tied=False)
+    model.get_base_model().config._name_or_path = str(tmp_path / "base")
+    sync = MergedSync(tmp_path / "run", sampler, model, timeout_s=5.0, connect_timeout_s=1.0)
+    (sync.weights_dir / "v1").mkdir(parents=True)
+    try:
+        with pytest.raises(WeightSyncError):
+            await sync.finish()
+        assert not sync.weights_dir.exists()
+    finally:
+        sync.close()

@@ -18,7 +18,9 @@ from agent_rl.rewards.answers import (
     is_number_list,
     math_answer,
     math_equal,
+    numeric_answer,
 )
+from agent_rl.rewards.code import extract_code
 from agent_rl.rewards.format import no_tool_markup, single_answer, tags_closed, used_tools
 from agent_rl.rewards.rubric import RewardError, RewardTerm, Rubric, final_reply
 
@@ -97,6 +99,19 @@ def test_answer_span_takes_one_candidate():
     assert answer_span("\\boxed{ 12. }") == "12"
     assert answer_span("<tool_call>{}</tool_call>") is None and answer_span("") is None
     assert answer_span("a " * 400 + "99")[-2:] == "99" and len(answer_span("a " * 400 + "99")) <= 300
+
+
+async def test_a_call_is_no_answer_tagged_or_bare_and_several_tags_are_none():
+    # the answer only in a call's arguments, written with or without the tags (Qwen2.5's small models
+    # drop them): no answer, whether the renderer read the bare JSON as a call or not
+    bare = '{"name": "calculator", "arguments": {"expression": "27"}}'
+    fenced = '```json\n{"name": "calculator", "arguments": {"expression": "27"}}\n```'
+    assert answer_span(bare) is None and answer_span(fenced) is None
+    assert await correct_answer([bare, fenced, "It is 27."], [27, 27, 27]) == [0.0, 0.0, 1.0]
+    assert numeric_answer(bare, 27) == 0.0 and extract_code('{"name": "python", "arguments": {"code": "x"}}') is None
+    # several answer tags: no one answer (a flood of tagged candidates cut by the token budget ends on any)
+    assert answer_span("<answer>26</answer>\n<answer>27</answer>") is None
+    assert answer_span("<answer>27</answer>") == "27"
 
 
 def test_number_lists_are_recognised():

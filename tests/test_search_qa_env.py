@@ -62,6 +62,9 @@ def test_judge_credits_one_right_name_and_nothing_hedged():
     assert not judge_answer('<tool_call>{"name": "search", "arguments": {"query": "Paris"}}</tool_call>',
                             ["Paris"], capitals).correct
     assert not judge_answer("", ["Paris"], capitals).correct
+    # a bare JSON call (no tags) is a call, not an answer; several tags are no one answer, whichever comes last
+    assert not judge_answer('{"name": "search", "arguments": {"query": "Paris"}}', ["Paris"], capitals).correct
+    assert not judge_answer("<answer>London</answer>\n<answer>Paris</answer>", ["Paris"], capitals).correct
 
 
 def test_a_copied_passage_is_not_an_answer(rows):

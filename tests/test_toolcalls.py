@@ -1,6 +1,9 @@
 """Tool-call parsing: every attempted call is found; every malformed one says what is wrong."""
 
-from agent_rl.core.toolcalls import parse_tool_calls
+import pytest
+
+from agent_rl.core.renderers import get_renderer
+from agent_rl.core.toolcalls import parse_bare_calls, parse_tool_calls
 from agent_rl.core.types import ToolCall
 
 
@@ -50,3 +53,69 @@ def test_unclosed_tag_at_end_and_before_another_call():
 def test_stray_closing_tag():
     (p,) = parse_tool_calls("done </tool_call>")
     assert p.error == "tool call 1: </tool_call> without a matching <tool_call>"
+
+
+# -- bare calls: the same JSON without the tags (parse_bare_calls; a renderer's bare_calls switch) ------------
+def test_bare_call_one_object():
+    assert parse_bare_calls('{"name": "calculator", "arguments": {"expression": "2 * 6"}}') == [
+        ToolCall("calculator", {"expression": "2 * 6"}, "call_1")]
+    # whitespace around it, or a ```json fence, as small models write it
+    assert parse_bare_calls('\n {"name": "f", "arguments": {}}\n') == [ToolCall("f", {}, "call_1")]
+    assert parse_bare_calls('```json\n{"name": "f", "arguments": {"x": 1}}\n```') == [ToolCall("f", {"x": 1}, "call_1")]
+
+
+def test_bare_calls_two_objects_are_two_calls():
+    text = '{"name": "add", "arguments": {"a": 1}}\n{"name": "mul", "arguments": {"b": 2}}'
+    assert parse_bare_calls(text) == [ToolCall("add", {"a": 1}, "call_1"), ToolCall("mul", {"b": 2}, "call_2")]
+    fenced = '```json\n{"name": "add", "arguments": {}}\n```\n```json\n{"name": "mul", "arguments": {}}\n```'
+    assert [c.name for c in parse_bare_calls(fenced)] == ["add", "mul"]
+    # two objects in one fence is not how anyone writes calls: text
+    assert parse_bare_calls('```json\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {}}\n```') == []
+
+
+def test_json_inside_prose_is_text_not_a_call():
+    assert parse_bare_calls('I will call {"name": "add", "arguments": {"a": 1}} now.') == []
+    assert parse_bare_calls('{"name": "add", "arguments": {"a": 1}} and then I answer 4.') == []
+    assert parse_bare_calls('The answer is 12.\n{"name": "add", "arguments": {}}') == []
+
+
+def test_bare_call_to_an_unknown_tool_is_a_call_the_environment_refuses():
+    # the parser does not know the tools; ToolEnv answers "unknown tool ..." as for a tagged call
+    assert parse_bare_calls('{"name": "lookup_answer", "arguments": {"q": "2+2"}}') == [
+        ToolCall("lookup_answer", {"q": "2+2"}, "call_1")]
+
+
+def test_broken_json_and_other_objects_are_text():
+    for text in ['{"name": "add", "arguments": {"a": 1,}}',  # broken JSON: no call was made
+                 '{"name": "add", "arguments": {"a": 1}',  # cut short
+                 '{"answer": 12}', '{"name": "Ada", "age": 36}',  # objects that are answers
+                 '[{"name": "add", "arguments": {}}]', '"add"', "12", ""]:
+        assert parse_bare_calls(text) == [], text
+
+
+def test_bare_call_shapes_the_tagged_parser_refuses_are_refused_alike():
+    (p,) = parse_bare_calls('{"name": "f", "arguments": [1]}')
+    assert p.error == 'tool call 1 (f): "arguments" must be a JSON object, got list'
+    (p,) = parse_bare_calls('{"name": "f", "arguments": "{\\"x\\": 1}"}')  # string-encoded: read, as tagged
+    assert p == ToolCall("f", {"x": 1}, "call_1")
+
+
+def test_the_bare_call_switch_per_renderer_and_config(qwen25_tokenizer, smol_tokenizer, gemma3_tokenizer,
+                                                     qwen3_standin):
+    assert get_renderer(qwen25_tokenizer).bare_calls is True  # qwen2_5: on by default
+    assert get_renderer(smol_tokenizer).bare_calls is False  # chatml: off
+    assert get_renderer(qwen25_tokenizer, bare_calls=False).parse_tool_calls('{"name": "f", "arguments": {}}') == []
+    assert get_renderer(smol_tokenizer, bare_calls=True).parse_tool_calls('{"name": "f", "arguments": {}}') == [
+        ToolCall("f", {}, "call_1")]
+    # tags win: a reply with a tagged call is read as tagged, whatever else it holds
+    r = get_renderer(qwen25_tokenizer)
+    assert [c.name for c in r.parse_tool_calls('<tool_call>{"name": "g", "arguments": {}}</tool_call>')] == ["g"]
+    with pytest.raises(ValueError) as e:
+        get_renderer(gemma3_tokenizer, bare_calls=True)
+    assert str(e.value) == ("model.bare_tool_calls: the gemma3 renderer has no bare-call reading (it has: chatml, "
+                            "qwen2_5, qwen3, qwen3_nothink); leave it unset (got True)")
+    assert get_renderer(gemma3_tokenizer).bare_calls is None
+    # qwen3: off by default; on, a bare call after the reasoning counts, one inside it does not
+    reply = '<think>\n{"name": "f", "arguments": {}}\n</think>\n\n{"name": "g", "arguments": {}}'
+    assert get_renderer(qwen3_standin).parse_tool_calls(reply) == []
+    assert get_renderer(qwen3_standin, bare_calls=True).parse_tool_calls(reply) == [ToolCall("g", {}, "call_1")]

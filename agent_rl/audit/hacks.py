@@ -1,13 +1,11 @@
 """The reward audit's catalogue: scripted reward hacks, each a policy over one task's conversation.
 
-Owns: the catalogue: `ANSWER_HACKS` (answer-format tricks), `TOOL_HACKS`, `CODING_HACKS` (tricks on a
-test harness) and `GUI_HACKS` (claiming a task done without doing it), with `TURN_HACKS` (collecting turn
-rewards without solving, `audit.turn_hacks`) in `CATALOGUE`, and `hacks_named` (the hacks an
-environment's audit target names).
-Does not own: `Hack` and the moves hacks are made of (`audit.moves`), what a hack knows about a task
-(`core.audit_target.Target`, which each environment fills in), which hacks apply to an environment
-(its spec's audit target, else `audit.targets`), playing them and judging the rewards (`audit.play`,
-`audit.report`).
+Owns: `Hack` (a named policy in one or more variants), the catalogue: `ANSWER_HACKS` (answer-format
+tricks), `TOOL_HACKS`, `CODING_HACKS` (tricks on a test harness) and `GUI_HACKS` (claiming a task
+done without doing it); the whole catalogue and its lookup by name are `audit.catalogue`.
+Does not own: what a hack knows about a task (`core.audit_target.Target`, which each environment fills
+in), which hacks apply to an environment (its spec's audit target, else `audit.targets`), playing
+them and judging the rewards (`audit.play`, `audit.report`).
 
 A hack plays the policy's part through the real runner; each variant is a function of the
 conversation's messages returning the next assistant reply. Hacks use the right answer wherever
@@ -22,16 +20,44 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from agent_rl.audit.moves import Hack, Policy, calls_then, say, tool_outputs
-from agent_rl.audit.turn_hacks import TURN_HACKS
-from agent_rl.core.audit_target import HACK_GROUPS, Target
+from agent_rl.core.audit_target import Target
 from agent_rl.core.types import Message, ToolCall
 
+Policy = Callable[[Sequence[Message]], "Message | str"]
 FLOOD_CHARS = 8000  # more than any turn's token budget holds: a flood is cut mid-turn
 
 
-# -- building blocks (the commonest are `audit.moves`) -------------------------------------------
+@dataclass(frozen=True)
+class Hack:
+    name: str
+    group: str  # answer, tool, coding, visible_tests, gui or turn (core.audit_target.HACK_GROUPS)
+    what: str  # one line for the table
+    variants: Callable[[Target], dict[str, Policy]] = field(repr=False)  # {} where it does not apply
+
+
+# -- building blocks -----------------------------------------------------------------------------
+def say(text: str) -> Policy:
+    return lambda messages: Message("assistant", text)
+
+
+def tool_outputs(messages: Sequence[Message]) -> list[str]:
+    return [m.content for m in messages if m.role == "tool"]
+
+
+def calls_then(calls: Sequence[ToolCall], final: str | Callable[[Sequence[Message]], str]) -> Policy:
+    """One call per turn, then `final` (a text, or a function of the messages) without a call."""
+
+    def policy(messages: Sequence[Message]) -> Message:
+        done = len(tool_outputs(messages))
+        if done < len(calls):
+            return Message("assistant", "", (calls[done],))
+        return Message("assistant", final if isinstance(final, str) else final(messages))
+
+    return policy
+
+
 def flood(text: str) -> str:
     return (text + "\n") * (FLOOD_CHARS // (len(text) + 1) + 1)
 
@@ -129,8 +155,12 @@ def _answer_in_call(t: Target) -> dict[str, Policy]:
            "an unclosed call, every turn": say(unclosed)}
     if t.carrier is not None:
         carrier = t.carrier
+        bare = json.dumps({"name": carrier.name, "arguments": carrier.arguments})  # a call or text, per renderer
         out[f"{carrier.name}'s arguments, then 'Done.'"] = calls_then([carrier], "Done.")
         out[f"{carrier.name} calls until the turns run out"] = lambda m: Message("assistant", "", (carrier,))
+        bare = json.dumps({"name": carrier.name, "arguments": carrier.arguments})  # a call or text, per renderer
+        out[f"{carrier.name} as a bare JSON call, every turn"] = say(bare)
+        out[f"{carrier.name} as a bare JSON call, every turn"] = say(bare)
     return out
 
 
@@ -328,21 +358,3 @@ GUI_HACKS = (
     Hack("act_halfway", "gui", "save nothing, change without saving, or change everything", _gui_unfinished),
     Hack("unknown_tool_then_done", "gui", "call a tool that does not exist, then say done", _gui_unknown_tool),
 )
-
-CATALOGUE = (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *GUI_HACKS, *TURN_HACKS)
-
-
-def hacks_named(names: Sequence[str], env: str) -> tuple[Hack, ...]:
-    """The hacks `names` names, in its order: a group stands for its hacks in catalogue order. A name
-    that is neither is a ValueError naming the environment `env`."""
-    by_name = {h.name: h for h in CATALOGUE}
-    out: list[Hack] = []
-    for name in names:
-        if name in HACK_GROUPS:
-            out += [h for h in CATALOGUE if h.group == name]
-        elif name in by_name:
-            out.append(by_name[name])
-        else:
-            raise ValueError(f"environment {env!r}: its audit target names {name!r}, which is no hack and no group "
-                             f"of hacks (groups: {', '.join(HACK_GROUPS)}; hacks: {', '.join(by_name)})")
-    return tuple(out)

@@ -16,7 +16,8 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent_rl.audit.hacks import Hack, hacks_named
+from agent_rl.audit.catalogue import hacks_named
+from agent_rl.audit.hacks import Hack
 from agent_rl.core.audit_target import NotAudited, Target, answer_choices
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec

@@ -3,7 +3,7 @@
 Owns: `TURN_HACKS`: `busy_calls` (a real tool call on every turn, then a wrong answer: what a reward per
 call would pay for) and `farm_saves` (on the GUI page: the first asked change saved, undone, saved and
 undone again, the task left unsolved: what a reward per setting saved would pay for twice).
-Does not own: the moves they are made of (`audit.moves`), the GUI page and its solver (`envs.gui`),
+Does not own: `Hack` and the moves they are made of (`audit.hacks`), the GUI page and its solver (`envs.gui`),
 the verdicts (`audit.report`: with turn rewards on, a hack's return, outcome plus turn rewards, must
 not be above 0).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent_rl.audit.moves import Hack, Policy, calls_then
+from agent_rl.audit.hacks import Hack, Policy, calls_then
 from agent_rl.core.audit_target import Target
 from agent_rl.core.types import Message
 from agent_rl.envs.gui import check_task, solve

@@ -3,7 +3,9 @@
 Owns: `ChatMLRenderer` (rendering and parsing this family: tool schemas in the system turn,
 `<tool_call>{json}</tool_call>` blocks in assistant turns, results in `<tool_response>` blocks) and
 `Qwen25Renderer`, the same with Qwen2.5's default system prompt: token for token the official
-Qwen2.5 chat template (tests/test_renderers.py).
+Qwen2.5 chat template (tests/test_renderers.py). Both read calls written without their tags too when
+`bare_calls` is on (`core.toolcalls.parse_bare_calls`; `model.bare_tool_calls`): off by default for
+ChatML, on for Qwen2.5, whose small instruct models answer a tool prompt with bare JSON calls.
 Does not own: the renderer interface (`core.renderer`), the `<tool_call>` JSON parser it shares
 with other Hermes-style families (`core.toolcalls`), or deciding what the messages are (`envs`).
 
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import parse_tool_calls
+from agent_rl.core.toolcalls import parse_bare_calls, parse_tool_calls
 from agent_rl.core.types import Message, ToolCall
 
 TOOLS_PREAMBLE = (
@@ -57,6 +59,7 @@ class ChatMLRenderer(Renderer):
 
     name = "chatml"
     default_system = DEFAULT_SYSTEM  # the system turn when the conversation has none
+    bare_calls = False  # a reply of bare JSON calls, without <tool_call> tags, is read as those calls
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
@@ -71,7 +74,8 @@ class ChatMLRenderer(Renderer):
         return [self.im_end]
 
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
-        return parse_tool_calls(text)
+        calls = parse_tool_calls(text)
+        return parse_bare_calls(text) if not calls and self.bare_calls else calls
 
     def format_reply(self, content: str, tool_calls: Sequence[ToolCall] = ()) -> str:
         calls = "\n".join(format_tool_call(c.name, c.arguments) for c in tool_calls)
@@ -141,3 +145,4 @@ class Qwen25Renderer(ChatMLRenderer):
 
     name = "qwen2_5"
     default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    bare_calls = True  # Qwen2.5-Coder-0.5B-Instruct writes most of its calls bare (docs/coding-recipe.md)

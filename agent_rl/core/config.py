@@ -64,6 +64,10 @@ class ModelConfig(_Section):
     renderer: str = Field("auto", description="chat format: 'auto' (picked from the tokenizer) or a family name "
                                               "from agent_rl.core.renderers "
                                               "(chatml, qwen3, llama3, gemma3, generic...)")
+    bare_tool_calls: bool | None = Field(
+        None, description="read a reply of bare JSON calls ({\"name\": ..., \"arguments\": {...}} without "
+                          "<tool_call> tags) as those calls; null: the renderer's default (on for qwen2_5, off for "
+                          "chatml; other families have no such switch)")
 
     @field_validator("renderer")
     @classmethod

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 
 @contextlib.contextmanager
@@ -34,7 +34,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path, mode: str = "w") -> Iterator[TextIO]:
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     """An open file whose content replaces `path` (fsynced) only when the block succeeds."""
     with atomic_path(path) as tmp:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:

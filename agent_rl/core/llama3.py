@@ -54,7 +54,8 @@ def parse_json_calls(text: str) -> list[ToolCall]:
         body = body[len(PYTHON_TAG):].lstrip()
     if not body.startswith("{"):
         return []
-    decoder, out, pos = json.JSONDecoder(), [], 0
+    decoder, pos = json.JSONDecoder(), 0
+    out: list[ToolCall] = []
     while pos < len(body):
         index = len(out) + 1
         try:

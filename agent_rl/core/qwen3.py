@@ -36,7 +36,6 @@ from agent_rl.core.chatml import (
     ChatMLRenderer,
     format_tool_call,
 )
-from agent_rl.core.toolcalls import parse_tool_calls
 from agent_rl.core.types import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -67,7 +66,7 @@ class Qwen3Renderer(ChatMLRenderer):
         return head + TOOLS_PREAMBLE.lstrip("\n") + schemas + TOOLS_POSTAMBLE
 
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
-        return parse_tool_calls(answer_part(text))
+        return super().parse_tool_calls(answer_part(text))  # bare calls too, when switched on
 
     def format_reply(self, content: str, tool_calls: Sequence[ToolCall] = ()) -> str:
         """`content` as given (it may open with a think block: `format_thinking`), then the calls,

@@ -40,7 +40,8 @@ from agent_rl.core.env import Env, Task
 from agent_rl.core.types import Message, Trajectory
 
 BUILTIN = {name: f"agent_rl.envs.{name}" for name in
-           ("calculator", "coding", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa", "toy")}
+           ("calculator", "coding", "coding_tests", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa",
+            "toy")}
 SPEC = "ENV"  # the name an environment module exports its EnvSpec under
 HOOKS = ("solve", "group_reward", "mistake")  # the optional callables an old-style module defines by name
 

@@ -32,6 +32,7 @@ class Renderer(abc.ABC):
     """Renders conversations to token ids and parses sampled ids back into messages."""
 
     name: str = ""
+    bare_calls: bool | None = None  # reading tag-less JSON calls: None where the family has no such switch
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

@@ -3,6 +3,7 @@
 Owns: `RENDERERS` (the known families by name), `detect` (a tokenizer's family), `get_renderer` and
 `load_renderer` (from a model folder), and the one-line notice when the generic fallback is used.
 A new family is one module beside `core.chatml` and one line in `RENDERERS` and `detect`.
+It also sets a renderer's `bare_calls` switch from `model.bare_tool_calls` (families that have one).
 Does not own: any family's format, the `Renderer` interface (`core.renderer`).
 
 Automatic choice (`model.renderer: auto`), first match wins, from the tokenizer's special tokens and
@@ -68,19 +69,28 @@ def _notice_once() -> None:
         print(f"notice: {GENERIC_NOTICE}", file=sys.stderr)
 
 
-def get_renderer(tokenizer: Any, name: str = "auto") -> Renderer:
-    """The renderer `name` on `tokenizer`; "auto" picks the family from the tokenizer."""
+def get_renderer(tokenizer: Any, name: str = "auto", bare_calls: bool | None = None) -> Renderer:
+    """The renderer `name` on `tokenizer`; "auto" picks the family from the tokenizer. `bare_calls`
+    (`model.bare_tool_calls`) switches the reading of tag-less JSON calls on or off; None keeps the
+    family's default; a family without the switch refuses a value (one line naming the field)."""
     if name not in RENDERER_NAMES:
         raise ValueError(f"unknown renderer {name!r} (known: {', '.join(RENDERER_NAMES)})")
     if name == "auto":
         name = detect(tokenizer)
         if name == "generic":
             _notice_once()
-    return RENDERERS[name](tokenizer)
+    renderer = RENDERERS[name](tokenizer)
+    if bare_calls is not None:
+        if renderer.bare_calls is None:
+            switchable = ", ".join(n for n, r in RENDERERS.items() if r.bare_calls is not None)
+            raise ValueError(f"model.bare_tool_calls: the {name} renderer has no bare-call reading (it has: "
+                             f"{switchable}); leave it unset (got {bare_calls})")
+        renderer.bare_calls = bare_calls
+    return renderer
 
 
-def load_renderer(model_dir: str | Path, name: str = "auto") -> Renderer:
+def load_renderer(model_dir: str | Path, name: str = "auto", bare_calls: bool | None = None) -> Renderer:
     """The renderer for the tokenizer saved in a model folder."""
     from transformers import AutoTokenizer
 
-    return get_renderer(AutoTokenizer.from_pretrained(str(model_dir)), name)
+    return get_renderer(AutoTokenizer.from_pretrained(str(model_dir)), name, bare_calls)

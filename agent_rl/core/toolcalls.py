@@ -1,10 +1,20 @@
 """The Hermes/Qwen tool-call syntax: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
 
 Owns: finding every such block in an assistant turn's text and turning each malformed one into a
-`ToolCall` whose `error` the model can read. Shared by the renderers of families that write calls
-this way (`core.chatml`, ...).
+`ToolCall` whose `error` the model can read; and `parse_bare_calls`, the lenient reading of the same
+calls written without their tags. Shared by the renderers of families that write calls this way
+(`core.chatml`, ...).
 Does not own: checking names and arguments against the environment's tools (`envs.base.ToolEnv`),
-or the token ids (the sampled ids are never rebuilt from the parsed calls).
+whether a renderer reads bare calls (its `bare_calls` switch, `model.bare_tool_calls`), or the token
+ids (the sampled ids are never rebuilt from the parsed calls).
+
+Bare calls. Small instruct models (Qwen2.5-Coder-0.5B-Instruct among them) often answer a tool prompt
+with `{"name": "calculator", "arguments": {...}}` and no `<tool_call>` tags. Read leniently, a reply
+that is nothing but such objects (whitespace, and at most one ```json fence around each, aside) is
+that many calls, parsed exactly as tagged ones would be: an unknown tool or bad arguments get the
+same error message back. Anything else stays text, so a final answer is never mistaken for a call:
+prose around the JSON, JSON that does not parse, an object without a string "name" and an
+"arguments" key. Only the parse changes: the sampled tokens stay as they are.
 """
 
 from __future__ import annotations
@@ -55,6 +65,41 @@ def call_from_json(body: str, index: int, args_key: str = "arguments") -> ToolCa
         return bad_call(index, f"tool call {index} ({name}): unexpected keys {extra}; "
                                f"use {{\"name\": ..., \"{args_key}\": {{...}}}}", name)
     return ToolCall(name=name, arguments=args, id=f"call_{index}")
+
+
+_FENCED = re.compile(r"\A```(?:json)?[ \t]*\n(.*?)\n?```\Z", re.DOTALL)
+
+
+def _bare_objects(text: str) -> list[str] | None:
+    """The JSON texts of a reply made only of JSON objects (each maybe in its own ```json fence), or None."""
+    decoder, out, pos, text = json.JSONDecoder(), [], 0, text.strip()
+    while pos < len(text):
+        if text.startswith("```", pos):  # a fenced object: the fence must hold exactly one
+            end = text.find("```", pos + 3)
+            fenced = _FENCED.match(text[pos:end + 3]) if end > 0 else None
+            inner = _bare_objects(fenced.group(1)) if fenced else None
+            if inner is None or len(inner) != 1:
+                return None
+            out += inner
+            pos = end + 3
+        else:
+            try:
+                obj, end = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                return None
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+                return None
+            out.append(text[pos:end])
+            pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out or None
+
+
+def parse_bare_calls(text: str) -> list[ToolCall]:
+    """The calls of a reply written as bare JSON objects without `<tool_call>` tags (module doc); [] when
+    the reply is anything else."""
+    return [call_from_json(body, i) for i, body in enumerate(_bare_objects(text) or (), start=1)]
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:

@@ -227,7 +227,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, dist: Dist) -> dict[s
 @dataclass(frozen=True)
 class GatheredModel:
     """A sharded model's weights gathered whole on rank 0 (`full_state_dict`), with the model's config:
-    `save_pretrained` writes the folder the model's own would (what `rollout.weight_sync.FullWeightSync`
+    `save_pretrained` writes the folder the model's own would (what `rollout.weight_sync.full.FullWeightSync`
     pushes to the servers)."""
 
     state: dict[str, torch.Tensor]

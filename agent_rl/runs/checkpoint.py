@@ -200,9 +200,10 @@ def _sharded_moments(state: dict[str, Any], optimizer: torch.optim.Optimizer) ->
 
 def _rng_state() -> dict[str, Any]:
     version, mt, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # the tuple form
     state = {"python": [version, list(mt), gauss],
-             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+             "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                       float(cached)],
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -145,11 +145,14 @@ class RunLogger:
         self.config = config
         self.progress = progress
         self.wandb_project = wandb_project
-        self._summary_writer_cls = _require_tensorboard() if tensorboard else None
+        self._summary_writer_cls: Any = _require_tensorboard() if tensorboard else None
         self._wandb = _require_wandb() if wandb_project else None
         self._purge_step: int | None = None
         self._last_step = start_step
-        self._file = self._tb = self._wandb_run = self._bar = None
+        self._file: TextIO | None = None
+        self._tb: Any = None  # tensorboard's SummaryWriter, once opened
+        self._wandb_run: Any = None
+        self._bar: Any = None
         self._stack = contextlib.ExitStack()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -244,7 +247,7 @@ class RunLogger:
         """
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= step] if self.path.is_file() else []
         reopen = self._file is not None
-        if reopen:
+        if self._file is not None:
             self._file.close()
         write_lines(self.path, (json.dumps(r) for r in kept))
         if reopen:

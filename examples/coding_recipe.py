@@ -1,0 +1,134 @@
+"""The coding-agent recipe: Qwen2.5-Coder-0.5B-Instruct straight into GRPO on `coding_tests` (write a
+function, run its visible tests, fix, submit; hidden tests grade), over seeds, with held-out evaluation
+of the base model and every GRPO adapter on the same problems and sampling seeds.
+
+    python examples/coding_recipe.py --seeds 0 1 2        # what `make coding-recipe` runs
+    python examples/coding_recipe.py --seeds 0 --set run.steps=1 --run-dir runs/coding_try   # a quick look
+
+Steps (each an ordinary `agent-rl` command in its own process):
+  1. agent-rl train   GRPO from the base model (no cold start: it calls tools by itself), once per seed,
+                      all on one vLLM server (bfloat16; the trainer float32)   -> RUN/grpo-seed{S}/adapter
+  2. agent-rl eval    the base model and every GRPO adapter, merged into plain weights (RUN/grpo-seed{S}/merged:
+                      vLLM's CPU build samples a 0.5B model ~10x slower through a LoRA adapter), each on a
+                      server of its own, on the same held-out problems and sampling seeds
+Outputs in RUN (default runs/coding_recipe): eval.json (step 2's report), curves.png (training curves, a
+line per seed), summary.json (per policy: pass@1, pass@2, hidden-test share, tool-use rate, turns and
+tokens per episode; per seed the gain over the base model; the smallest gain and the seed spread; per
+seed the training diagnostics; wall times). Its last line on stdout is summary.json. A step whose output
+exists is skipped (delete RUN to start over).
+
+Definitions. pass@1: rollouts whose submission passed every hidden test / rollouts (`agent-rl eval`'s
+accuracy at success threshold 1: the reward is 0.5 x all pass + 0.5 x the share, so 1 only when all
+pass); pass@2 per problem, the unbiased estimator. Hidden-test share: the mean share of hidden tests
+passed. Tool-use rate: episodes that ran the visible tests (`run_tests`, the one tool) before submitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from recipe_steps import (
+    alarm_steps,
+    attempts,
+    mean,
+    merged_weights,
+    note,
+    per_step,
+    plot_panels,
+    recipe_args,
+    recipe_server,
+    seed_summary,
+    step,
+)
+
+CONFIG = str(Path(__file__).with_name("coding_recipe.yaml"))
+SCRIPT = "examples/coding_recipe.py"
+MODEL = "qwen2.5-coder-0.5b"
+FIGURES = ("pass@1", "pass@2", "tests_passed", "tool_use_rate", "turns_mean", "sampled_tokens_mean",
+           "submitted", "truncation_rate")
+CURVES = (("pass@1: all hidden tests pass (training rollouts)", "reward/solved"),
+          ("share of hidden tests passed", "reward/tests_passed"),
+          ("visible tests run before submitting (tool-use rate)", "tool_use_rate"),
+          ("zero-variance groups (share)", "zero_variance_group_share"),
+          ("submitted a code block", "reward/submitted"),
+          ("truncation rate", "truncation_rate"))
+
+
+def figures(result: dict) -> dict[str, float | None]:
+    """The recipe's figures of one policy from its `agent-rl eval` result."""
+    return {"pass@1": result["accuracy"], "pass@2": result.get("pass@2"),
+            "tests_passed": result.get("reward/tests_passed"), "tool_use_rate": result["tool_use_rate"],
+            "turns_mean": result["turns_mean"], "sampled_tokens_mean": result["sampled_tokens_mean"],
+            "submitted": result.get("reward/submitted"), "truncation_rate": result["truncation_rate"]}
+
+
+def diagnostics(run_dir: Path) -> dict:
+    """Why a run did or did not learn, from its training curves."""
+    curves = {name: per_step(run_dir, key) for name, key in
+              (("solved", "reward/solved"), ("tests_passed", "reward/tests_passed"),
+               ("tool_use_rate", "tool_use_rate"), ("zero_variance_group_share", "zero_variance_group_share"),
+               ("truncation_rate", "truncation_rate"), ("entropy", "entropy"), ("step_s", "time/step_s"),
+               ("rollout_s", "time/rollout_s"), ("train_s", "time/train_s"), ("sync_s", "time/sync_s"))}
+    return {"per_step": curves, **{f"{k}_mean": mean(v) for k, v in curves.items()},
+            "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
+            "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}
+
+
+def summarise(report: dict, after: dict[int, str], wall: dict) -> dict:
+    """`after`: seed -> the label its policy has in `report` (its run's merged weights: RUN/grpo-seedS/merged)."""
+    res = report["results"]
+    out = seed_summary(figures(res["base"]), {s: figures(res[label]) for s, label in after.items()}, FIGURES)
+    out["diagnostics"] = {s: diagnostics(Path(label).parent if Path(label).name == "merged" else Path(label))
+                          for s, label in after.items()}
+    out["wall_s"] = wall
+    return out
+
+
+def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
+    """Steps 1-2 (each skipped when done); returns seed -> GRPO run folder."""
+    sets = [x for s in args.set for x in ("--set", s)]
+    t_server = time.perf_counter()
+    # bfloat16 sampling: the float32 server (~6 GB) and trainer did not both fit beside the machine's other
+    # jobs (the kernel killed the server three times); the trainer stays float32, the truncated importance
+    # weights (algorithm.tis_cap) correct for the gap
+    with recipe_server(out, max_model_len=4096, kv_cache_gib=1, model=MODEL, dtype="bfloat16") as server:
+        common = [CONFIG, "--set", f"sampler.server_urls=[{server.url}]", *sets]
+        note(wall, "server_start", time.perf_counter() - t_server)
+        after = {}
+        for seed in args.seeds:
+            run_dir = out / f"grpo-seed{seed}"
+            note(wall, f"grpo_seed{seed}", step(run_dir / "adapter", "train", *common, "--resume",
+                                                "--set", f"run.run_dir={run_dir}", "--set", f"run.seed={seed}",
+                                                server=server))
+            after[seed] = str(run_dir)
+    # step 2 on servers of its own, one per policy: each GRPO adapter merged into plain weights
+    t_merge = time.perf_counter()
+    merged = [str(merged_weights(MODEL, Path(d), Path(d) / "merged")) for d in after.values()]
+    note(wall, "merge", time.perf_counter() - t_merge)
+    (out / "eval.json").unlink(missing_ok=True)  # always evaluate what is there now
+    policies = [x for a in ["base", *merged] for x in ("--adapter", a)]
+    note(wall, "eval", step(out / "eval.json", "eval", CONFIG, "--set", "model.dtype=bfloat16", *sets, *policies,
+                            "--out", str(out / "eval.json")))
+    return {seed: str(Path(d) / "merged") for seed, d in after.items()}
+
+
+def main() -> None:
+    args = recipe_args(__doc__.split("\n")[0], "runs/coding_recipe", "one GRPO run per seed, all from the base model")
+    out = Path(args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wall: dict[str, float | None] = {}
+    t_start = time.perf_counter()
+    after = attempts(lambda: pipeline(args, out, wall))
+    plot_panels({f"seed {s}": Path(d).parent for s, d in after.items()}, CURVES, out / "curves.png", SCRIPT,
+                f"Coding recipe: GRPO of {MODEL} on coding_tests, {len(after)} seed(s)")
+    wall["total"] = time.perf_counter() - t_start
+    summary = summarise(json.loads((out / "eval.json").read_text()), after, wall)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
