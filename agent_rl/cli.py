@@ -105,6 +105,11 @@ def _training_parsers(sub) -> None:
                    help="'base', a peft adapter folder, or a run folder; twice to compare side by side")
     e.add_argument("--out", help="write the JSON report here")
     e.add_argument("--show", type=int, default=0, help="print the first rollout of this many tasks per adapter")
+    e.add_argument("--benchmark", choices=["bfcl"],
+                   help="a benchmark instead of the config's environment: bfcl (needs `make bfcl-setup`)")
+    e.add_argument("--categories", help="bfcl: comma-separated categories (default: simple, multiple, parallel, "
+                                        "parallel_multiple, irrelevance)")
+    e.add_argument("--per-category", type=int, default=None, help="bfcl: questions of each category (default 20)")
     e.set_defaults(func=commands.evaluate)
 
     pl = sub.add_parser("plot", help="write PNG curves of a run")

@@ -1,9 +1,9 @@
 """What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
 
-Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval`, `play`, `audit-reward`,
-`plot`, `view`, and the tool services), the mapping of library errors to one `error: ...` line with
-an exit status (2 for bad input such as a config, a model path or an environment name; 1 for a
-failed run such as an unreachable server), and printing results.
+Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval` and `eval --benchmark bfcl`,
+`play`, `audit-reward`, `plot`, `view`, and the tool services), the mapping of library errors to one
+`error: ...` line with an exit status (2 for bad input such as a config, a model path or an environment
+name; 1 for a failed run such as an unreachable server), and printing results.
 Does not own: argument parsing (`cli`), any logic a library module can own.
 """
 
@@ -34,16 +34,19 @@ class CLIError(Exception):
 
 @contextlib.contextmanager
 def errors_as_lines() -> Iterator[None]:
-    """Bad input (a config, model or environment the library refuses) and server failures as CLIError."""
+    """Bad input (a config, model or environment the library refuses) and server failures (at start, or a
+    server that stops answering requests or adapter loads) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
+    from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
+    from agent_rl.rollout.weight_sync.base import WeightSyncError
 
     try:
         yield
     except (ConfigError, ModelError, ValueError) as e:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
-    except ServerError as e:
+    except (ServerError, SamplerError, WeightSyncError) as e:  # a server that died mid-run included
         raise CLIError(str(e)) from None
 
 
@@ -192,6 +195,11 @@ def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.runs.display import format_trajectory
     from agent_rl.session import open_session
 
+    if args.benchmark:
+        return benchmark(args)
+    if args.categories is not None or args.per_category is not None:
+        raise CLIError("--categories and --per-category choose a benchmark's questions: add --benchmark bfcl",
+                       EXIT_BAD_INPUT)
     extra = [f"eval.samples={args.n}"] * (args.n is not None) + [f"eval.tasks={args.tasks}"] * (args.tasks is not None)
     cfg = config(args, extra)
     adapters = args.adapter or ["base"]
@@ -219,6 +227,41 @@ def evaluate(args: argparse.Namespace) -> int:
     failed = sum(r["infra_error_rate"] > 0 for r in report["results"].values())
     if failed:
         raise CLIError(f"{failed} evaluation(s) had infrastructure errors: see infra_error_rate")
+    return 0
+
+
+def benchmark(args: argparse.Namespace) -> int:
+    """`agent-rl eval --benchmark bfcl`: the config's model (and `--adapter`s) on BFCL, judged by bfcl-eval."""
+    from agent_rl.bfcl import bfcl_settings, evaluate_bfcl, format_table
+    from agent_rl.bfcl_checker import BFCLError
+    from agent_rl.core.files import write_json
+    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.session import open_session
+
+    for flag, value in (("--n", args.n), ("--tasks", args.tasks), ("--show", args.show or None)):
+        if value is not None:
+            raise CLIError(f"{flag} does not apply to --benchmark bfcl (one sample of each picked question; "
+                           "choose them with --categories and --per-category)", EXIT_BAD_INPUT)
+    cfg = config(args)
+    adapters = args.adapter or ["base"]
+    if len(set(adapters)) != len(adapters):
+        raise CLIError(f"--adapter given twice: {adapters}", EXIT_BAD_INPUT)
+    with errors_as_lines():
+        settings = bfcl_settings(categories=args.categories, per_category=args.per_category)
+        session = open_session(cfg)
+        announce_server(cfg)
+        try:
+            report = asyncio.run(evaluate_bfcl(session, adapters, lambda d: serve_or_attach(cfg, d), settings))
+        except BFCLError as e:
+            raise CLIError(str(e)) from None
+    if args.out:
+        write_json(args.out, report)
+    print(format_table(report))
+    print(json.dumps(report))
+    failed = [f for r in report["results"].values() for f in r.values() if f["infra_errors"]]
+    if failed:
+        raise CLIError(f"{sum(f['infra_errors'] for f in failed)} BFCL question(s) ended in an infrastructure error "
+                       f"(counted wrong); first: {failed[0]['first_infra_error']}")
     return 0
 
 

@@ -4,7 +4,8 @@ Owns: `eval_report` (a pure function from rollout groups to figures, and the sam
 environment, `env/<name>/...`, when the tasks came from a mixture of several), `pass_at_k` (the unbiased
 estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
 model, a LoRA adapter, or the full weights of a full fine-tune), and
-`evaluate` (serve each adapter, play the held-out tasks, report; two adapters side by side) and
+`play_policies` (serve each policy, play the tasks; also what the BFCL benchmark plays with),
+`evaluate` (play the held-out tasks, report; two adapters side by side) and
 `format_report` (the figures side by side as a table).
 Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
 
@@ -145,6 +146,24 @@ async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequ
                                     cfg.eval.samples, cfg.rollout.max_concurrent)
 
 
+async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks: list, limits: EpisodeLimits,
+                        serve: Callable[[Path], Any]) -> dict[str, list[TrajectoryGroup]]:
+    """Each policy plays `tasks` (`cfg.eval.samples` times each, `session.env.make_env`) with the same
+    limits and sampling seeds; the base model and its adapters share one server, full weights get their own."""
+    groups: dict[str, list[TrajectoryGroup]] = {}
+    with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
+        shared = [p for p in policies if p.kind != "weights"]
+        if shared:
+            with serve(session.model_dir) as urls:
+                for i, p in enumerate(shared):
+                    groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
+        for p in policies:
+            if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
+                with serve(p.path) as urls:
+                    groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
+    return groups
+
+
 async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path], Any],
                    groups_out: dict | None = None) -> dict[str, Any]:
     """Evaluate each policy spec (`resolve_policy`) on `cfg.eval` held-out tasks.
@@ -162,17 +181,7 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
                          "drop the attached servers (got " + ", ".join(cfg.sampler.server_urls) + ")")
     tasks = session.env.load_tasks(settings.tasks, seed=settings.seed, split=settings.split)
     limits = EpisodeLimits.from_config(rollout, settings.temperature, seed=settings.seed)
-    groups: dict[str, list[TrajectoryGroup]] = {}
-    with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
-        shared = [p for p in policies if p.kind != "weights"]
-        if shared:
-            with serve(session.model_dir) as urls:
-                for i, p in enumerate(shared):
-                    groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
-        for p in policies:
-            if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
-                with serve(p.path) as urls:
-                    groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
+    groups = await play_policies(session, policies, tasks, limits, serve)
     if groups_out is not None:
         groups_out.update({p.label: groups[p.label] for p in policies})
     results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}

@@ -1,17 +1,19 @@
 """The GRPO training loop, in data-flow order: sample, score, advantages, batch, loss, step, sync, log.
 
-Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, task stream, resume) and the loop;
-`Stages`, the loop's replaceable parts, each typed by its protocol (`SampleStage`, `AdvantageStage`,
-`UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument);
-`sample_step` (one step's rollouts, with DAPO-style resampling of groups without signal) and the
-task stream with its saved position; under torchrun, what the other ranks do (`follow`) and the
-collectives every rank joins for a weight push and a checkpoint (`served_weights`, `checkpoint`).
+Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, tasks, resume) and the loop;
+`Stages`, the loop's replaceable parts, each typed by its protocol (`StreamStage`, `AdvantageStage`,
+`UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument); `open_stream`, the
+run's rollout stream on rank 0 as the config sets it (staleness, dynamic sampling's refills); under
+torchrun, what the other ranks do (`follow`) and the collectives every rank joins for a weight push and
+a checkpoint (`served_weights`, `checkpoint`).
 Does not own: any of the maths (`learn.advantages`, `learn.loss`, `learn.update`), tokens
-(`rollout.runner`, `core.renderer`), servers (`rollout.server`), weight transport
+(`rollout.runner`, `core.renderer`), which groups a step trains and when they are played
+(`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
 
-State is passed, not read from globals: the step, the data position and the RNG states live in
-checkpoints, so `resume=True` continues a killed run from its last complete step.
+State is passed, not read from globals: the step, the stream's state (task position, the slots not yet
+trained) and the RNG states live in checkpoints, so `resume=True` continues a killed run from its last
+complete step, no task skipped and none trained twice.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import contextlib
 import functools
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,12 +56,14 @@ from agent_rl.learn.distributed import (
 )
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, step_seed
+from agent_rl.rollout.admission import Admission
+from agent_rl.rollout.runner import EpisodeLimits, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
+from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state
 from agent_rl.rollout.weight_sync.base import WeightSync
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
-from agent_rl.runs.metrics import rollout_metrics
+from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
 from agent_rl.runs.traces import write_step as write_traces
@@ -69,58 +72,10 @@ from agent_rl.session import Session, judging, open_session, sampling
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
-@dataclass
-class TaskStream:
-    """Tasks in a fixed shuffled order; `position` is what a checkpoint saves. A mixture of environments
-    is one list too (`core.mixture`, slot order), so its position is one number as well."""
+class StreamStage(Protocol):
+    """The run's rollout stream on `sampler`, not yet started: `open_stream`."""
 
-    tasks: list[dict[str, Any]]
-    position: int = 0
-
-    def take(self, n: int) -> list[dict[str, Any]]:
-        out = [self.tasks[(self.position + i) % len(self.tasks)] for i in range(n)]
-        self.position += n
-        return out
-
-    def positions(self, position: int) -> dict[str, float]:
-        """`data_position`, and in a mixture how many tasks each environment has given before it."""
-        tags: list[str | None] = [t["env"] if isinstance(t.get("env"), str) else None for t in self.tasks]
-        taken = Counter(tags[i % len(tags)] for i in range(position)) if tags else Counter()
-        return {"data_position": float(position),
-                **{f"data_position/{e}": float(taken[e]) for e in sorted({e for e in tags if e is not None})}}
-
-
-async def sample_step(stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Sampler,
-                      limits: EpisodeLimits, step: int) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """Rollouts for one step; with dynamic sampling, groups without reward variance are replaced.
-
-    Sampling seeds derive from (run seed, step, batch): a resumed run draws the same rollouts.
-    """
-    t0 = time.perf_counter()
-    rollout, algo = cfg.rollout, cfg.algorithm
-
-    async def play(tasks: list[dict[str, Any]], batch: int) -> list[TrajectoryGroup]:
-        seeded = replace(limits, seed=step_seed(cfg.run.seed, step, batch))
-        return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, seeded,
-                                    rollout.group_size, rollout.max_concurrent, session.env.group_reward)
-
-    groups = await play(stream.take(rollout.tasks_per_step), 0)
-    extra = 0
-    while algo.dynamic_sampling and extra < algo.max_resample_batches:
-        flat = [g for g in groups if not has_signal(g, algo.truncated_reward)]
-        if not flat:
-            break
-        extra += 1
-        more = await play(stream.take(len(flat)), extra)
-        groups = [g for g in groups if has_signal(g, algo.truncated_reward)] + more
-    return groups, {"time/rollout_s": time.perf_counter() - t0, "resample_batches": float(extra)}
-
-
-class SampleStage(Protocol):
-    """Step `step`'s rollout groups (taking tasks from `stream`) and their metrics: `sample_step`."""
-
-    async def __call__(self, stream: TaskStream, cfg: TrainConfig, session: Session, sampler: Sampler,
-                       limits: EpisodeLimits, step: int, /) -> tuple[list[TrajectoryGroup], dict[str, float]]: ...
+    def __call__(self, run: Run, sampler: Sampler, /) -> RolloutStream: ...
 
 
 class AdvantageStage(Protocol):
@@ -133,7 +88,7 @@ class AdvantageStage(Protocol):
 
 class UpdateStage(Protocol):
     """The optimizer steps on one batch, run in a thread; returns their statistics: `learn.update.policy_update`
-    (`stale`: rollouts may lag a version behind, `algorithm.overlap_rollouts`; `seed`: the step's, which
+    (`stale`: rollouts may lag versions behind, `algorithm.max_staleness` > 0; `seed`: the step's, which
     shuffles mini-batches, `rollout.runner.step_seed`)."""
 
     def __call__(self, policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
@@ -147,11 +102,26 @@ class SyncStage(Protocol):
                        /) -> WeightSync: ...
 
 
+def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
+    """Rank 0's rollout stream: slots by `algorithm.max_staleness` (as the checkpoint left them, when resuming),
+    each group a task of `run.tasks` played as the config says; with dynamic sampling, a group without signal
+    gives its slot to the next task (`learn.advantages.has_signal`)."""
+    cfg, algo, rollout = run.cfg, run.cfg.algorithm, run.cfg.rollout
+    shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps)
+    admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
+    signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
+    env = run.session.env
+    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward)
+    servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
+    return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
+                         max_rounds=algo.max_resample_batches, signal=signal, servers=servers)
+
+
 @dataclass(frozen=True)
 class Stages:
     """The loop's stages, replaceable by argument (a bench wraps them in timers, a test scripts them)."""
 
-    sample: SampleStage = sample_step
+    stream: StreamStage = open_stream
     advantages: AdvantageStage = group_advantages
     update: UpdateStage = policy_update
     sync: SyncStage = start_weight_sync
@@ -165,9 +135,10 @@ class Run:
     run_dir: Path
     session: Session
     policy: Policy
-    stream: TaskStream
+    tasks: TaskStream
     limits: EpisodeLimits
     start: int = 0  # steps already done (resumed)
+    saved: dict[str, Any] | None = None  # the rollout stream's state in the checkpoint resumed from
 
 
 def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
@@ -189,7 +160,8 @@ def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
     limits = EpisodeLimits.from_config(rollout, cfg.sampler.temperature, cfg.sampler.top_p)
     run = Run(cfg, run_dir, session, policy, TaskStream(pool), limits)
     if resume and (ck := load_checkpoint(run_dir, policy.model, policy.optimizer, policy.scheduler)) is not None:
-        run.start, run.stream.position = ck.step, ck.data_position
+        run.start = ck.step
+        run.saved = legacy_state(ck.data_position, ck.step, rollout.tasks_per_step)
     return run
 
 
@@ -228,58 +200,53 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
 
 async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, stages: Stages) -> dict[str, float]:
     """Steps `run.start` .. `run.cfg.run.steps`; returns the last step's metrics."""
-    cfg, algo = run.cfg, run.cfg.algorithm
-    sample = functools.partial(stages.sample, run.stream, cfg, run.session, sampler, run.limits)
-    pending, final = None, {}
-    for step in range(run.start, cfg.run.steps):
-        t_step = time.perf_counter()
-        # 1. sample (overlapped: these rollouts started while the previous step trained)
-        groups, metrics = await (pending or asyncio.create_task(sample(step)))
-        # where a resumed run restarts the task stream: before the next step's rollouts take any
-        # (overlapped, they start now; with dynamic sampling they may take more than tasks_per_step)
-        position = run.stream.position
-        overlap = algo.overlap_rollouts and step + 1 < cfg.run.steps
-        pending = asyncio.create_task(sample(step + 1)) if overlap else None
-        trajs = [t for g in groups for t in g.trajectories]
-        # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
-        # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
-        credit = credit_of(algo)
-        adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
-        metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
-                        **credit_metrics(adv, credit)})
-        t_train = time.perf_counter()
-        # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step
-        pad = run.session.renderer.pad_token_id
-        batch = collate(adv.trajectories, adv.advantages, pad, adv.turn_advantages) if adv.trajectories else None
-        metrics.update(await learn(run, batch, stages, step))
-        metrics["time/train_s"] = time.perf_counter() - t_train
-        # 7. sync the new weights into every server (version = number of steps taken)
-        t_sync = time.perf_counter()
-        await sync.push(await asyncio.to_thread(served_weights, run), step + 1)
-        metrics["time/sync_s"] = time.perf_counter() - t_sync
-        # 8. log and checkpoint
-        metrics["time/step_s"] = time.perf_counter() - t_step
-        metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
-        metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
-        metrics.update(run.stream.positions(position))
-        final = log.log(step + 1, metrics)
-        write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
-        if checkpoint_due(cfg, step):
-            checkpoint(run, step + 1, position)
-    if pending:
-        pending.cancel()
+    cfg, algo, final = run.cfg, run.cfg.algorithm, {}
+    async with stages.stream(run, sampler) as stream:
+        stream.start(run.start, run.saved)  # the slots the served version opens (a checkpoint's, resumed)
+        for step in range(run.start, cfg.run.steps):
+            t_step = time.perf_counter()
+            # 1. sample: the stream's groups for this step (ended; it waits only for what the staleness bound needs)
+            groups, metrics = await stream.batch(step)
+            trajs = [t for g in groups for t in g.trajectories]
+            # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
+            # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
+            credit = credit_of(algo)
+            adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
+            metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
+                            **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
+            t_train = time.perf_counter()
+            # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step (the stream plays on meanwhile)
+            pad = run.session.renderer.pad_token_id
+            batch = collate(adv.trajectories, adv.advantages, pad, adv.turn_advantages) if adv.trajectories else None
+            metrics.update(await learn(run, batch, stages, step))
+            metrics["time/train_s"] = time.perf_counter() - t_train
+            # 7. sync the new weights into every server (version = steps taken), episodes in flight or not;
+            # the new version opens the stream's next slots
+            t_sync, metrics["push/episodes_in_flight"] = time.perf_counter(), float(stream.in_flight)
+            await sync.push(await asyncio.to_thread(served_weights, run), step + 1)
+            stream.pushed(step + 1)
+            metrics["time/sync_s"] = time.perf_counter() - t_sync
+            # 8. log and checkpoint
+            metrics["time/step_s"] = time.perf_counter() - t_step
+            metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
+            metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
+            metrics.update(run.tasks.positions(stream.data_position()))
+            final = log.log(step + 1, metrics)
+            write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
+            if checkpoint_due(cfg, step):
+                checkpoint(run, step + 1, stream.state())
     return final
 
 
 async def learn(run: Run, batch: Batch | None, stages: Stages, step: int) -> dict[str, float]:
-    """Rank 0's batch (None: nothing to learn from) on every rank, then the update, in a thread (overlapped
-    rollouts go on meanwhile) and the schedule's step. Returns the update's statistics."""
+    """Rank 0's batch (None: nothing to learn from) on every rank, then the update, in a thread (the rollout
+    stream goes on meanwhile) and the schedule's step. Returns the update's statistics."""
     cfg = run.cfg
     batch = broadcast(batch, run.policy.dist)
     if batch is None:
         return {}
     stats = await asyncio.to_thread(stages.update, run.policy, batch, cfg.algorithm, cfg.optim,
-                                    cfg.sampler.temperature, cfg.algorithm.overlap_rollouts,
+                                    cfg.sampler.temperature, cfg.algorithm.max_staleness > 0,
                                     step_seed(cfg.run.seed, step))
     run.policy.scheduler.step()
     return stats
@@ -315,7 +282,7 @@ def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
     return (step + 1) % cfg.run.save_every == 0 or step + 1 == cfg.run.steps
 
 
-def checkpoint(run: Run, step: int, position: int | None) -> None:
+def checkpoint(run: Run, step: int, stream: dict[str, Any] | None) -> None:
     """Checkpoint `step`, written by rank 0. Every rank calls it: under sharded full fine-tuning the weights
     and the optimizer state are first gathered whole on rank 0, into the format one process writes."""
     policy, gathered = run.policy, {}
@@ -324,7 +291,7 @@ def checkpoint(run: Run, step: int, position: int | None) -> None:
                     "optimizer_state": full_optimizer_state(policy.optimizer, policy.dist)}
     if policy.dist.main:
         save_checkpoint(run.run_dir, step, policy.model, policy.optimizer, policy.scheduler,
-                        data_position=position, keep=run.cfg.run.keep_checkpoints, **gathered)
+                        data_position=stream, keep=run.cfg.run.keep_checkpoints, **gathered)
 
 
 def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:

@@ -1,12 +1,14 @@
-"""Speed-up of overlapping rollouts with training (staleness 1) against the synchronous loop.
+"""Speed-up of rollouts streaming on while the trainer trains (`algorithm.max_staleness` k, default 1)
+against the synchronous loop (k = 0), on this machine: one vLLM server beside the trainer.
 
 Runs `agent_rl.trainer.train` twice per repetition on one vLLM server, alternating
-`algorithm.overlap_rollouts=false` and `=true` with the same seed and config, and reports the
+`algorithm.max_staleness=0` and `=k` with the same seed and config, and reports the
 ratio of median wall time per step (steps after the first, which warms up). Default: the tiny
 test model on the toy environment, where rollouts and training take comparable time; pass
-`--model smollm2-135m --env calculator` for the real model.
+`--model smollm2-135m --env calculator` for the real model. What the stream gives on many GPU
+servers with long-tailed episodes is bench/async_sim.py's to say.
 
-    python bench/overlap.py [--model M] [--env E] [--steps N] [--reps R] [--server-url URL]
+    python bench/overlap.py [--staleness K] [--model M] [--env E] [--steps N] [--reps R] [--server-url URL]
 
 Prints one JSON line: sync_step_s, overlap_step_s, overlap_speedup (sync / overlap).
 """
@@ -34,7 +36,7 @@ def step_times(url: str, model_dir: Path, args, overlap: bool, run_dir: Path) ->
         f"model.name={model_dir}", "model.lora_rank=8", f"sampler.server_urls=[{url}]",
         "sampler.max_model_len=2048", f"rollout.env={args.env}", f"rollout.tasks_per_step={args.tasks}",
         f"rollout.group_size={args.group_size}", "rollout.max_turns=2", "rollout.max_tokens_per_turn=64",
-        "rollout.max_total_tokens=1024", f"algorithm.overlap_rollouts={str(overlap).lower()}",
+        "rollout.max_total_tokens=1024", f"algorithm.max_staleness={args.staleness if overlap else 0}",
         f"run.steps={args.steps}", f"run.run_dir={run_dir}", "run.save_every=1000", "run.tensorboard=false",
     ])
     asyncio.run(train(cfg))
@@ -44,6 +46,7 @@ def step_times(url: str, model_dir: Path, args, overlap: bool, run_dir: Path) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--staleness", type=int, default=1, help="the streaming side's algorithm.max_staleness")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--env", default="toy")
     ap.add_argument("--steps", type=int, default=5)
@@ -69,8 +72,8 @@ def main() -> None:
         if server:
             server.stop()
     a, b = statistics.median(sync_s), statistics.median(overlap_s)
-    print(json.dumps({"bench": "overlap", "model": args.model, "env": args.env, "steps": args.steps,
-                      "reps": args.reps, "sync_step_s": round(a, 3), "overlap_step_s": round(b, 3),
+    print(json.dumps({"bench": "overlap", "staleness": args.staleness, "model": args.model, "env": args.env,
+                      "steps": args.steps, "reps": args.reps, "sync_step_s": round(a, 3), "overlap_step_s": round(b, 3),
                       "overlap_speedup": round(a / b, 3)}))
 
 

@@ -1,7 +1,8 @@
 """Simulated GPU inference servers: a latency model of vLLM engines behind a router, in real time.
 
 Owns: `GpuModel` (one server's numbers), `SimServer` (continuous batching in closed form, with a
-prefix cache) and `SimCluster` (N servers, least-outstanding or sticky routing, what they served).
+prefix cache) and `SimCluster` (N servers, least-outstanding or sticky routing, what they served and
+how long each had work).
 Does not own: what is asked of them (bench/runner_scale.py drives them with the real runner and
 with a zero-overhead client), token ids (callers bring their own), HTTP.
 
@@ -64,6 +65,7 @@ class SimServer:
     def __init__(self, gpu: GpuModel, loop: asyncio.AbstractEventLoop):
         self.gpu, self.loop = gpu, loop
         self.k, self.t = 0.0, loop.time()
+        self.busy_s, self.seen = 0.0, loop.time()  # seconds with a sequence running or prefilling, until `seen`
         self.running: list[tuple[float, int, asyncio.Future]] = []
         self.waiting: deque[tuple[int, int, asyncio.Future]] = deque()
         self.timer: asyncio.TimerHandle | None = None
@@ -80,6 +82,9 @@ class SimServer:
 
     def update(self) -> None:
         now, gpu, running = self.loop.time(), self.gpu, self.running
+        if running:  # the set of running sequences changes only here: busy since the last update
+            self.busy_s += now - self.seen
+        self.seen = now
         if now > self.t:
             if running:
                 self.k += (now - self.t) / gpu.step_s(len(running))
@@ -167,6 +172,12 @@ class SimCluster:
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return self.requests, self.tokens, self.prefill, self.prompt_tokens
+
+    def busy_s(self) -> float:
+        """Server-seconds with work (a sequence decoding or prefilling), summed over the servers, until now."""
+        for s in self.servers:
+            s.update()
+        return sum(s.busy_s for s in self.servers)
 
     def close(self) -> None:
         for s in self.servers:

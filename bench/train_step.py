@@ -71,7 +71,7 @@ from agent_rl.learn.update import policy_update
 from agent_rl.rollout.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.runlog import read_metrics
-from agent_rl.trainer import Stages, sample_step, train
+from agent_rl.trainer import Stages, open_stream, train
 
 
 class Probe:
@@ -89,6 +89,8 @@ class Probe:
     def request_started(self) -> None:
         if self.in_flight == 0:
             self.busy_since = time.perf_counter()
+            if self.stage != "update":  # the step's sampling begins (the synchronous loop: after the push)
+                self.stage = "sample"
         self.in_flight += 1
 
     def request_ended(self) -> None:
@@ -155,9 +157,8 @@ def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=Non
 def timed_stages(probe: Probe, force: bool) -> Stages:
     """The trainer's own stages, each wrapped in a probe: the loop runs unchanged."""
 
-    async def sample(stream, cfg, session, sampler, limits, step):
-        probe.stage = "sample"
-        return await sample_step(stream, cfg, session, TimedSampler(sampler, probe), limits, step)
+    def stream(run, sampler):
+        return open_stream(run, TimedSampler(sampler, probe))
 
     def update(*args, **kwargs):
         probe.stage = "update"
@@ -176,7 +177,7 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
         probe.sync, probe.model, probe.step = inner, model, version + 1
         return TimedSync(inner, probe)
 
-    return Stages(sample=sample, advantages=forced_advantages if force else group_advantages,
+    return Stages(stream=stream, advantages=forced_advantages if force else group_advantages,
                   update=update, sync=sync)
 
 
@@ -371,7 +372,7 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
         "forced_advantages": not args.real_advantages,
         "step_s": _median(step), "generation_s": _median(gen), "fwd_bwd_optim_s": _median(fbo),
         "sync_s": _median(sync), "other_s": _median(other),
-        "rollout_s": _median([r["time/rollout_s"] for r in measured]),
+        "rollout_s": _median([r["time/wait_s"] for r in measured]),
         "train_s": _median([r["time/train_s"] for r in measured]),
         "overhead_ratio": round(sum(step) / busy, 3) if busy else None,
         "sync_seconds": _median([p["total_s"] for p in later]),

@@ -237,7 +237,7 @@ def run_agent_rl(cfg: Any, overrides: list[str], out: Path, timeout_s: float) ->
     steps_out = []
     for m in records:
         ok = m["rollouts"] * (1.0 - m.get("infra_error_rate", 0.0))
-        steps_out.append({"step_s": m["time/step_s"], "gen_s": m["time/rollout_s"],
+        steps_out.append({"step_s": m["time/step_s"], "gen_s": m["time/wait_s"],
                           "sampled_tokens": round(m["tokens_per_s"] * m["time/step_s"]),
                           "rollouts": round(ok), "tool_rollouts": round(m.get("tool_use_rate", 0.0) * ok),
                           "reward_mean": m.get("reward_mean"), "kept_rollouts": m.get("kept_trajectories")})

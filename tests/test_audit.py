@@ -23,7 +23,7 @@ from agent_rl.audit.catalogue import CATALOGUE, hacks_named
 from agent_rl.audit.hacks import arithmetic_in, lookalike
 from agent_rl.audit.play import audit_env
 from agent_rl.audit.report import format_matrix, format_report
-from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, Target
+from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, NotAudited, Target
 from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
 from agent_rl.core.renderers import get_renderer
 from agent_rl.core.types import Message, Reward
@@ -58,6 +58,9 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each env
     pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
+    pytest.param("mcp_time", 3, ANSWERED, id="mcp_time",  # a third party's MCP server; a time (HH:MM) answer
+                 marks=pytest.mark.skipif(importlib.util.find_spec("mcp_server_time") is None,
+                                          reason="pip install 'agent-rl[mcp-time]'")),
     pytest.param("gui_browser", 1, GUI, id="gui_browser",
                  marks=pytest.mark.skipif(_no_browser() is not None, reason=str(_no_browser()))),
 ]
@@ -199,7 +202,7 @@ def test_hack_groups_and_names():
         ["empty_reply", "claim_done", "act_halfway", "unknown_tool_then_done"]
     for name in BUILTIN:  # every built-in environment's audit target names hacks the catalogue has
         audit = load_env(name).audit
-        assert name == "toy" or hacks_named(audit.hacks, name)
+        assert isinstance(audit, NotAudited) or hacks_named(audit.hacks, name)  # toy, text_game: NotAudited
 
 
 async def test_the_readmes_dataset_example_fails_the_audit(tmp_path, monkeypatch, renderer):

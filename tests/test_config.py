@@ -226,6 +226,10 @@ def load_config_text(text: str):
      "config error: model.lora_dropout: must be 0 with several optimizer steps per batch"),
     (["sft.direct_share=0.6", "sft.imperfect_share=0.5"],
      "config error: sft.imperfect_share: direct_share + imperfect_share must be <= 1 (got 0.6 + 0.5)"),
+    (["algorithm.overlap_rollouts=true"],  # retired: a field that now says what to write instead
+     "config error: algorithm.overlap_rollouts: retired; write algorithm.max_staleness: 1 for rollouts that run"),
+    (["algorithm.overlap_rollouts=false"], "config error: algorithm.overlap_rollouts: retired; write"),
+    (["algorithm.max_staleness=-1"], "config error: algorithm.max_staleness: Input should be greater than or equal"),
 ])
 def test_settings_that_cannot_work_together_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:

@@ -3,7 +3,8 @@
 The tiny random model plays `envs.toy` (reward = share of a 200-character budget left unused) with
 a real vLLM server and LoRA hot-loading; a few steps must raise the mean reward by a clear margin.
 The same run with the advantages negated must lower it: a sign error anywhere in advantages, loss,
-masking or weight sync would fail one of the two.
+masking or weight sync would fail one of the two. Both hold too with rollouts streaming up to two
+policy versions ahead of the trainer (`algorithm.max_staleness: 2`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.integration
 
 
 def run(tmp_path, vllm_server, name: str, steps: int = 8, stages: trainer.Stages = trainer.Stages(),
-        dtype: str = "auto") -> list[float]:
-    cfg = load_config(None, [f"model.dtype={dtype}",
+        dtype: str = "auto", staleness: int = 0) -> list[float]:
+    cfg = load_config(None, [f"model.dtype={dtype}", f"algorithm.max_staleness={staleness}",
         f"model.name={vllm_server.model_dir}", "model.lora_rank=8", "model.lora_alpha=16",
         f"sampler.server_urls=[{vllm_server.url}]", "sampler.max_model_len=2048",
         "rollout.env=toy", "rollout.tasks_per_step=4", "rollout.group_size=8", "rollout.max_turns=1",
@@ -56,3 +57,13 @@ def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, se
     down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated), dtype=dtype)
     first_d, last_d = sum(down[:2]) / 2, sum(down[-2:]) / 2
     assert last_d < first_d - 0.1, down
+
+
+def test_grpo_raises_a_dense_reward_with_rollouts_two_versions_stale(tmp_path, vllm_server):
+    up = run(tmp_path, vllm_server, "up", staleness=2)
+    assert sum(up[-2:]) / 2 > sum(up[:2]) / 2 + 0.1, up
+    lines = [json.loads(x) for x in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert max(x["lag/max"] for x in lines) == 2  # the stream did run two versions ahead
+
+    down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated), staleness=2)
+    assert sum(down[-2:]) / 2 < sum(down[:2]) / 2 - 0.1, down

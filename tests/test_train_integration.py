@@ -164,12 +164,16 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
-def test_resume_with_overlap_and_dynamic_sampling_restarts_at_the_exact_task(tmp_path, vllm_server, monkeypatch):
-    """Overlapped rollouts of step k+1 start while step k trains, and dynamic sampling lets them take
-    more tasks than tasks_per_step: the checkpoint must hold the position before they started, so a
-    resumed run draws exactly the tasks (and per-request seeds) the uninterrupted one drew."""
-    sets = {"rollout.env": "half_flat_env", "algorithm.overlap_rollouts": "true",
-            "algorithm.dynamic_sampling": "true", "algorithm.max_resample_batches": "1"}
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_resume_with_dynamic_sampling_skips_no_task_and_trains_none_twice(tmp_path, vllm_server, monkeypatch,
+                                                                         staleness):
+    """Dynamic sampling lets a step take more tasks than tasks_per_step, and with `max_staleness` 1 the next
+    step's groups play while a step trains: the checkpoint holds the task position and the groups not yet
+    trained, so a resumed run trains each task at most once. At k = 0 it restarts at the exact task (and
+    per-request seeds) of the uninterrupted run; at k = 1 which task refills which slot depends on which
+    group ends first, so only 'none twice' is the same whatever the timing."""
+    sets = {"rollout.env": "half_flat_env", "algorithm.max_staleness": str(staleness),
+            "algorithm.dynamic_sampling": "true", "algorithm.max_resample_batches": "1", "run.trace_groups": "2"}
     straight = tmp_path / "straight"
     asyncio.run(trainer.train(config(vllm_server, straight, steps=4, **sets)))
 
@@ -181,6 +185,11 @@ def test_resume_with_overlap_and_dynamic_sampling_restarts_at_the_exact_task(tmp
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [(x["step"], x["data_position"], x["resample_batches"]) for x in lines]
 
-    # two tasks a step, one half of them flat: every step resamples one extra task
-    assert positions(straight) == [(1, 3.0, 1.0), (2, 6.0, 1.0), (3, 9.0, 1.0), (4, 12.0, 1.0)]
-    assert positions(killed) == positions(straight)
+    def trained(run_dir):  # both groups of every step are traced (trace_groups 2 = tasks_per_step)
+        return [r["task_id"] for records in traces.read_traces(run_dir).values() for r in records if r["index"] == 0]
+
+    for run_dir in (straight, killed):
+        assert len(trained(run_dir)) == 8 == len(set(trained(run_dir)))
+    if staleness == 0:  # two tasks a step, one half of them flat: every step resamples one extra task
+        assert positions(straight) == [(1, 3.0, 1.0), (2, 6.0, 1.0), (3, 9.0, 1.0), (4, 12.0, 1.0)]
+        assert positions(killed) == positions(straight) and trained(killed) == trained(straight)

@@ -1,5 +1,5 @@
 """The training loop with its seams filled by plain test objects: a sampler that notes each request's seed
-(`rollout.sampler.Sampler`), a sample stage and an update stage written here (`trainer.SampleStage`,
+(`rollout.sampler.Sampler`), a stream stage and an update stage written here (`trainer.StreamStage`,
 `trainer.UpdateStage`), a weight sync that only notes its pushes (`rollout.weight_sync.WeightSync`).
 No server and no language model: what the loop hands each stage is checked against values worked out by
 hand (task positions, the update's seeds, one push per step with the version = steps taken)."""
@@ -59,11 +59,19 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
     tasks = [{"id": f"t{i}", "topic": "cats"} for i in range(8)]
     run = trainer.Run(cfg, tmp_path, Session(cfg, smol_dir, renderer, env_of(cfg)), policy, trainer.TaskStream(tasks),
                       EpisodeLimits.from_config(cfg.rollout))
-    sampled, updates = [], []
+    opened, asked, updates = [], [], []
 
-    async def sample(stream, cfg_, session, sampler_, limits, step):
-        sampled.append((step, stream.position, sampler_ is sampler, cfg_ is cfg))
-        return await trainer.sample_step(stream, cfg_, session, sampler_, limits, step)
+    def stream(run_, sampler_):
+        opened.append((run_ is run, sampler_ is sampler))
+        inner = trainer.open_stream(run_, sampler_)
+        batch = inner.batch
+
+        async def noted(step):
+            asked.append((step, run_.tasks.position))  # the tasks handed out when the step asks
+            return await batch(step)
+
+        inner.batch = noted
+        return inner
 
     def update(policy_, batch, algo, optim, temperature, stale, seed):
         updates.append((policy_ is policy, batch.input_ids_B_T.shape[0], algo is cfg.algorithm, optim is cfg.optim,
@@ -73,9 +81,10 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
 
     sync = NotingSync()
     with RunLogger(tmp_path, cfg.run.steps, tensorboard=False, progress=False) as log:
-        final = await trainer.loop(run, sampler, sync, log, trainer.Stages(sample=sample, update=update))
+        final = await trainer.loop(run, sampler, sync, log, trainer.Stages(stream=stream, update=update))
 
-    assert sampled == [(0, 0, True, True), (1, 2, True, True), (2, 4, True, True)]  # 2 tasks a step
+    assert opened == [(True, True)]  # one stream for the run
+    assert asked == [(0, 2), (1, 4), (2, 6)]  # step s asks once the push before it opened its 2 tasks
     # the update's seed: 7 x 1,000,003 + step; 2 tasks x 2 rollouts, every group with signal: 4 rows
     assert updates == [(True, 4, True, True, 1.0, False, 7_000_021), (True, 4, True, True, 1.0, False, 7_000_022),
                        (True, 4, True, True, 1.0, False, 7_000_023)]

@@ -199,9 +199,13 @@ class AlgorithmConfig(_Section):
     truncated_reward: float | None = Field(
         None, description="reward given to truncated episodes; None: they are masked out of the loss")
     dynamic_sampling: bool = Field(False, description="resample groups without reward variance (DAPO)")
-    max_resample_batches: int = Field(2, ge=0, description="extra sampling rounds per step for dynamic sampling")
-    overlap_rollouts: bool = Field(
-        False, description="sample step k+1 while training step k (rollouts one policy version stale)")
+    max_resample_batches: int = Field(
+        2, ge=0, description="times a group slot is refilled with a new task: its group had no reward variance "
+                             "(dynamic sampling) or every episode of it failed on infrastructure")
+    max_staleness: int = Field(
+        0, ge=0, description="policy versions a trained token may lag behind the trainer: 0 the synchronous loop; "
+                             "k > 0 rollouts stream on while the trainer trains, a group starting only if it can be "
+                             "trained within k versions (docs/async.md)")
     constant_norm_tokens: int = Field(1024, ge=1, description="normaliser of the 'constant' aggregation (Dr. GRPO)")
     credit: Literal["trajectory", "turn", "gigpo"] = Field(
         "trajectory", description="which advantage a turn's tokens get: the episode's, the turn's own return against "
@@ -210,6 +214,14 @@ class AlgorithmConfig(_Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount of later turns' rewards and the outcome in a "
                                                           "turn's return (credit: turn or gigpo)")
     step_weight: float = Field(1.0, ge=0.0, description="weight of GiGPO's step-level advantage (credit: gigpo)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overlap_rollouts" in data:
+            raise ValueError("overlap_rollouts: retired; write algorithm.max_staleness: 1 for rollouts that run one "
+                             "version ahead of the trainer (0: the synchronous loop)")
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -6,8 +6,8 @@ with the name of the environment they came from (`task["env"]`, which `rollout.r
 `Trajectory.env` for per-environment metrics), and handing `make_env`, `solve` and `group_reward` to
 that environment, which sees its task untagged, exactly as in a run of its own; `load_mixture`.
 Does not own: finding environments by name (`core.registry`), the order in which a run consumes the
-tasks and its saved position (`trainer.TaskStream`): a mixture's tasks are one list in slot order, so a
-checkpoint's position stays one number and every environment's own position follows from it.
+tasks and its saved position (`rollout.stream.TaskStream`): a mixture's tasks are one list in slot
+order, so a checkpoint's position stays one number and every environment's own position follows from it.
 
 The schedule is smooth weighted round-robin: deterministic, and every prefix of it holds each
 environment in proportion to its weight to within one task, so a step of 2 tasks from environments

@@ -11,7 +11,8 @@ imported under its file name with its folder added to the import path, so that w
 given. A module written before the spec (module-level `make_env` and `load_tasks`, maybe `solve`,
 `group_reward`, `mistake`) still loads, with one notice on stderr giving the line to add; where its
 `make_env` is another environment's (`from agent_rl.envs.calculator import make_env, ...`), it keeps
-that environment's audit target.
+that environment's audit target. A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling
+(`bfcl`, `agent_rl.bfcl`, a `bfcl.py`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`), what an
 audit target holds (`core.audit_target`), several environments as one (`core.mixture`).
 
@@ -40,8 +41,10 @@ from agent_rl.core.env import Env, Task
 from agent_rl.core.types import Message, Trajectory
 
 BUILTIN = {name: f"agent_rl.envs.{name}" for name in
-           ("calculator", "coding", "coding_tests", "gui", "gui_browser", "kg_qa", "math", "mcp_units", "search_qa",
-            "toy")}
+           ("calculator", "coding", "coding_tests", "gui", "gui_browser", "kg_qa", "math", "mcp_time", "mcp_units",
+            "search_qa", "text_game", "toy")}
+# benchmarks that must never be trained on: refused as an environment under any spelling
+EVAL_ONLY = {"bfcl": "agent-rl eval --benchmark bfcl"}
 SPEC = "ENV"  # the name an environment module exports its EnvSpec under
 HOOKS = ("solve", "group_reward", "mistake")  # the optional callables an old-style module defines by name
 
@@ -133,6 +136,10 @@ def _spec_from_names(module: ModuleType) -> EnvSpec:
 
 
 def _import_env(name: str) -> ModuleType:
+    stem = Path(name).stem if name.endswith(".py") else name.rpartition(".")[2]
+    if stem in EVAL_ONLY or stem.startswith("bfcl_"):
+        raise ValueError(f"{name!r} is a benchmark, never a training environment: its questions are for "
+                         f"evaluation only ({EVAL_ONLY['bfcl']})")
     if name in BUILTIN:
         return _import(BUILTIN[name], name)
     if name.endswith(".py") or "/" in name or os.sep in name:

@@ -4,8 +4,8 @@ Owns: `QuietGC`, the process's collection policy while episodes are in flight (t
 automatic collection off, one collection of what the rollouts left when the last of them ends, a
 collection anyway when too much piles up), and `ROLLOUT_GC`, the one instance every rollout of this
 process enters: the switch is process-wide, so overlapping rollouts must share its count.
-Does not own: the rollouts (`rollout.runner.rollout_groups` enters `ROLLOUT_GC.quiet()` and calls
-`collect_if_piling_up` after each episode).
+Does not own: the rollouts (`rollout.runner.rollout_groups`, and `rollout.stream` while it has work in
+flight, enter `ROLLOUT_GC.quiet()` and call `collect_if_piling_up` after each episode).
 
 Why: a collection walks every live object of the generations it collects, and while thousands of
 episodes are in flight most live objects are theirs (coroutines, messages, token lists). With
@@ -22,8 +22,9 @@ for point 3. So, while a rollout runs:
    young generations anyway (an environment that makes cycles must not grow memory unbounded);
 4. at the end: unfreeze, collect generations 0-1 (the rollouts' survivors and their cycles, not the
    older heap), restore. No episode of this rollout is in flight then.
-The switch is process-wide: a policy update that overlaps a rollout (`algorithm.overlap_rollouts`) runs
-without automatic collection too, its cycles collected at the rollout's end (or by point 3).
+The switch is process-wide: a policy update that overlaps a rollout (the training run's stream,
+`rollout.stream`, at `algorithm.max_staleness` > 0) runs without automatic collection too, its cycles
+collected when no episode is in flight any more (or by point 3).
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """The async rollout runner: play environments turn by turn and record token-exact trajectories.
 
 Owns: one episode (`run_episode`: each turn's tokens, its own reward and the state it started from,
-`state_key`) and G episodes per task for a batch of tasks, concurrently under a cap (`rollout_groups`),
-with the group-level reward of a task added once its G episodes have ended
-(`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the token buffer,
-loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
-extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`,
-renders to ids that do not extend it); the stop rules (no tool call, env done, max turns, max
-total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and each request's
-(`request_seed`); the episode limits (`EpisodeLimits`).
+`state_key`; `play_task` builds its environment too) and G episodes per task for a batch of tasks,
+concurrently under a cap (`rollout_groups`), with the group-level reward of a task added once its G
+episodes have ended (`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part);
+the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the
+renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced conversation,
+`StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call, env done,
+max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
+each request's (`request_seed`); the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
-rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`).
+rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
+run's continuous stream of groups (`rollout.stream`).
 
 Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR and
 the message in `Trajectory.error`; the other episodes go on. A group reward that fails makes its
@@ -225,16 +226,6 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     order = iter(range(total))  # shared by the workers: each takes the next episode
     scoring: list[asyncio.Task[None]] = []
 
-    async def one(task: dict[str, Any], index: int) -> Trajectory:
-        task_id = str(task.get("id", ""))
-        try:
-            env = make_env(task)
-            async with env:
-                traj = await run_episode(env, sampler, renderer, limits, task_id, index)
-        except Exception as e:  # the env could not even be built or entered
-            traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
-        return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
-
     async def score(i: int, hook: Callable[..., Any]) -> None:
         group = slice(i * group_size, (i + 1) * group_size)
         ended = cast(list[Trajectory], flat[group])  # every episode of the group has ended
@@ -243,7 +234,7 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     async def worker() -> None:
         for k in order:
             i = k // group_size
-            flat[k] = await one(tasks[i], k % group_size)
+            flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
             ROLLOUT_GC.collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
@@ -255,6 +246,19 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     ended = cast(list[Trajectory], flat)  # every episode has ended
     return [TrajectoryGroup(str(task.get("id", "")), tuple(ended[i * group_size:(i + 1) * group_size]))
             for i, task in enumerate(tasks)]
+
+
+async def play_task(task: dict[str, Any], index: int, make_env: Callable[[dict[str, Any]], Env], sampler: Sampler,
+                    renderer: Renderer, limits: EpisodeLimits) -> Trajectory:
+    """Rollout `index` of `task` in an environment of its own; never raises for the env's or sampler's failures."""
+    task_id = str(task.get("id", ""))
+    try:
+        env = make_env(task)
+        async with env:
+            traj = await run_episode(env, sampler, renderer, limits, task_id, index)
+    except Exception as e:  # the env could not even be built or entered
+        traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
+    return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
 
 
 async def score_group(hook: Callable[..., Any], task: dict[str, Any], trajs: Sequence[Trajectory],

@@ -101,3 +101,17 @@ def turn_reward_metrics(ok: Sequence[Trajectory]) -> dict[str, float]:
     for k in sorted({k for t in ok for turn in t.turns for k in turn.reward_parts}):
         m[f"turn_reward/{k}"] = _mean([sum(turn.reward_parts.get(k, 0.0) for turn in t.turns) for t in ok])
     return m
+
+
+def lag_metrics(trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    """How many policy versions behind the trainer (at `step`: the weights after `step` optimizer steps) the
+    sampled tokens of the trajectories are: `lag/mean`, `lag/max`, and `lag/share_<n>` for each lag seen."""
+    tokens: Counter[int] = Counter()
+    for t in trajectories:
+        for turn in t.turns:
+            tokens[step - turn.policy_version] += turn.end - turn.start
+    total = sum(tokens.values())
+    if not total:
+        return {}
+    return {"lag/mean": sum(lag * n for lag, n in tokens.items()) / total, "lag/max": float(max(tokens)),
+            **{f"lag/share_{lag}": n / total for lag, n in sorted(tokens.items())}}

@@ -43,7 +43,7 @@ PANELS = (
     Panel("clip fraction", ("clip_frac", "tis_capped_frac")),
     Panel("zero-variance groups (share)", ("zero_variance_group_share",), unit=True),
     Panel("lengths (tokens per trajectory)", ("tokens_mean", "sampled_tokens_mean")),
-    # with overlapped rollouts the parts overlap in time, so the stack can exceed the step's total
+    # with rollouts streaming on (max_staleness > 0) the parts overlap in time: the stack can exceed the total
     Panel("time split (s per step)", (), prefix="time/", total="time/step_s"),
 )
 
