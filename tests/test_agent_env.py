@@ -221,14 +221,16 @@ async def test_an_agent_that_hangs_is_an_infra_error_with_one_line_never_a_hang(
     t0 = loop.time()
     silent_traj, reply_traj, end_traj = await asyncio.wait_for(asyncio.gather(
         play_agent(silent, scripted(lambda p: "x"), renderer, agent_timeout_s=0.5, finish_timeout_s=0.5),
-        play_agent(after_reply, scripted(lambda p: "x"), renderer, agent_timeout_s=0.5, finish_timeout_s=0.5),
+        # 3 s, not 0.5: its first request must come in time, and building an openai client took longer than
+        # 0.5 s on this machine under load (the test then saw the wrong deadline, not a hang)
+        play_agent(after_reply, scripted(lambda p: "x"), renderer, agent_timeout_s=3, finish_timeout_s=0.5),
         play_agent(after_the_end, scripted(lambda p: "x"), renderer, EpisodeLimits(max_turns=2), finish_timeout_s=0.5)),
         30)
     assert loop.time() - t0 < 10 and sorted(stuck) == ["after reply", "after the end", "silent"]
     assert silent_traj.stop_reason is StopReason.ERROR and silent_traj.error == (
         "AgentError: the agent sent no request within 0.5 s of its start (AgentEnv agent_timeout_s)")
     assert reply_traj.stop_reason is StopReason.ERROR and len(reply_traj.turns) == 1
-    assert reply_traj.error == HUNG_AFTER_REPLY.format(0.5)
+    assert reply_traj.error == HUNG_AFTER_REPLY.format(3)
     assert end_traj.stop_reason is StopReason.ERROR and len(end_traj.turns) == 2 and end_traj.error == (
         "AgentError: the agent did not return within 0.5 s after its episode ended (the run's turn or token "
         "limit ended it (rollout.max_turns, rollout.max_total_tokens))")
