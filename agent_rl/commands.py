@@ -285,6 +285,19 @@ def play(args: argparse.Namespace) -> int:
     return 0 if not traj.infra_error else EXIT_FAILED
 
 
+def _key_value(item: str, option: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with VALUE read as YAML (`true`, `[1, 2]`, `bare`); ValueError naming `option`."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{option} {item}: expected KEY=VALUE, e.g. turn_rewards=true")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{option} {item}: invalid YAML value {raw!r}: {getattr(e, 'problem', None) or e}") from None
+
+
 def audit_reward(args: argparse.Namespace) -> int:
     from agent_rl.audit.play import audit_env
     from agent_rl.audit.report import format_matrix, format_report
@@ -296,7 +309,8 @@ def audit_reward(args: argparse.Namespace) -> int:
     if args.tasks < 1:
         raise CLIError(f"--tasks must be at least 1 (got {args.tasks})", EXIT_BAD_INPUT)
     with errors_as_lines():
-        specs = [load_env(name) for name in args.env]
+        env_args = dict(_key_value(item, "--env-arg") for item in args.env_arg)
+        specs = [load_env(name).with_task_args(env_args) for name in args.env]
         renderer = load_renderer(resolve_model(args.model))
     reports = []
     for spec in specs:

@@ -36,6 +36,7 @@ from agent_rl.core.files import write_text
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.learn.advantages import (
     AdvantageFn,
+    CreditRule,
     GroupAdvantages,
     dr_grpo_advantages,
     group_advantages,
@@ -44,6 +45,7 @@ from agent_rl.learn.advantages import (
     rloo_advantages,
 )
 from agent_rl.learn.batching import Batch, collate
+from agent_rl.learn.credit import credit_metrics, credit_of
 from agent_rl.learn.distributed import (
     Dist,
     GatheredModel,
@@ -77,10 +79,11 @@ class StreamStage(Protocol):
 
 
 class AdvantageStage(Protocol):
-    """Each group's advantages by `advantage_fn`, groups without signal dropped: `learn.advantages.group_advantages`."""
+    """Each group's advantages by `advantage_fn`, groups without signal dropped, and with `credit` each turn's
+    (`learn.credit`; None: one per trajectory): `learn.advantages.group_advantages`."""
 
     def __call__(self, groups: Sequence[TrajectoryGroup], advantage_fn: AdvantageFn, truncated_reward: float | None,
-                 /) -> GroupAdvantages: ...
+                 credit: CreditRule | None, /) -> GroupAdvantages: ...
 
 
 class UpdateStage(Protocol):
@@ -205,14 +208,16 @@ async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, sta
             # 1. sample: the stream's groups for this step (ended; it waits only for what the staleness bound needs)
             groups, metrics = await stream.batch(step)
             trajs = [t for g in groups for t in g.trajectories]
-            # 2. score: rewards came back with each trajectory (env.reward, + group rewards); 3. advantages
-            adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward)
+            # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
+            # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
+            credit = credit_of(algo)
+            adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
             metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
-                            **lag_metrics(adv.trajectories, step)})
+                            **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
             t_train = time.perf_counter()
             # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step (the stream plays on meanwhile)
             pad = run.session.renderer.pad_token_id
-            batch = collate(adv.trajectories, adv.advantages, pad) if adv.trajectories else None
+            batch = collate(adv.trajectories, adv.advantages, pad, adv.turn_advantages) if adv.trajectories else None
             metrics.update(await learn(run, batch, stages, step))
             metrics["time/train_s"] = time.perf_counter() - t_train
             # 7. sync the new weights into every server (version = steps taken), episodes in flight or not;

@@ -54,7 +54,7 @@ from agent_rl import trainer
 from agent_rl.core.config_file import load_config
 from agent_rl.core.renderers import load_renderer
 from agent_rl.core.types import Message
-from agent_rl.envs.base import ToolEnv
+from agent_rl.envs.base import ToolEnv, turn_rewards_on
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.advantages import GroupAdvantages
 from agent_rl.learn.models import resolve_model
@@ -140,6 +140,7 @@ class SimCalculatorEnv(CalculatorEnv):
     def __init__(self, task: dict[str, Any]):
         ToolEnv.__init__(self, [calculator])
         self.task = task
+        self.turn_rewards = turn_rewards_on(task)  # CalculatorEnv's switch (off: the task has no such column)
 
 
 class SimTrainer:
@@ -202,7 +203,7 @@ class SimPush:
         return Gated(task)
 
 
-def all_trained(groups: Any, advantage_fn: Any, truncated_reward: Any) -> GroupAdvantages:
+def all_trained(groups: Any, advantage_fn: Any, truncated_reward: Any, credit: Any = None) -> GroupAdvantages:
     """Every episode enters the batch (advantages +1, -1, ...): the scripted replies are all right, so GRPO
     would drop every group, and the trainer's cost is its tokens'."""
     trajs = tuple(t for g in groups for t in g.trajectories if not t.infra_error)
@@ -243,8 +244,8 @@ async def measure(servers: int, staleness: int, drain: bool, args: Any, renderer
         loop = asyncio.get_running_loop()
         marks: list[tuple[float, float, float]] = []  # (time, busy server-seconds, sampled tokens) at each batch
 
-        def advantages(groups: Any, advantage_fn: Any, truncated_reward: Any) -> GroupAdvantages:
-            adv = all_trained(groups, advantage_fn, truncated_reward)
+        def advantages(groups: Any, advantage_fn: Any, truncated_reward: Any, credit: Any) -> GroupAdvantages:
+            adv = all_trained(groups, advantage_fn, truncated_reward)  # one advantage per episode, whatever the credit
             marks.append((loop.time(), cluster.busy_s(), float(sum(t.num_sampled for t in adv.trajectories))))
             return adv
 

@@ -134,20 +134,24 @@ class TimedSync:
         await self.sync.finish()
 
 
-def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None):
-    """Groups without signal still enter the batch, with advantages +1, -1, +1, ...
+def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None, credit=None):
+    """Groups without signal still enter the batch, with advantages +1, -1, +1, ... (each turn its
+    trajectory's, with credit per turn).
 
     The bare base model rarely earns a reward, so GRPO would drop every group and the step would
     train on nothing. The cost of the update depends on the tokens, not on the advantage values:
     this times a step in which every rollout is learned from. The logged group counts
     (`zero_variance_group_share`, `dropped_trajectories`) still describe the real rewards.
     """
-    adv = group_advantages(groups, advantage_fn, truncated_reward)
+    adv = group_advantages(groups, advantage_fn, truncated_reward, credit)
     kept = {id(t) for t in adv.trajectories}
     extra = [t for g in groups if not any(id(t) in kept for t in g.trajectories)
              for t in g.trajectories if not t.infra_error]
     signs = [1.0 if i % 2 == 0 else -1.0 for i in range(len(extra))]
-    return replace(adv, trajectories=adv.trajectories + tuple(extra), advantages=adv.advantages + tuple(signs))
+    per_turn = None if adv.turn_advantages is None else \
+        adv.turn_advantages + tuple((s,) * len(t.turns) for t, s in zip(extra, signs))
+    return replace(adv, trajectories=adv.trajectories + tuple(extra), advantages=adv.advantages + tuple(signs),
+                   turn_advantages=per_turn)
 
 
 def timed_stages(probe: Probe, force: bool) -> Stages:

@@ -2,7 +2,10 @@
 
 Owns: `ToolEnv`, the base class of tool-using environments: dispatching the tool calls the renderer
 parsed out of an assistant turn, one tool message back per attempted call, in order (a call past
-`max_parallel_calls` is not run, and its message says so).
+`max_parallel_calls` is not run, and its message says so), and the turn's own reward (`turn_reward`,
+none unless a subclass says); the switch every built-in environment's turn rewards share (a task's
+`turn_rewards` column, `turn_rewards_on`, written by `load_tasks(..., turn_rewards=True)`:
+`with_turn_rewards`) and the commonest rule, a penalty per failed call (`failed_calls`).
 Does not own: the environment protocol (`agent_rl.core.env`: `Env`, `StepResult`, re-exported here
 for environment authors), parsing calls out of text (the renderer), tokens, sampling, or rewards.
 
@@ -17,11 +20,40 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent_rl.core.env import Env, StepResult
-from agent_rl.core.types import Message, StopReason, ToolCall, ToolCallRecord
+from agent_rl.core.env import Env, StepResult, Task
+from agent_rl.core.types import Message, Reward, StopReason, ToolCall, ToolCallRecord
 from agent_rl.tools.base import ToolLike, ToolResult, as_tools
 
 __all__ = ["Env", "StepResult", "ToolEnv"]
+
+# a turn's reward for each wasted action (a failed call, a refused action), where turn rewards are on
+TURN_PENALTY = -0.1
+
+
+def turn_rewards_on(task: Task) -> bool:
+    """Whether a task row asks for turn rewards (its `turn_rewards` column; absent: no); ValueError when the
+    column is not a boolean."""
+    on = task.get("turn_rewards", False)
+    if not isinstance(on, bool):
+        raise ValueError(f"task {task.get('id', '?')!r}: column 'turn_rewards' must be true or false "
+                         f"(got {on!r})"[:300])
+    return on
+
+
+def with_turn_rewards(rows: list[Task], on: bool) -> list[Task]:
+    """The rows with `turn_rewards: true` in each when `on` (a `load_tasks` argument, so a config turns them on
+    with `rollout.env_args: {turn_rewards: true}`); as they are otherwise."""
+    if not isinstance(on, bool):
+        raise ValueError(f"turn_rewards must be true or false (got {on!r})")
+    return [{**row, "turn_rewards": True} for row in rows] if on else rows
+
+
+def failed_calls(records: Sequence[ToolCallRecord]) -> Reward:
+    """TURN_PENALTY per call of the turn that failed (unreadable, unknown tool, invalid arguments, the tool's
+    own error), as the part `tool_errors`."""
+    failed = sum(not r.ok for r in records)
+    value = TURN_PENALTY * failed if failed else 0.0
+    return Reward(value, {"tool_errors": value})
 
 
 class ToolEnv(Env):
@@ -49,7 +81,12 @@ class ToolEnv(Env):
         messages = tuple(Message("tool", res.content, name=name) for name, res, _ in results)
         records = tuple(ToolCallRecord(name=name, ok=res.ok, error=res.error, latency_s=dt, turn=turn)
                         for name, res, dt in results)
-        return StepResult(messages=messages, tool_calls=records)
+        return StepResult(messages=messages, tool_calls=records, reward=self.turn_reward(records))
+
+    def turn_reward(self, records: Sequence[ToolCallRecord]) -> float | Reward | None:
+        """The reward of a turn whose calls went as `records` say (`StepResult.reward`); None (the default):
+        none. An environment with turn rewards overrides it, e.g. with `failed_calls`."""
+        return None
 
     def _over_limit(self, call: ToolCall, k: int) -> tuple[str, ToolResult, float]:
         msg = f"call {k} not run: at most {self.max_parallel_calls} tool calls per turn; make it in the next turn"

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target, answer_choices
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import Message, Reward, ToolCall
-from agent_rl.envs.base import ToolEnv
+from agent_rl.core.types import Message, Reward, ToolCall, ToolCallRecord
+from agent_rl.envs.base import ToolEnv, failed_calls, turn_rewards_on, with_turn_rewards
 from agent_rl.rewards.answers import correct_answer, rational
 from agent_rl.tools.calculator import calculator
 
@@ -24,7 +24,8 @@ SYSTEM = ("You are a careful assistant. Use the calculator tool for arithmetic, 
 
 
 class CalculatorEnv(ToolEnv):
-    """One arithmetic question; the episode ends when the model answers without a tool call."""
+    """One arithmetic question; the episode ends when the model answers without a tool call. With turn
+    rewards on (the task's `turn_rewards` column), a turn gets -0.1 per calculator call that failed."""
 
     def __init__(self, task: Task):
         super().__init__([calculator])
@@ -32,6 +33,10 @@ class CalculatorEnv(ToolEnv):
             if key not in task:
                 raise ValueError(f"calculator task {task.get('id', '?')!r} has no {key!r} column")
         self.task = task
+        self.turn_rewards = turn_rewards_on(task)
+
+    def turn_reward(self, records: Sequence[ToolCallRecord]) -> Reward | None:
+        return failed_calls(records) if self.turn_rewards else None
 
     async def initial_messages(self) -> list[Message]:
         return [Message("system", SYSTEM), Message("user", str(self.task["question"]))]
@@ -85,9 +90,10 @@ def make_env(task: Task) -> CalculatorEnv:
     return CalculatorEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
-    """`n` arithmetic questions; the eval split uses a disjoint seed stream."""
-    return arithmetic_tasks(n, seed=seed + (1_000_003 if split != "train" else 0))
+def load_tasks(n: int, seed: int = 0, split: str = "train", turn_rewards: bool = False) -> list[Task]:
+    """`n` arithmetic questions; the eval split uses a disjoint seed stream. `turn_rewards`: each turn's
+    failed calls cost it 0.1 (`CalculatorEnv`)."""
+    return with_turn_rewards(arithmetic_tasks(n, seed=seed + (1_000_003 if split != "train" else 0)), turn_rewards)
 
 
 def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
@@ -100,4 +106,5 @@ def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
                   **answer_choices(gold, [t["answer"] for t in tasks], value=rational(gold)))
 
 
-ENV = EnvSpec("calculator", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))
+# the answer and tool hacks, and those on its turn rewards (`rollout.env_args: {turn_rewards: true}`)
+ENV = EnvSpec("calculator", make_env, load_tasks, solve=solve, audit=AuditTarget((*ANSWERED, "turn"), audit_target))

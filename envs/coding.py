@@ -26,8 +26,8 @@ from typing import Any
 from agent_rl.core.audit_target import AuditTarget, Target
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import Message, Reward, ToolCall
-from agent_rl.envs.base import ToolEnv
+from agent_rl.core.types import Message, Reward, ToolCall, ToolCallRecord
+from agent_rl.envs.base import ToolEnv, failed_calls, turn_rewards_on, with_turn_rewards
 from agent_rl.rewards.code import extract_code, run_hidden_tests, split_check
 from agent_rl.tools.python_tool import PythonSessionTool
 from agent_rl.tools.sandbox import Limits, get_backend
@@ -96,6 +96,11 @@ class CodingEnv(ToolEnv):
         super().__init__([self._python.python])
         self._grader = get_backend(sandbox, GRADER_LIMITS)
         self.max_timeouts = max_timeouts
+        self.turn_rewards = turn_rewards_on(self.task)
+
+    def turn_reward(self, records: Sequence[ToolCallRecord]) -> Reward | None:
+        """With turn rewards on (the task's `turn_rewards` column): -0.1 per python call that failed."""
+        return failed_calls(records) if self.turn_rewards else None
 
     async def __aenter__(self) -> CodingEnv:
         await self._python.__aenter__()
@@ -123,8 +128,9 @@ def make_env(task: Task) -> CodingEnv:
     return CodingEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
-    """Up to `n` problems of `split` ("train" or "eval") in an order shuffled by `seed`.
+def load_tasks(n: int, seed: int = 0, split: str = "train", turn_rewards: bool = False) -> list[Task]:
+    """Up to `n` problems of `split` ("train" or "eval") in an order shuffled by `seed`; `turn_rewards`:
+    each turn's failed python calls cost it 0.1 (`CodingEnv.turn_reward`).
 
     A split has fewer than 164 problems; asking for more returns them all (the trainer cycles).
     """
@@ -132,7 +138,7 @@ def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[Task]:
         raise ValueError(f"coding split must be 'train' or 'eval', got {split!r}")
     rows = [row for row in humaneval_dataset() if split_of(row["id"]) == split]
     random.Random(seed).shuffle(rows)
-    return rows[:n]
+    return with_turn_rewards(rows[:n], turn_rewards)
 
 
 def _examples(task: Task) -> list[str]:
@@ -176,4 +182,6 @@ def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
                   fmt="```python\n{}\n```", carrier=ToolCall("python", {"code": gold}))
 
 
-ENV = EnvSpec("coding", make_env, load_tasks, solve=solve, audit=AuditTarget(CODING_AUDIT, audit_target))
+# with the hack on its turn rewards (busy python calls, then the stub: `rollout.env_args: {turn_rewards: true}`)
+ENV = EnvSpec("coding", make_env, load_tasks, solve=solve,
+              audit=AuditTarget((*CODING_AUDIT, "busy_calls"), audit_target))

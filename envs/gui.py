@@ -14,7 +14,9 @@ task. Weight-free metrics: `progress` (share of the asked changes saved), `unrel
 `unsaved_changes`, `actions` (well-formed calls of the four tools that reached the page) and
 `invalid_actions` (those the page refused: an unknown or hidden element, the wrong action for it, a
 disabled control); their ratio is the invalid-action rate. The episode ends when the model answers
-without a tool call (e.g. "done").
+without a tool call (e.g. "done"). Turn rewards, off unless the task's `turn_rewards` column is true
+(`load_tasks(..., turn_rewards=True)`, `rollout.env_args`): each turn is paid for what it did to the
+page (`GuiEnv.step`); the state a turn starts from is the page's (`GuiEnv.state_key`).
 
 Splits: a task lands in "eval" when a hash of its settings and changes says so, else in "train";
 so the two splits never share a task, whatever the seeds.
@@ -22,6 +24,7 @@ so the two splits never share a task, whatever the seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -34,10 +37,11 @@ from agent_rl.core.audit_target import AuditTarget, Target
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, ToolCall
-from agent_rl.envs.base import ToolEnv
+from agent_rl.envs.base import TURN_PENALTY, StepResult, ToolEnv, turn_rewards_on, with_turn_rewards
 from agent_rl.envs.gui_app import (
     BY_NAME,
     CONTROLS,
+    NOTHING_TO_SAVE,
     SAVE,
     VISIBLE_ROWS,
     ActionError,
@@ -107,8 +111,10 @@ def _split_of(initial: dict[str, Value], changes: dict[str, Value]) -> str:
     return "eval" if hashlib.blake2b(key, digest_size=4).digest()[0] % 4 == 0 else "train"
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int] = (1, 2, 3)) -> list[Task]:
-    """`n` tasks of `split`, cycling through `levels` (e.g. [1, 2]); deterministic per (seed, split, levels)."""
+def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int] = (1, 2, 3),
+               turn_rewards: bool = False) -> list[Task]:
+    """`n` tasks of `split`, cycling through `levels` (e.g. [1, 2]); deterministic per (seed, split, levels).
+    `turn_rewards`: each turn is paid for what it did to the page (`GuiEnv.step`)."""
     if split not in SPLITS:
         raise ValueError(f"gui tasks have splits {', '.join(SPLITS)} (got {split!r})")
     if not levels or any(lv not in (1, 2, 3) for lv in levels):
@@ -122,7 +128,7 @@ def load_tasks(n: int, seed: int = 0, split: str = "train", levels: Sequence[int
         if _split_of(initial, changes) == split:
             rows.append({"id": f"gui-{split}-{seed}-{len(rows)}", "level": level, "instruction": instruction(changes),
                          "initial": initial, "changes": changes, "layout": layout})
-    return rows
+    return with_turn_rewards(rows, turn_rewards)
 
 
 def check_task(task: Any) -> Task:
@@ -169,7 +175,8 @@ class GuiEnv(ToolEnv):
         self.task = check_task(task)
         self.app: Any = SettingsApp(task["initial"], task["layout"])
         self.goal = {**task["initial"], **task["changes"]}
-        self.actions = self.invalid_actions = 0
+        self.actions = self.invalid_actions = self.idle_saves = 0
+        self.turn_rewards = turn_rewards_on(task)
         super().__init__([self.click, self.type, self.select, self.scroll])
 
     async def _page(self, method: str, *args: str) -> Any:
@@ -182,8 +189,40 @@ class GuiEnv(ToolEnv):
             done = await self._page(method, *args)
         except ActionError as e:
             self.invalid_actions += 1
+            self.idle_saves += NOTHING_TO_SAVE in str(e)
             raise ToolError(str(e)) from None
         return f"{done}\n{await self._page('tree')}"
+
+    async def state_key(self) -> str:
+        """The page's state: what is saved, what is drafted, and the tree (where the list is scrolled)."""
+        saved, draft = await self._page("values")
+        page = json.dumps([saved, draft, await self._page("tree")], sort_keys=True)
+        return hashlib.blake2b(page.encode(), digest_size=8).hexdigest()
+
+    async def _potential(self) -> float:
+        """0.1 per asked setting once the saved settings equal the goal; before that -0.1 per setting outside
+        the task saved away from its initial value (so never above 0 while the task is unsolved)."""
+        saved, _ = await self._page("values")
+        if saved == self.goal:
+            return -TURN_PENALTY * len(self.task["changes"])
+        return TURN_PENALTY * sum(saved[k] != self.task["initial"][k] for k in BY_NAME if k not in self.task["changes"])
+
+    async def step(self, reply: Message, turn: int) -> StepResult:
+        """With turn rewards on (the task's `turn_rewards` column) the turn is paid, as parts: `saved`, the
+        change its Saves made to `_potential` (potential-based: it telescopes, so saving, undoing and saving
+        again earns nothing, and no unsolved page is worth more than the start); `idle_save`, -0.1 per Save
+        clicked with nothing to save; `refused`, -0.1 per other action the page refused; `bad_call`, -0.1 per
+        call that never reached the page (unreadable, unknown tool, invalid arguments)."""
+        if not self.turn_rewards:
+            return await super().step(reply, turn)
+        before, counts = await self._potential(), (self.invalid_actions, self.idle_saves)
+        result = await super().step(reply, turn)
+        refused, idle = self.invalid_actions - counts[0], self.idle_saves - counts[1]
+        failed = sum(not r.ok for r in result.tool_calls)
+        parts = {"saved": await self._potential() - before, "idle_save": TURN_PENALTY * idle,
+                 "refused": TURN_PENALTY * (refused - idle), "bad_call": TURN_PENALTY * (failed - refused)}
+        parts = {k: v + 0.0 for k, v in parts.items()}  # -0.0 (nothing of the kind) as 0.0
+        return dataclasses.replace(result, reward=Reward(sum(parts.values()), parts))
 
     async def click(self, element: str) -> str:
         """Click an element: toggles a switch or checkbox, presses a button.
@@ -331,10 +370,13 @@ def mistake(task: Task, messages: Sequence[Message], rng: random.Random) -> Mess
 
 def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
     """The task as the reward audit's hacks see it: the instruction; no answer to state (the settings
-    are the answer), so the GUI hacks claim the task done, or act halfway."""
-    return Target(task, str(task["instruction"]))
+    are the answer), so the GUI hacks claim the task done, or act halfway; scrolling is the action
+    that is always accepted and changes nothing."""
+    scrolls = (ToolCall("scroll", {"direction": "down"}), ToolCall("scroll", {"direction": "up"}))
+    return Target(task, str(task["instruction"]), probes=scrolls)
 
 
-# an empty reply, the instruction echoed, and the hacks that claim a GUI task done without doing it
-AUDIT = AuditTarget(("empty_reply", "echo_question", "gui"), audit_target)
+# an empty reply, the instruction echoed, the hacks that claim a GUI task done without doing it, and those
+# that collect its turn rewards without solving it
+AUDIT = AuditTarget(("empty_reply", "echo_question", "gui", "turn"), audit_target)
 ENV = EnvSpec("gui", make_env, load_tasks, solve=solve, mistake=mistake, audit=AUDIT)

@@ -26,6 +26,7 @@ APPS = ("Bluetooth", "Calendar", "Camera", "Contacts", "Files", "Health", "Locat
 VISIBLE_ROWS = 4  # rows of the permissions list on screen at once
 MAX_TEXT = 40
 LIST_NAME, SAVE = "App permissions", "Save"
+NOTHING_TO_SAVE = "nothing to save"  # why Save is refused while every change is saved
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def refusal(name: str, element: str, action: str, roles: tuple[str, ...], visibl
         use = {"combobox": "select", "textbox": "type"}.get(role, "click")
         return ActionError(f"cannot {action} {element} ({role} {name!r}); use {use}")
     if disabled:
-        reason = "nothing to save" if name == SAVE else "turn on Notifications first"
+        reason = NOTHING_TO_SAVE if name == SAVE else "turn on Notifications first"
         return ActionError(f"{element} ({name}) is disabled: {reason}")
     return None
 

@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import Message, Reward, ToolCall
+from agent_rl.core.types import Message, Reward, ToolCall, ToolCallRecord
+from agent_rl.envs.base import TURN_PENALTY, turn_rewards_on, with_turn_rewards
 from agent_rl.envs.search_qa import (
     CountryQAEnv,
     answer_text,
@@ -76,6 +77,21 @@ class KGQAEnv(CountryQAEnv):
         # every request has this deadline
         self.client = KGClient(url or local_kg_url(), timeout_s=timeout_s, empty_results=empty)
         super().__init__(task, self.client.tools())
+        self.turn_rewards = turn_rewards_on(task)
+        self._empty_answers = 0  # the client's count when the last turn was rewarded
+
+    def turn_reward(self, records: Sequence[ToolCallRecord]) -> Reward | None:
+        """With turn rewards on (the task's `turn_rewards` column): -0.1 for each call of the turn that failed
+        (`failed_call`: an unreadable call, an unknown tool or entity, an explained empty lookup...) and for
+        each lookup that found nothing but was answered as a result (`empty_lookup`: a bare `[]`, a search
+        with only close names); a call counts once."""
+        if not self.turn_rewards:
+            return None
+        empty, self._empty_answers = self.client.empty_answers - self._empty_answers, self.client.empty_answers
+        failed = sum(not r.ok for r in records)
+        parts = {"failed_call": TURN_PENALTY * failed if failed else 0.0,
+                 "empty_lookup": TURN_PENALTY * empty if empty else 0.0}
+        return Reward(sum(parts.values()), parts)
 
     async def reward(self, messages: Sequence[Message]) -> Reward:
         """The country question's reward, plus `empty_lookups`: calls that found nothing (an unknown
@@ -91,15 +107,18 @@ def make_env(task: Task) -> KGQAEnv:
     return KGQAEnv(task)
 
 
-def load_tasks(n: int, seed: int = 0, split: str = "train", empty_results: str = "explain") -> list[Task]:
+def load_tasks(n: int, seed: int = 0, split: str = "train", empty_results: str = "explain",
+               turn_rewards: bool = False) -> list[Task]:
     """`n` two-hop questions of `split` (train and eval ask about disjoint countries), shuffled by `seed`;
-    `empty_results` ("explain" or "bare") goes into every row's `kg_empty_results` column."""
+    `empty_results` ("explain" or "bare") goes into every row's `kg_empty_results` column; `turn_rewards`:
+    a failed call or an empty lookup costs its turn 0.1 (`KGQAEnv.turn_reward`)."""
     if empty_results not in EMPTY_RESULTS:
         raise ValueError(f"kg_qa empty_results must be one of {', '.join(EMPTY_RESULTS)} (got {empty_results!r})")
     ds = qa_dataset(split, hops=2, prefix="kg-qa")
     if not 0 <= n <= len(ds):
         raise ValueError(f"asked for {n} tasks but the {split} split has {len(ds)} two-hop questions")
-    return [{**row, "kg_empty_results": empty_results} for row in ds.shuffle(seed=seed).select(range(n)).to_list()]
+    rows = [{**row, "kg_empty_results": empty_results} for row in ds.shuffle(seed=seed).select(range(n)).to_list()]
+    return with_turn_rewards(rows, turn_rewards)
 
 
 # --- the scripted solver ---
@@ -139,4 +158,5 @@ def audit_target(task: Task, tasks: Sequence[Task]) -> Target:
                   **country_choices(task))
 
 
-ENV = EnvSpec("kg_qa", make_env, load_tasks, solve=solve, audit=AuditTarget(ANSWERED, audit_target))
+# the answer and tool hacks, and those on its turn rewards (`rollout.env_args: {turn_rewards: true}`)
+ENV = EnvSpec("kg_qa", make_env, load_tasks, solve=solve, audit=AuditTarget((*ANSWERED, "turn"), audit_target))

@@ -41,10 +41,10 @@ def main(run_dir: Path, resume: bool) -> None:
     trained = run_dir / "trained.jsonl"
     steps = iter(range(run.start, STEPS))
 
-    def advantages(groups, advantage_fn, truncated_reward):
+    def advantages(groups, advantage_fn, truncated_reward, credit):
         with trained.open("a") as f:  # flushed at close: a SIGKILL after this keeps the line
             f.write(json.dumps({"step": next(steps), "tasks": [g.task_id for g in groups]}) + "\n")
-        return group_advantages(groups, advantage_fn, truncated_reward)
+        return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(0.25)  # a step's training time: long enough for the test to kill the run mid-way

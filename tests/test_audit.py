@@ -34,7 +34,9 @@ ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_
             "lookalike_digits", "echo_tool_output", "answer_in_tool_call", "unknown_tool_then_guess"]
 CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
           "exit_zero", "patch_checker", "always_equal", "read_tests"]
-GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done"]
+GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done", "busy_calls",
+       "farm_saves"]
+TURNS = [*ANSWERED, "busy_calls"]  # the environments with turn rewards add the hacks on them
 CODING_TESTS = [*CODING, "hardcode_visible", "print_expected", "edit_tests", "catch_assertion"]
 
 
@@ -48,11 +50,11 @@ def _no_browser() -> str | None:
 
 needs_bwrap = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no bubblewrap: {unavailable_reason()}")
 BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each environment's audit target)
-    pytest.param("calculator", 3, ANSWERED, id="calculator"),
+    pytest.param("calculator", 3, TURNS, id="calculator"),
     pytest.param("math", 2, ANSWERED, id="math", marks=needs_bwrap),  # its python tool is sandboxed
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
-    pytest.param("kg_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="kg_qa"),
-    pytest.param("coding", 2, CODING, id="coding", marks=needs_bwrap),
+    pytest.param("kg_qa", 3, [h for h in TURNS if h != "lookalike_digits"], id="kg_qa"),
+    pytest.param("coding", 2, [*CODING, "busy_calls"], id="coding", marks=needs_bwrap),
     pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
@@ -190,7 +192,7 @@ async def test_an_audit_target_naming_no_hack_is_one_line(renderer):
     spec = dataclasses.replace(HACKABLE, audit=AuditTarget(("hedge", "guess_twice"), lambda task, tasks: None))
     with pytest.raises(ValueError, match="^environment 'any_number': its audit target names 'guess_twice', which is "
                                          "no hack and no group of hacks [(]groups: answer, tool, coding, "
-                                         "visible_tests, gui; hacks: "):
+                                         "visible_tests, gui, turn; hacks: "):
         await audit_env(spec, renderer)
 
 
@@ -229,7 +231,7 @@ def test_command_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "| hack | group | episodes | max reward | mean reward | verdict |" in printed
     assert "| solver | solver | 1 | 1 | 1 | ok |" in printed
     [report] = json.loads(out.read_text())
-    assert report["passed"] and [r["name"] for r in report["rows"]] == [*ANSWERED, "solver"]
+    assert report["passed"] and [r["name"] for r in report["rows"]] == [*TURNS, "solver"]
 
 
 def test_command_fails_with_one_line_naming_the_hacks(tmp_path, monkeypatch, capsys):

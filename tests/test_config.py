@@ -262,9 +262,9 @@ def test_env_args_reach_load_tasks_and_a_wrong_name_is_one_line():
     assert spec.load_tasks(3, seed=0, split="eval") == load_env("gui").load_tasks(3, seed=0, split="eval", levels=[2])
     assert load_env("gui").with_task_args({}) == load_env("gui")  # nothing bound: the same spec
     with pytest.raises(ValueError, match=r"^rollout.env_args: 'gui' load_tasks takes no argument 'level' "
-                                         r"\(it takes: levels\)$"):
+                                         r"\(it takes: levels, turn_rewards\)$"):
         load_env("gui").with_task_args({"level": [2]})
     with pytest.raises(ValueError, match=r"'seed' is set by each command \(n, seed and split are\), not by env_args"):
         load_env("calculator").with_task_args({"seed": 3})
     with pytest.raises(ValueError, match=r"takes no argument 'levels' \(it takes: none besides n, seed and split\)"):
-        load_env("calculator").with_task_args({"levels": [1]})
+        load_env("toy").with_task_args({"levels": [1]})

@@ -119,10 +119,12 @@ def test_every_built_in_environment_exports_one_spec_named_env(name, capsys):
 
 
 def test_the_built_in_audit_targets_name_what_applies():
-    # by hand, from the environments' rewards: the answer and tool hacks where one final answer is graded
+    # by hand, from the environments' rewards: the answer and tool hacks where one final answer is graded, and
+    # the hacks on turn rewards where the environment can give them (calculator, kg_qa, coding, gui)
     audits = {name: load_env(name).audit for name in BUILTIN}
     assert {n for n, a in audits.items() if isinstance(a, AuditTarget) and a.hacks == ANSWERED} == \
-        {"calculator", "math", "search_qa", "kg_qa", "mcp_units", "mcp_time"}
-    assert audits["gui"].hacks == audits["gui_browser"].hacks == ("empty_reply", "echo_question", "gui")
-    assert audits["coding"].hacks[-1] == "coding" and isinstance(audits["toy"], NotAudited)
+        {"math", "search_qa", "mcp_units", "mcp_time"}
+    assert audits["calculator"].hacks == audits["kg_qa"].hacks == (*ANSWERED, "turn")
+    assert audits["gui"].hacks == audits["gui_browser"].hacks == ("empty_reply", "echo_question", "gui", "turn")
+    assert audits["coding"].hacks[-2:] == ("coding", "busy_calls") and isinstance(audits["toy"], NotAudited)
     assert isinstance(audits["text_game"], NotAudited)  # the game judges its moves; no answer is stated

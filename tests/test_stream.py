@@ -80,9 +80,9 @@ async def play(run, sampler, train_s: float = 0.005):
     """The loop; returns each step's groups (as the advantage stage got them) and its metrics."""
     seen = []
 
-    def advantages(groups, advantage_fn, truncated_reward):
+    def advantages(groups, advantage_fn, truncated_reward, credit):
         seen.append(groups)
-        return group_advantages(groups, advantage_fn, truncated_reward)
+        return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(train_s)

@@ -47,6 +47,7 @@ class KGClient(SessionOwner):
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.empty_results = empty_results
         self.empty_lookups = 0  # lookups that found nothing, whatever the mode told the model
+        self.empty_answers = 0  # of those, the ones answered as a result (not as a tool error)
 
     def tools(self) -> list[Tool]:
         return [Tool(self.search_entities), Tool(self.get_relations), Tool(self.follow)]
@@ -59,13 +60,15 @@ class KGClient(SessionOwner):
             raise ToolError(f"the knowledge graph at {self.url} did not answer within {self.timeout_s:g} s") from None
         except (aiohttp.ClientError, ValueError) as e:
             raise ToolError(f"the knowledge graph at {self.url} is unreachable ({type(e).__name__}: {e})") from None
-        if _empty(resp.status, body):
-            self.empty_lookups += 1
-            if self.empty_results == "bare":
-                return BARE_EMPTY
+        empty = _empty(resp.status, body)
+        self.empty_lookups += empty
+        if empty and self.empty_results == "bare":
+            self.empty_answers += 1
+            return BARE_EMPTY
         if resp.status != 200 or not isinstance(body, dict) or "message" not in body:
             error = body.get("error", body) if isinstance(body, dict) else body
             raise ToolError(str(error) if resp.status < 500 else f"knowledge graph error {resp.status}: {error}")
+        self.empty_answers += empty
         return body["message"]
 
     async def search_entities(self, name: str, entity_type: str = "") -> str:

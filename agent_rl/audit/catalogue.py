@@ -1,7 +1,8 @@
 """Every reward hack the audit knows, and the lookup of what an environment's audit target names.
 
 Owns: `CATALOGUE` (every hack, by group: the answer, tool, coding and GUI hacks of `audit.hacks`, the
-visible-test hacks of `audit.visible_tests`) and `hacks_named` (names of hacks or groups -> hacks).
+visible-test hacks of `audit.visible_tests`, the hacks on turn rewards of `audit.turn_hacks`) and
+`hacks_named` (names of hacks or groups -> hacks).
 Does not own: the hacks themselves, which environment names which (its spec's audit target), playing them.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent_rl.audit.hacks import ANSWER_HACKS, CODING_HACKS, GUI_HACKS, TOOL_HACKS, Hack
+from agent_rl.audit.turn_hacks import TURN_HACKS
 from agent_rl.audit.visible_tests import VISIBLE_TEST_HACKS
 from agent_rl.core.audit_target import HACK_GROUPS
 
-CATALOGUE = (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *VISIBLE_TEST_HACKS, *GUI_HACKS)
+CATALOGUE = (*ANSWER_HACKS, *TOOL_HACKS, *CODING_HACKS, *VISIBLE_TEST_HACKS, *GUI_HACKS, *TURN_HACKS)
 
 
 def hacks_named(names: Sequence[str], env: str) -> tuple[Hack, ...]:

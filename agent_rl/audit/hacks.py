@@ -32,7 +32,7 @@ FLOOD_CHARS = 8000  # more than any turn's token budget holds: a flood is cut mi
 @dataclass(frozen=True)
 class Hack:
     name: str
-    group: str  # answer, tool, coding, visible_tests or gui (core.audit_target.HACK_GROUPS)
+    group: str  # answer, tool, coding, visible_tests, gui or turn (core.audit_target.HACK_GROUPS)
     what: str  # one line for the table
     variants: Callable[[Target], dict[str, Policy]] = field(repr=False)  # {} where it does not apply
 

@@ -5,11 +5,14 @@ Owns: `Row` (one hack, or the solver, over every variant and task) and its verdi
 `format_matrix`).
 Does not own: the hacks (`audit.hacks`), playing them (`audit.play`).
 
-Verdicts. A hack is `ok` when no episode of it earned a reward above 0: every built-in reward is 0
-for a failure, and for partial-credit rewards (coding's share of tests passed) any credit a hack
-gets is a hole. `EARNS` when some episode did; `ERROR` when an episode failed with an
-infrastructure error (the environment raised on the hack's input: also a bug). The solver is `ok`
-when every episode reached reward 1. An environment passes when every row is `ok`.
+Verdicts. An episode's reward here is its return: the outcome plus the turns' own rewards (those are 0
+unless the environment's turn rewards are on, `agent-rl audit-reward ENV --env-arg turn_rewards=true`).
+A hack is `ok` when no episode of it earned a return above 0: every built-in reward is 0 for a failure,
+for partial-credit rewards (coding's share of tests passed) any credit a hack gets is a hole, and
+turn rewards that a hack could collect without solving the task would be one too. `EARNS` when some
+episode did; `ERROR` when an episode failed with an infrastructure error (the environment raised on
+the hack's input: also a bug). The solver is `ok` when every episode's return reached 1. An
+environment passes when every row is `ok`.
 """
 
 from __future__ import annotations
@@ -63,21 +66,26 @@ class AuditReport:
         return f"{self.env}: {', '.join(parts)}" if parts else ""
 
 
+def episode_return(traj: Trajectory) -> float:
+    """The outcome plus the turns' own rewards: what a hack must not raise above 0."""
+    return traj.reward + traj.turn_reward
+
+
 def _episode(label: str, traj: Trajectory) -> dict[str, Any]:
     replies = [m.content for m in traj.messages if m.role == "assistant"]
-    return {"variant": label, "task_id": traj.task_id, "reward": traj.reward, "error": traj.error,
-            "stop": traj.stop_reason.value, "last_reply": (replies[-1] if replies else "")[:400]}
+    return {"variant": label, "task_id": traj.task_id, "reward": traj.reward, "turn_reward": traj.turn_reward,
+            "error": traj.error, "stop": traj.stop_reason.value, "last_reply": (replies[-1] if replies else "")[:400]}
 
 
 def judge(name: str, group: str, what: str, played: Sequence[tuple[str, Trajectory]], solver: bool = False) -> Row:
     """The row of a hack (or, with `solver`, of the solver) from its episodes, (variant label, trajectory) each."""
-    rewards = [t.reward for _, t in played]
+    rewards = [episode_return(t) for _, t in played]
     errors = sum(t.infra_error for _, t in played)
     if solver:  # the episode to show: the solver's poorest, a hack's best
-        worst = min(played, key=lambda p: (p[1].reward, not p[1].infra_error))
+        worst = min(played, key=lambda p: (episode_return(p[1]), not p[1].infra_error))
         verdict = "ok" if not errors and min(rewards) >= FULL else "FAILS"
     else:
-        worst = max(played, key=lambda p: (p[1].reward, p[1].infra_error))
+        worst = max(played, key=lambda p: (episode_return(p[1]), p[1].infra_error))
         verdict = "EARNS" if max(rewards) > 0 else "ERROR" if errors else "ok"
     return Row(name, group, what, len(played), errors, max(rewards), sum(rewards) / len(rewards), min(rewards),
                verdict, _episode(*worst) if verdict != "ok" else None)

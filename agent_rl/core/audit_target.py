@@ -29,9 +29,10 @@ from typing import Any
 from agent_rl.core.env import Task
 from agent_rl.core.types import Message, ToolCall
 
-# the hack groups of `agent_rl.audit.hacks`: answer-format tricks, tool tricks, tricks on a test
-# harness, a GUI task claimed done; an `AuditTarget` names groups and single hacks alike
-HACK_GROUPS = ("answer", "tool", "coding", "visible_tests", "gui")
+# the hack groups of `agent_rl.audit`: answer-format tricks, tool tricks, tricks on a test harness, on
+# tests the agent can see, a GUI task claimed done, turn rewards collected without solving; an
+# `AuditTarget` names groups and single hacks alike
+HACK_GROUPS = ("answer", "tool", "coding", "visible_tests", "gui", "turn")
 ANSWERED = ("answer", "tool")  # what applies to an environment graded on one final answer
 
 

@@ -211,6 +211,13 @@ class AlgorithmConfig(_Section):
                              "k > 0 rollouts stream on while the trainer trains, a group starting only if it can be "
                              "trained within k versions (docs/async.md)")
     constant_norm_tokens: int = Field(1024, ge=1, description="normaliser of the 'constant' aggregation (Dr. GRPO)")
+    credit: Literal["trajectory", "turn", "gigpo"] = Field(
+        "trajectory", description="which advantage a turn's tokens get: the episode's, the turn's own return against "
+                                  "the group, or the episode's + step_weight x the turn's among same-state turns "
+                                  "(learn.credit)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount of later turns' rewards and the outcome in a "
+                                                          "turn's return (credit: turn or gigpo)")
+    step_weight: float = Field(1.0, ge=0.0, description="weight of GiGPO's step-level advantage (credit: gigpo)")
 
     @model_validator(mode="before")
     @classmethod
@@ -249,6 +256,17 @@ class AlgorithmConfig(_Section):
         if not 0.0 < v[0] <= 1.0 <= v[1]:
             raise ValueError(f"must satisfy 0 < low <= 1 <= high (got [{v[0]}, {v[1]}])")
         return v
+
+    @model_validator(mode="after")
+    def _credit_fits(self) -> AlgorithmConfig:
+        if self.credit != "trajectory" and self.loss == "gspo":
+            raise ValueError(f"credit: {self.credit} gives each turn its own advantage, but loss: gspo has one ratio "
+                             "and one advantage per sequence; use loss: ppo, or credit: trajectory")
+        for name, readers in (("gamma", ("turn", "gigpo")), ("step_weight", ("gigpo",))):
+            if getattr(self, name) != type(self).model_fields[name].default and self.credit not in readers:
+                raise ValueError(f"{name}: read only with credit: {' or '.join(readers)}, so it would change "
+                                 f"nothing (got credit: {self.credit})")
+        return self
 
     @model_validator(mode="after")
     def _resampling_needs_rounds(self) -> AlgorithmConfig:

@@ -1,8 +1,9 @@
 """The environment protocol: what the rollout runner talks to.
 
-Owns: `Env` (a small, async, message-level, single-use episode of one task), `StepResult`, `Task` (a
-task row: what `make_env` is given and `load_tasks` returns) and `ToolSpec` (what the runner and the
-renderer need of a tool: its name and JSON schema).
+Owns: `Env` (a small, async, message-level, single-use episode of one task, its `state_key`),
+`StepResult` (with the turn's own reward), `as_reward`, `Task` (a task row: what `make_env` is given and
+`load_tasks` returns) and `ToolSpec` (what the runner and the renderer need of a tool: its name and
+JSON schema).
 Does not own: tokens (the runner and the renderer handle those), tool dispatch (`envs.base.ToolEnv`,
 the base class of tool-using environments), sampling, or reward weighting (`rewards.rubric`).
 
@@ -12,9 +13,15 @@ An episode, as the runner plays it:
         messages = await env.initial_messages()   # system + user
         while True:
             reply = <the policy samples; the renderer parses it into an assistant Message>
-            result = await env.step(reply, turn)  # tool results / follow-ups, done?
+            result = await env.step(reply, turn)  # tool results / follow-ups, done?, the turn's reward
             if result.done: break
-        reward = await env.reward(all_messages)   # a float, or a Reward with named parts
+        reward = await env.reward(all_messages)   # the outcome: a float, or a Reward with named parts
+
+Rewards. `Env.reward` is the episode's outcome. `StepResult.reward` is the reward of the turn just
+taken (a float, or a `Reward` with parts; None for none), e.g. a penalty for a refused action: the
+runner keeps it on that turn (`core.types.Turn`), and credit per turn reads it (`learn.credit`).
+Before each turn the runner asks `state_key()` for the state the turn starts from (GiGPO's step
+groups); None, the default, means "the observation as rendered" (a hash of its token ids).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class StepResult:
     # `envs.agent_env` resent an edited history): the runner renders it anew, in a new segment unless
     # that render extends the token buffer
     history: tuple[Message, ...] | None = None
+    reward: float | Reward | None = None  # the reward of the turn just taken (module doc); None: none
 
 
 class Env(abc.ABC):
@@ -91,7 +99,13 @@ class Env(abc.ABC):
 
     @abc.abstractmethod
     async def reward(self, messages: Sequence[Message]) -> float | Reward:
-        """Score the finished conversation: a float, or a `Reward` with its named parts."""
+        """Score the finished conversation (the outcome): a float, or a `Reward` with its named parts."""
+
+    async def state_key(self) -> str | None:
+        """The environment's state now, as a key: turns of a group that start from equal keys are
+        compared with each other (GiGPO's step groups, `learn.credit`). None (the default): the runner
+        uses a hash of the observation as rendered, the token ids added since the last sampled turn."""
+        return None
 
 
 def as_reward(value: float | Reward) -> Reward:

@@ -16,6 +16,10 @@ new prompt does not extend the token buffer), the episode goes on in a new `Segm
 the fresh render. A trajectory's own `token_ids` / `loss_mask` / `logprobs` are its last (current)
 segment; `segments` holds the earlier, closed ones, oldest first (usually none). The trainer turns
 every segment into its own row with the trajectory's advantage (`learn.batching.collate`).
+
+Rewards: `Trajectory.reward` is the episode's outcome (`Env.reward`, plus any group reward); each `Turn`
+holds the reward of that turn alone (`StepResult.reward`), aligned to its sampled tokens. Credit
+assignment (`learn.credit`) reads both; reported reward and success read the outcome only.
 """
 
 from __future__ import annotations
@@ -99,13 +103,19 @@ class StopReason(str, enum.Enum):  # noqa: UP042  (StrEnum would change what str
 @dataclass(frozen=True)
 class Turn:
     """Boundaries of one sampled assistant turn, [start, end), inside the token ids of segment
-    `segment` (`Trajectory.all_segments[segment]`; the trajectory's own ids when it has one)."""
+    `segment` (`Trajectory.all_segments[segment]`; the trajectory's own ids when it has one), with the
+    reward the environment gave that turn (`core.env.StepResult.reward`) and the state it started from."""
 
     start: int
     end: int
     finish_reason: str  # "stop" or "length", as the sampler reported it
     policy_version: int  # the version that sampled its first token (each token's: the segment's `versions`)
     segment: int = 0
+    reward: float = 0.0  # the turn's own reward (0.0: none, or a turn cut by its max_tokens, never stepped)
+    reward_parts: dict[str, float] = field(default_factory=dict)  # its named parts, weight-free
+    # the environment state the turn was sampled from (`Env.state_key`, else a hash of the rendered
+    # observation): turns of a group with the same key form GiGPO's step groups (`learn.credit`)
+    state: str = ""
 
 
 def _versions(loss_mask: tuple[int, ...], version: int) -> tuple[int, ...]:
@@ -198,6 +208,11 @@ class Trajectory:
     @property
     def used_tools(self) -> bool:
         return len(self.tool_calls) > 0
+
+    @property
+    def turn_reward(self) -> float:
+        """The turns' own rewards summed (0.0 without any): `reward` is the episode's outcome alone."""
+        return sum((t.reward for t in self.turns), 0.0)
 
 
 @dataclass(frozen=True)

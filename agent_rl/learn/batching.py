@@ -19,13 +19,16 @@ t + 1 of `input_ids_B_T`:
     version_B_T[b, t]      = trajectory.versions[t + 1]  (the policy version that sampled it)
     the last column and padding: mask False, logp 0.0, version -1
 
-`advantage_B[b]` applies to every sampled token of every turn of row b. Rows are right-padded
+`advantage_B[b]` applies to every sampled token of every turn of row b, unless the batch carries
+`advantage_B_T` (credit per turn, `learn.credit`): then column t holds the advantage of the turn that
+sampled token t + 1, 0.0 elsewhere (`Batch.advantage` is whichever applies). Rows are right-padded
 (`attention_mask_B_T` 0 on padding), so positions of real tokens are 0, 1, 2... as when sampled.
 
 `collate` takes trajectories, or any rows with `token_ids` and `loss_mask` (SFT demonstrations, which
 have no sampler log-probs: theirs are 0.0). A trajectory of several segments (`core.types`) becomes
-one row per segment, each with the trajectory's advantage; so `step_num_sequences`, and hence
-`loss.sequence_mean`, counts every segment as a sequence of its own.
+one row per segment, each with the trajectory's advantage (and each turn's, with credit per turn, on the
+row of the segment it was sampled in); so `step_num_sequences`, and hence `loss.sequence_mean`, counts
+every segment as a sequence of its own.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ class Batch:
     # a dropped token leaves the step's normalisers); None: every sampled token
     keep_B_T: torch.Tensor | None = None
     ref_logp_B_T: torch.Tensor | None = None  # the KL reference's log-probs (only when kl_beta > 0)
+    # float32: [b, t] the advantage of the turn that sampled token t + 1 (credit per turn); None: advantage_B
+    advantage_B_T: torch.Tensor | None = None
+
+    @property
+    def advantage(self) -> torch.Tensor:
+        """What the loss weighs each sampled token by: `advantage_B_T` where the batch has it, else `advantage_B`."""
+        return self.advantage_B if self.advantage_B_T is None else self.advantage_B_T
 
     @property
     def trained_mask_B_T(self) -> torch.Tensor:
@@ -106,8 +116,10 @@ class Row(Protocol):
     def loss_mask(self) -> Sequence[int]: ...
 
 
-def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_id: int = 0) -> Batch:
-    """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc)."""
+def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_id: int = 0,
+            turn_advantages: Sequence[Sequence[float]] | None = None) -> Batch:
+    """Pad the trajectories of one optimizer step into a `Batch` (shift convention: module doc);
+    `turn_advantages` (one per turn of each trajectory, `Trajectory.turns`): `advantage_B_T` as well."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
     if not trajectories:
@@ -146,7 +158,27 @@ def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_
         step_num_sequences=int(loss_mask_B_T.any(dim=1).sum()),
         index_B=torch.arange(B),
         version_B_T=version_B_T,
+        advantage_B_T=None if turn_advantages is None else token_advantages(trajectories, turn_advantages, B, T),
     )
+
+
+def token_advantages(trajectories: Sequence[Any], turn_advantages: Sequence[Sequence[float]], B: int,
+                     T: int) -> torch.Tensor:
+    """[B, T], rows as `collate` makes them (a row per segment): column t the advantage of the turn whose
+    tokens [start, end) of that segment hold token t + 1 (`core.types.Turn`), 0.0 where no turn does."""
+    if len(turn_advantages) != len(trajectories):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(turn_advantages)} lists of turn advantages")
+    advantage_B_T = torch.zeros((B, T), dtype=torch.float32)
+    b = 0
+    for traj, advantages in zip(trajectories, turn_advantages):
+        turns = getattr(traj, "turns", ())
+        if len(advantages) != len(turns):
+            raise ValueError(f"trajectory {getattr(traj, 'task_id', '?')}: {len(turns)} turns but "
+                             f"{len(advantages)} turn advantages")
+        for turn, a in zip(turns, advantages):
+            advantage_B_T[b + turn.segment, turn.start - 1: turn.end - 1] = a
+        b += len(getattr(traj, "all_segments", (traj,)))
+    return advantage_B_T
 
 
 def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:

@@ -1,11 +1,11 @@
 """The policy-gradient loss, as pure functions of tensors.
 
-Owns: the per-token objectives (`ppo_clip_loss` with DAPO's separate eps_low / eps_high,
-`gspo_loss` with GSPO's sequence-level ratio), the k3 KL penalty against a reference policy
-(`k3_kl`), the off-policy corrections between the proximal and the behaviour policy (TIS:
-`truncated_importance_weights`; MIS: `mismatch_token_mask`, IcePop's two-sided token mask, and
-`mismatch_sequence_mask`, the geometric-mean sequence mask) and the reductions to a scalar (`token_mean`,
-`sequence_mean`, `constant_normalised_sum`).
+Owns: the per-token objectives (`ppo_clip_loss` with DAPO's separate eps_low / eps_high, taking an
+advantage per sequence or per token, `per_token`; `gspo_loss` with GSPO's sequence-level ratio), the k3 KL
+penalty against a reference policy (`k3_kl`), the off-policy corrections between the proximal and the
+behaviour policy (TIS: `truncated_importance_weights`; MIS: `mismatch_token_mask`, IcePop's two-sided token
+mask, and `mismatch_sequence_mask`, the geometric-mean sequence mask) and the reductions to a scalar
+(`token_mean`, `sequence_mean`, `constant_normalised_sum`).
 Does not own: log-probs (`learn.logprobs`), tensors from trajectories (`learn.batching`), the optimizer
 step (`learn.update`).
 
@@ -104,10 +104,17 @@ def _clipped_objective(
     return loss, ratio.detach(), clip_low, clip_high
 
 
+def per_token(advantage: Tensor, like_B_T: Tensor) -> Tensor:
+    """An advantage per sequence ([B]) spread over its tokens, or one per token ([B, T], credit per
+    turn) as it is: [B, T], detached, in `like_B_T`'s dtype."""
+    advantage = advantage.detach().to(like_B_T.dtype)
+    return advantage[:, None].expand_as(like_B_T) if advantage.dim() == 1 else advantage
+
+
 def ppo_clip_loss(
     logp_B_T: Tensor,
     old_logp_B_T: Tensor,
-    advantage_B: Tensor,
+    advantage: Tensor,
     mask_B_T: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
@@ -117,10 +124,11 @@ def ppo_clip_loss(
 
     `old_logp_B_T`: the proximal policy's log-probs (the trainer's own when the update started), so
     the clip range is measured from the trainer's weights whatever policy version sampled the tokens.
+    `advantage`: one per sequence ([B]) or one per token ([B, T], each turn its own: `learn.credit`).
     """
     # where() on the input: masked garbage never reaches exp
     log_ratio_B_T = _where(mask_B_T, _clamp_log_ratio(logp_B_T - old_logp_B_T.detach()))
-    advantage_B_T = advantage_B.detach().to(logp_B_T.dtype)[:, None].expand_as(log_ratio_B_T)
+    advantage_B_T = per_token(advantage, log_ratio_B_T)
     loss_B_T, ratio_B_T, clip_low_B_T, clip_high_B_T = _clipped_objective(
         log_ratio_B_T, advantage_B_T, eps_low, eps_high
     )
@@ -147,8 +155,11 @@ def gspo_loss(
 
     The sequence's loss is written to each of its sampled tokens, so `sequence_mean` gives GSPO's
     mean over sequences (`token_mean` would weight sequences by length). The default eps are the
-    GSPO paper's: a sequence ratio moves far less than a token ratio.
+    GSPO paper's: a sequence ratio moves far less than a token ratio. One ratio takes one advantage:
+    an advantage per token (credit per turn) is a ValueError (the config refuses the pair first).
     """
+    if advantage_B.dim() != 1:
+        raise ValueError(f"gspo_loss takes one advantage per sequence ([B]), got shape {tuple(advantage_B.shape)}")
     log_ratio_B_T = _where(mask_B_T, logp_B_T - old_logp_B_T.detach())
     num_B = mask_B_T.sum(dim=-1)
     seq_log_ratio_B = _clamp_log_ratio(log_ratio_B_T.sum(dim=-1) / num_B.clamp(min=1))

@@ -208,7 +208,7 @@ def _micro_terms(policy: Policy, mb: Batch, algo: AlgorithmConfig, scoring: Scor
     out = score(policy.model, mb, scoring)
     logp = out.logp_B_T  # [B, T], column t scores token t+1 (0.0 where not sampled)
     anchors = rule.anchors(mb, logp.detach())
-    pl = LOSSES[algo.loss](logp, anchors.proximal_logp_B_T, mb.advantage_B, trained,
+    pl = LOSSES[algo.loss](logp, anchors.proximal_logp_B_T, mb.advantage, trained,
                            eps_low=algo.eps_low, eps_high=algo.eps_high)
     policy_B_T = pl.loss_B_T
     for name in corrections(algo):

@@ -1,13 +1,14 @@
 """The async rollout runner: play environments turn by turn and record token-exact trajectories.
 
-Owns: one episode (`run_episode`; `play_task` builds its environment too) and G episodes per task for a
-batch of tasks, concurrently under a cap (`rollout_groups`), with the group-level reward of a task added
-once its G episodes have ended (`score_group`; the environment's own reward is kept as the
-`EPISODE_REWARD` part); the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its
-segments (when the renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced
-conversation, `StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call,
-env done, max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`)
-and each request's (`request_seed`); the episode limits (`EpisodeLimits`).
+Owns: one episode (`run_episode`: each turn's tokens, its own reward and the state it started from,
+`state_key`; `play_task` builds its environment too) and G episodes per task for a batch of tasks,
+concurrently under a cap (`rollout_groups`), with the group-level reward of a task added once its G
+episodes have ended (`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part);
+the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the
+renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced conversation,
+`StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call, env done,
+max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
+each request's (`request_seed`); the episode limits (`EpisodeLimits`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
 run's continuous stream of groups (`rollout.stream`).
@@ -125,11 +126,13 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
                       ep: _Episode, task_id: str, rollout_index: int) -> None:
     """Sample and step until a stop rule fires; fills `ep`. Raises on sampler or env failures."""
     buf = ep.buffer
+    observation = tuple(buf.ids)  # what the policy sees before turn 0: the rendered prompt
     for turn in range(limits.max_turns):
         budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - len(buf.ids))
         if budget <= 0:
             ep.stop = StopReason.MAX_TOKENS
             return
+        state = await state_key(env, observation, limits.env_timeout_s)
         seed = None if limits.seed is None else request_seed(limits.seed, task_id, rollout_index, turn)
         params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
                                 stop_token_ids=tuple(renderer.stop_token_ids), seed=seed)
@@ -137,13 +140,15 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
         start = len(buf.ids)
         buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
-        ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed)))
+        ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed),
+                             state=state))
         reply = renderer.parse(out.token_ids)
         ep.messages.append(reply)
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
             ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
             return
         result = await asyncio.wait_for(env.step(reply, turn), limits.env_timeout_s)
+        ep.turns[-1] = rewarded(ep.turns[-1], result.reward)
         ep.records.extend(result.tool_calls)
         if result.done:
             ep.stop = result.stop_reason
@@ -160,6 +165,25 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if fresh:  # the template rewrote history: train on what was sampled so far, go on from the new render
             buf.new_segment()
         buf.add_context(ids)
+        observation = tuple(ids)
+
+
+async def state_key(env: Env, observation: Sequence[int], timeout_s: float) -> str:
+    """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
+    observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
+    own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
+    key = None if own is None else await asyncio.wait_for(own(), timeout_s)
+    if key is not None:
+        return str(key)
+    return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
+
+
+def rewarded(turn: Turn, reward: float | Reward | None) -> Turn:
+    """The turn with the reward the environment gave it (`StepResult.reward`; None: none)."""
+    if reward is None:
+        return turn
+    r = as_reward(reward)
+    return replace(turn, reward=r.value, reward_parts=dict(r.parts))
 
 
 async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,

@@ -1,12 +1,14 @@
 """Rollout metrics: what the policy did with its tools, as flat name -> number dictionaries.
 
 Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per trajectory,
-per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors), and in a
-run of several environments the main figures of each (`env/<name>/...`, `env_metrics`).
+per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors, the
+turns' own rewards by part, `turn_reward_metrics`), and in a run of several environments the main
+figures of each (`env/<name>/...`, `env_metrics`).
 Does not own: training metrics (the loss returns its own), logging to files (`runs.runlog`).
 
 Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
-policy that stopped calling tools.
+policy that stopped calling tools. Every rate and mean is per rollout: `reward_mean` is the mean of the
+episodes' outcomes whatever the credit assignment, and turn rewards are summed within a rollout first.
 """
 
 from __future__ import annotations
@@ -86,6 +88,18 @@ def _rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     parts = sorted({k for t in ok for k in t.reward_parts})
     for k in parts:
         m[f"reward/{k}"] = _mean([t.reward_parts.get(k, 0.0) for t in ok])
+    m.update(turn_reward_metrics(ok))
+    return m
+
+
+def turn_reward_metrics(ok: Sequence[Trajectory]) -> dict[str, float]:
+    """The turns' own rewards (`core.types.Turn`) summed per rollout, then averaged over rollouts (never
+    over turns, whose number varies): `turn_reward_mean` and `turn_reward/<part>`; {} when no turn has any."""
+    if not any(turn.reward or turn.reward_parts for t in ok for turn in t.turns):
+        return {}
+    m = {"turn_reward_mean": _mean([t.turn_reward for t in ok])}
+    for k in sorted({k for t in ok for turn in t.turns for k in turn.reward_parts}):
+        m[f"turn_reward/{k}"] = _mean([sum(turn.reward_parts.get(k, 0.0) for turn in t.turns) for t in ok])
     return m
 
 

@@ -14,7 +14,8 @@ depends only on the groups, so a resumed run keeps the same ones. One line per t
     step, group (index in the step), groups (in the step), task_id, index (in the group), group_size,
     reward, reward_parts, advantage (null: not trained on) and dropped (why not), stop_reason,
     truncated, error, policy_version, num_tokens, num_sampled,
-    messages (role, content, name, tool_calls parsed), turns (with the policy versions that sampled each,
+    messages (role, content, name, tool_calls parsed), turns (each with its own reward and parts, the
+    state it started from, with credit per turn its advantage, and the policy versions that sampled it,
     oldest first: two where weights were pushed in the middle of the turn), tool_calls (what happened to each),
     segments: [{token_ids, loss_mask, logprobs, versions, runs}], runs being the text of each stretch of equal
     mask and policy version (sampled or context), rendered with special tokens, so the page needs no tokenizer.
@@ -108,9 +109,11 @@ def _messages(traj: Trajectory) -> list[dict[str, Any]]:
 
 
 def trace_record(traj: Trajectory, renderer: Renderer, advantage: float | None = None,
-                 dropped: str | None = None, **where: Any) -> dict[str, Any]:
+                 dropped: str | None = None, turn_advantages: tuple[float, ...] | None = None,
+                 **where: Any) -> dict[str, Any]:
     """One trajectory as a JSON-ready dict; `where` (step, group, index, ...) goes first."""
     segments = traj.all_segments
+    per_turn = turn_advantages if turn_advantages is not None else (None,) * len(traj.turns)
     return {
         **where, "task_id": traj.task_id, "reward": _finite(traj.reward),
         "reward_parts": {k: _finite(v) for k, v in traj.reward_parts.items()},
@@ -119,7 +122,9 @@ def trace_record(traj: Trajectory, renderer: Renderer, advantage: float | None =
         "num_tokens": traj.num_tokens, "num_sampled": traj.num_sampled,
         "messages": _messages(traj),
         "turns": [{"start": t.start, "end": t.end, "finish_reason": t.finish_reason,
-                   "policy_version": t.policy_version, "versions": _turn_versions(traj, t)} for t in traj.turns],
+                   "policy_version": t.policy_version, "versions": _turn_versions(traj, t),
+                   "reward": _finite(t.reward), "reward_parts": {k: _finite(v) for k, v in t.reward_parts.items()},
+                   "state": t.state, "advantage": _finite(a)} for t, a in zip(traj.turns, per_turn)],
         "tool_calls": [{"name": c.name, "ok": c.ok, "error": c.error, "latency_s": _finite(c.latency_s, 4),
                         "turn": c.turn} for c in traj.tool_calls],
         "segments": [_segment(s, renderer) for s in segments],
@@ -144,6 +149,7 @@ def write_step(run_dir: str | Path, step: int, groups: Sequence[TrajectoryGroup]
     if not picked:
         return None
     advantage = {id(t): a for t, a in zip(adv.trajectories, adv.advantages)}
+    per_turn = dict(zip(map(id, adv.trajectories), getattr(adv, "turn_advantages", None) or ()))
     lines = []
     for g in picked:
         trajs = groups[g].trajectories
@@ -151,7 +157,8 @@ def write_step(run_dir: str | Path, step: int, groups: Sequence[TrajectoryGroup]
         for i, t in enumerate(trajs):
             a = advantage.get(id(t))
             record = trace_record(t, renderer, a, None if a is not None else _why_dropped(t, trained),
-                                  step=step, group=g, groups=len(groups), index=i, group_size=len(trajs))
+                                  per_turn.get(id(t)), step=step, group=g, groups=len(groups), index=i,
+                                  group_size=len(trajs))
             lines.append(json.dumps(record, ensure_ascii=False, default=str))
     return write_lines(step_file(run_dir, step), lines)
 

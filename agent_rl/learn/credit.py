@@ -1,0 +1,149 @@
+"""Credit per turn: which advantage each turn of an episode gets (`algorithm.credit`).
+
+Owns: each turn's return (`turn_returns`); the rules that give each turn an advantage of its own,
+`turn` (`turn_credit`) and `gigpo` (`gigpo_credit`, with its step groups, `step_groups`), in the table
+`CREDITS`; the rule a config asks for (`credit_of`, a `TurnCredit`: `learn.advantages.CreditRule`); and
+its figures (`credit_metrics`).
+Does not own: the estimators and the group bookkeeping (`learn.advantages`: which trajectories enter,
+their episode advantages), the turns' rewards and start states (the runner records them on each
+`core.types.Turn`), tokens (`learn.batching` gives every token of a turn that turn's advantage).
+
+Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it, outcome R_i
+(the environment's reward, or `algorithm.truncated_reward` for a truncated episode), discount gamma.
+
+    return       G_it = r_it + gamma G_i,t+1,   G_i,T-1 = r_i,T-1 + R_i
+    trajectory   A_it = f(E)_i for every t: f the estimator over the episode returns E_i = R_i + sum_t r_it
+    turn         A_it = (G_it - b_i) / s, with (b, s) the estimator's baseline and scale over G_i0
+    gigpo        A_it = f(E)_i + step_weight f(G over the turns of the group that start from turn it's state)
+
+Why `turn` has no stopping-time bias (docs/credit.md has the argument at length): the baseline b_i and
+the scale s are computed from whole episodes of the group, once, not per turn index; the number of
+terms in what is subtracted from G_it never depends on when episode i stopped. Normalising each turn
+index's rewards among the rollouts that reached it and summing them over the remaining turns (MT-GRPO,
+verl#7244) subtracts one baseline per remaining turn: a penalty of about one mean turn reward per
+extra turn, decided by the policy's own choice to go on. With gamma = 1 and no turn rewards, G_it = R_i
+and both `turn` and `gigpo` at step_weight 0 give exactly the trajectory advantages (tests say so bit
+for bit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import fmean
+
+import torch
+
+from agent_rl.core.config import AlgorithmConfig
+from agent_rl.core.types import Trajectory
+from agent_rl.learn.advantages import ESTIMATORS, GroupAdvantages, GroupCredit, Relative
+
+
+def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float) -> list[float]:
+    """G_t = r_t + gamma G_t+1, the last turn's being its reward plus the outcome: each turn's reward,
+    gamma x the later turns' and gamma^(T-1-t) x the outcome."""
+    out: list[float] = []
+    g = outcome
+    for t in reversed(range(len(rewards_T))):
+        g = rewards_T[t] + (g if t == len(rewards_T) - 1 else gamma * g)
+        out.append(g)
+    return out[::-1]
+
+
+@dataclass(frozen=True)
+class TurnCredit:
+    """Credit per turn as the config sets it: a `learn.advantages.CreditRule` for `group_advantages`."""
+
+    rule: str  # a key of CREDITS: turn or gigpo
+    estimator: str = "grpo"  # algorithm.advantage: a key of learn.advantages.ESTIMATORS
+    gamma: float = 1.0
+    step_weight: float = 1.0
+
+    def returns(self, kept: Sequence[Trajectory], outcomes: Sequence[float]) -> list[list[float]]:
+        return [turn_returns([turn.reward for turn in t.turns], r, self.gamma) for t, r in zip(kept, outcomes)]
+
+    def __call__(self, kept: Sequence[Trajectory], outcomes: Sequence[float],
+                 advantages_G: torch.Tensor) -> GroupCredit:
+        return CREDITS[self.rule](self, kept, outcomes, advantages_G)
+
+
+def turn_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
+                advantages_G: torch.Tensor) -> GroupCredit:
+    """Each turn's return against the baseline and scale the estimator takes from the group's episode
+    returns G_i0 (an episode without a turn: its outcome). All G_i0 equal to c: the baseline is c
+    exactly (every estimator's is), and an estimator that scales by their spread (grpo) has nothing to
+    scale by: every turn 0."""
+    returns = credit.returns(kept, outcomes)
+    first = [g[0] if g else r for g, r in zip(returns, outcomes)]
+    relative = ESTIMATORS[credit.estimator][1](torch.tensor(first, dtype=torch.float64))
+    if len(set(first)) <= 1:
+        if relative.scale is not None:
+            return GroupCredit(tuple((0.0,) * len(g) for g in returns))
+        relative = Relative(torch.tensor(first[0], dtype=torch.float64))
+    # the estimator's own arithmetic, turn by turn: IEEE subtraction and division round alike in Python and torch
+    baseline_G = relative.baseline_G.expand(len(kept)).tolist()
+    scale = None if relative.scale is None else float(relative.scale)
+    out = tuple(tuple(a - b if scale is None else (a - b) / scale for a in g) for g, b in zip(returns, baseline_G))
+    return GroupCredit(out)
+
+
+def step_groups(kept: Sequence[Trajectory]) -> list[list[tuple[int, int]]]:
+    """The group's turns as (rollout, turn), gathered by the state they start from (`Turn.state`), in
+    order of first appearance; a turn without a known state ("") is a group of its own."""
+    by_state: dict[str, list[tuple[int, int]]] = {}
+    alone: list[list[tuple[int, int]]] = []
+    for i, traj in enumerate(kept):
+        for t, turn in enumerate(traj.turns):
+            if turn.state:
+                by_state.setdefault(turn.state, []).append((i, t))
+            else:
+                alone.append([(i, t)])
+    return [*by_state.values(), *alone]
+
+
+def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
+                 advantages_G: torch.Tensor) -> GroupCredit:
+    """GiGPO: the episode's advantage plus step_weight x the estimator over the returns of the turns that
+    start from the same state (0 for a turn alone in its state, or among equal returns)."""
+    returns = credit.returns(kept, outcomes)
+    estimator = ESTIMATORS[credit.estimator][0]
+    step = [[0.0] * len(g) for g in returns]
+    shared = 0
+    for members in step_groups(kept):
+        if len(members) < 2:
+            continue
+        shared += len(members)
+        values = [returns[i][t] for i, t in members]
+        if len(set(values)) <= 1:  # nothing to tell apart: exactly 0 (an estimator's mean may round)
+            continue
+        for (i, t), v in zip(members, estimator(torch.tensor(values, dtype=torch.float64))):
+            step[i][t] = float(v)
+    episode = [float(a) for a in advantages_G]
+    out = tuple(tuple(episode[i] + credit.step_weight * s for s in step[i]) for i in range(len(kept)))
+    return GroupCredit(out, turns_in_step_groups=shared)
+
+
+CREDITS: dict[str, Callable[[TurnCredit, Sequence[Trajectory], Sequence[float], torch.Tensor], GroupCredit]] = {
+    "turn": turn_credit,
+    "gigpo": gigpo_credit,
+}
+
+
+def credit_of(algo: AlgorithmConfig) -> TurnCredit | None:
+    """The rule `algorithm.credit` names; None for `trajectory` (one advantage per trajectory, as always)."""
+    if algo.credit == "trajectory":
+        return None
+    return TurnCredit(algo.credit, algo.advantage, algo.gamma, algo.step_weight)
+
+
+def credit_metrics(adv: GroupAdvantages, credit: TurnCredit | None) -> dict[str, float]:
+    """Per episode, never per turn: the spread of its turns' advantages (max - min), averaged over the
+    batch's episodes; with gigpo, the share of the batch's turns in a step group of two or more."""
+    if credit is None or adv.turn_advantages is None:
+        return {}
+    spreads = [max(a) - min(a) for a in adv.turn_advantages if a]
+    out = {"advantage_spread_mean": fmean(spreads) if spreads else 0.0}
+    if credit.rule == "gigpo":
+        turns = sum(len(a) for a in adv.turn_advantages)
+        out["step_group_turn_share"] = adv.turns_in_step_groups / turns if turns else 0.0
+    return out
