@@ -88,11 +88,11 @@ class AdvantageStage(Protocol):
 
 class UpdateStage(Protocol):
     """The optimizer steps on one batch, run in a thread; returns their statistics: `learn.update.policy_update`
-    (`stale`: rollouts may lag versions behind, `algorithm.max_staleness` > 0; `seed`: the step's, which
-    shuffles mini-batches, `rollout.runner.step_seed`)."""
+    (`seed`: the step's, which shuffles mini-batches, `rollout.runner.step_seed`; `version`: the policy version
+    the update starts from, which the batch's per-token versions lag behind)."""
 
     def __call__(self, policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
-                 stale: bool, seed: int, /) -> dict[str, float]: ...
+                 seed: int, version: int, /) -> dict[str, float]: ...
 
 
 class SyncStage(Protocol):
@@ -245,9 +245,10 @@ async def learn(run: Run, batch: Batch | None, stages: Stages, step: int) -> dic
     batch = broadcast(batch, run.policy.dist)
     if batch is None:
         return {}
+    # the weights are version `step` (a version is the number of steps taken): tokens the stream sampled before
+    # the last pushes lag behind it, which the update's decoupled correction weighs (`learn.update`)
     stats = await asyncio.to_thread(stages.update, run.policy, batch, cfg.algorithm, cfg.optim,
-                                    cfg.sampler.temperature, cfg.algorithm.max_staleness > 0,
-                                    step_seed(cfg.run.seed, step))
+                                    cfg.sampler.temperature, step_seed(cfg.run.seed, step), step)
     run.policy.scheduler.step()
     return stats
 

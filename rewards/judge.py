@@ -12,7 +12,8 @@ Does not own: when groups are judged and how the scores join the reward (`reward
 A judge that cannot judge (unreachable, too slow, an HTTP error, a reply that is no ranking of 1..G)
 logs one line saying why and scores the group neutral, 0.5 each: the same for every answer, so it
 changes no advantage, and training goes on. A reply is cached before it is read, so a garbage reply is
-asked for once; failed requests are not cached.
+asked for once; failed requests are not cached. A reply the server cut short (finish_reason "abort": a
+weight push paused the run's own servers, `rollout.weight_sync.base`) is asked again, never cached.
 """
 
 from __future__ import annotations
@@ -153,7 +154,15 @@ class LLMJudge(SessionOwner):
             text = text.replace(placeholder, value)
         return text
 
-    async def _ask(self, messages: list[dict[str, str]]) -> str:
+    async def _ask(self, messages: list[dict[str, str]], tries: int = 3) -> str:
+        """The judge's reply; one the server aborted (module doc) is asked again, `tries` times in all."""
+        for _ in range(tries):
+            content, finish = await self._post(messages)
+            if finish != "abort":
+                return content
+        raise JudgeError(f"the judge at {self.url} aborted the request {tries} times in a row")
+
+    async def _post(self, messages: list[dict[str, str]]) -> tuple[str, str | None]:
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -168,10 +177,11 @@ class LLMJudge(SessionOwner):
         if resp.status != 200:
             raise JudgeError(f"the judge at {endpoint} answered HTTP {resp.status}: {' '.join(text.split())[:200]}")
         try:
-            content = json.loads(text)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            choice = json.loads(text)["choices"][0]
+            content, finish = choice["message"]["content"], choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise JudgeError(f"the judge at {endpoint} sent no chat completion: {text[:200]!r}") from None
-        return str(content or "")
+        return str(content or ""), finish
 
     def _remember(self, key: str, reply: str) -> None:
         self.cache[key] = reply

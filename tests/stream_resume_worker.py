@@ -46,7 +46,7 @@ def main(run_dir: Path, resume: bool) -> None:
             f.write(json.dumps({"step": next(steps), "tasks": [g.task_id for g in groups]}) + "\n")
         return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
-    def update(policy, batch, algo, optim, temperature, stale, seed):
+    def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(0.25)  # a step's training time: long enough for the test to kill the run mid-way
         policy.optimizer.step()  # no gradients: nothing moves
         return {"loss": 0.0}

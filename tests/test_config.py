@@ -38,7 +38,8 @@ def test_defaults_are_valid_and_as_documented():
     assert cfg.model.name == "smollm2-135m" and cfg.model.target_modules == "all-linear"
     assert cfg.sampler.server_urls == []
     assert (cfg.rollout.tasks_per_step, cfg.rollout.group_size) == (8, 8)
-    assert cfg.algorithm.tis_cap == 2.0 and cfg.algorithm.mismatch_bounds is None
+    assert cfg.algorithm.tis_cap == 2.0 and cfg.algorithm.mismatch_mask is None
+    assert cfg.algorithm.mismatch_bounds == (0.5, 2.0)  # IcePop's, where a mismatch_mask is chosen
     assert cfg.optim.lr == 5e-5 and cfg.run.steps == 20 and cfg.run.tensorboard is True
 
 
@@ -57,14 +58,15 @@ def test_every_field_has_a_description():
 
 # -- files and overrides ---------------------------------------------------------------------------
 def test_yaml_file_then_overrides_in_order(tmp_path):
-    path = write(tmp_path, "rollout:\n  group_size: 4\n  env: calculator\nalgorithm:\n  kl_beta: 0.5\n")
+    path = write(tmp_path, "rollout:\n  group_size: 4\n  env: calculator\nalgorithm:\n  kl_beta: 0.5\n"
+                           "  mismatch_mask: token\n")
     cfg = load_config(path, ["algorithm.kl_beta=0.01", "sampler.server_urls=[http://a:8000,http://b:8000]",
-                             "algorithm.mismatch_bounds=[0.5, 2]", "model.init_adapter=runs/sft/adapter",
+                             "algorithm.mismatch_bounds=[0.5, 3]", "model.init_adapter=runs/sft/adapter",
                              "rollout.group_size=6", "rollout.group_size=2"])
     assert cfg.rollout.group_size == 2  # the last override wins
     assert cfg.algorithm.kl_beta == 0.01  # the override beats the file
     assert cfg.sampler.server_urls == ["http://a:8000", "http://b:8000"]
-    assert cfg.algorithm.mismatch_bounds == (0.5, 2.0)
+    assert cfg.algorithm.mismatch_bounds == (0.5, 3.0)
     assert cfg.model.init_adapter == "runs/sft/adapter"
     assert cfg.rollout.max_turns == 4  # missing keys default
     assert cfg.optim == TrainConfig().optim
@@ -82,7 +84,8 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 
 def test_dump_round_trips(tmp_path):
-    cfg = load_config(None, ["sampler.server_urls=[http://a]", "algorithm.mismatch_bounds=[0.5, 2.0]",
+    cfg = load_config(None, ["sampler.server_urls=[http://a]", "algorithm.mismatch_mask=sequence",
+                             "algorithm.mismatch_bounds=[0.8, 1.5]",
                              "model.target_modules=[q_proj, v_proj]", "run.wandb_project=demo"])
     text = dump_config(cfg)
     assert text.splitlines()[0] == "model:"
@@ -132,8 +135,20 @@ def test_cross_field_errors_name_the_field():
         "config error: rollout.max_total_tokens: must be <= sampler.max_model_len (4096) (got 8192)")
     assert error_of(None, ["rollout.max_tokens_per_turn=2048"]) == (
         "config error: rollout.max_tokens_per_turn: must be <= max_total_tokens (1024) (got 2048)")
-    assert error_of(None, ["algorithm.mismatch_bounds=[2, 3]"]) == (
+    assert error_of(None, ["algorithm.mismatch_mask=token", "algorithm.mismatch_bounds=[2, 3]"]) == (
         "config error: algorithm.mismatch_bounds: must satisfy 0 < low <= 1 <= high (got [2.0, 3.0])")
+
+
+def test_mismatch_bounds_of_before_the_decoupled_correction_mean_the_same_or_say_what_to_write():
+    """Bounds alone used to drop sequences; now `mismatch_mask` chooses tokens or sequences. A config written
+    then with bounds set is told what to add; one with bounds null (no mask) loads as no mask."""
+    assert error_of(None, ["algorithm.mismatch_bounds=[0.5, 2]"]) == (
+        "config error: algorithm.mismatch_mask: mismatch_bounds alone drops nothing; add mismatch_mask: sequence "
+        "(what bounds alone did before) or token (IcePop's token mask)")
+    old = load_config(None, ["algorithm.mismatch_bounds=null"]).algorithm
+    assert old.mismatch_mask is None and old.mismatch_bounds == (0.5, 2.0)
+    assert error_of(None, ["algorithm.mismatch_mask=token", "algorithm.mismatch_bounds=null"]) == (
+        "config error: algorithm.mismatch_bounds: give [low, high] for mismatch_mask (got null)")
 
 
 def test_several_errors_still_one_line():

@@ -66,7 +66,7 @@ async def run(tmp_path, scripted, smol_dir, renderer, credit: str):
                       trainer.TaskStream(SPEC.load_tasks(8)), EpisodeLimits.from_config(cfg.rollout))
     batches = []
 
-    def update(policy_, batch, algo, optim, temperature, stale, seed):
+    def update(policy_, batch, algo, optim, temperature, seed, version):
         batches.append(batch)
         policy_.optimizer.step()  # no gradients: nothing moves (the loop steps the schedule after it)
         return {"loss": 0.0}

@@ -56,6 +56,9 @@ class ScriptedJudge:
             return web.Response(status=out, text="model overloaded\ntry later")
         if out == "sleep":
             await asyncio.sleep(10)
+        if out.startswith("abort:"):  # cut short by a weight push's pause (vLLM's finish_reason "abort")
+            return web.json_response({"choices": [{"message": {"role": "assistant", "content": out[6:]},
+                                                   "finish_reason": "abort"}]})
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": out}}]})
 
 
@@ -117,6 +120,21 @@ async def test_a_judge_that_cannot_judge_scores_neutral_with_one_logged_line(jud
     cached = "ranks no permutation" in reason  # a garbage reply is cached; a failed request is asked again
     assert len(server.requests) == (1 if cached else 2)
     assert len((tmp_path / "cache.jsonl").read_text().splitlines() if cached else []) == (1 if cached else 0)
+
+
+async def test_a_reply_cut_short_by_a_weight_push_is_asked_again_and_not_cached(judge_server, tmp_path):
+    """The run's own server, paused by a push of merged weights, aborts the judge's request: its partial reply
+    ("2 >", a ranking of nothing) is neither read nor cached; the request is sent again."""
+    replies = iter(["abort:2 >", "2 > 1"])
+    url, server = await judge_server(lambda body: next(replies))
+    async with LLMJudge(url, out_dir=tmp_path) as judge:
+        verdict = await judge.judge("q", ["a", "b"])
+    assert verdict.scores == [0.0, 1.0] and verdict.ok and len(server.requests) == 2
+    assert [json.loads(x)["reply"] for x in (tmp_path / "cache.jsonl").read_text().splitlines()] == ["2 > 1"]
+    url, server = await judge_server(lambda body: "abort:")
+    async with LLMJudge(url) as judge:
+        verdict = await judge.judge("q", ["a", "b"])
+    assert not verdict.ok and "aborted the request 3 times in a row" in verdict.reason and len(server.requests) == 3
 
 
 async def test_an_unreachable_judge_is_one_line(tmp_path):

@@ -11,6 +11,7 @@ from agent_rl.learn.loss import (
     gspo_loss,
     k3_kl,
     mismatch_sequence_mask,
+    mismatch_token_mask,
     ppo_clip_loss,
     sequence_mean,
     token_mean,
@@ -143,7 +144,7 @@ def test_k3_kl_is_zero_when_policy_equals_reference():
     _close(k3_kl(logp, logp.clone(), torch.ones(1, 2, dtype=torch.bool)), [[0.0, 0.0]])
 
 
-# --- sampler/trainer mismatch --------------------------------------------------------------
+# --- behaviour/proximal mismatch: the decoupled correction -----------------------------------
 
 
 def test_truncated_importance_weights_by_hand():
@@ -172,6 +173,19 @@ def test_mismatch_sequence_mask_by_hand():
     )
     keep = mismatch_sequence_mask(trainer, sampler, mask, low=0.5, high=1.5)
     assert keep.tolist() == [True, False, False, True, True]
+
+
+def test_mismatch_token_mask_by_hand():
+    """IcePop: each token's own ratio pi_proximal / pi_behaviour, both sides bounded; what the caller's mask
+    excludes is kept (its own mask decides it), whatever sits there."""
+    mask = torch.tensor([[True, True, True, True, False]])
+    behaviour = torch.full((1, 5), -2.0)
+    # proximal - behaviour = [0, ln 1.9, ln 2.1, ln 0.45, (nan)] -> ratios [1, 1.9, 2.1, 0.45]
+    proximal = torch.tensor([[-2.0, -2.0 + math.log(1.9), -2.0 + math.log(2.1), -2.0 + math.log(0.45), math.nan]])
+    keep = mismatch_token_mask(proximal, behaviour, mask, low=0.5, high=2.0)
+    assert keep.tolist() == [[True, True, False, False, True]]
+    # the bounds are inclusive: a ratio of exactly 1 with [1, 1] is kept
+    assert mismatch_token_mask(behaviour, behaviour, mask, 1.0, 1.0).tolist() == [[True] * 5]
 
 
 # --- masking --------------------------------------------------------------------------------

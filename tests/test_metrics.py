@@ -1,9 +1,11 @@
 """Rollout metrics against hand counts."""
 
+import dataclasses
+
 import pytest
 
-from agent_rl.core.types import StopReason, ToolCallRecord, Trajectory, Turn
-from agent_rl.runs.metrics import rollout_metrics
+from agent_rl.core.types import Segment, StopReason, ToolCallRecord, Trajectory, Turn
+from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 
 
 def traj(calls=(), stop=StopReason.NO_TOOL_CALL, reward=0.0, n_tokens=10, sampled=4, turns=1):
@@ -47,3 +49,18 @@ def test_rollout_metrics_by_hand():
 def test_all_infra_errors_give_no_behaviour_rates():
     m = rollout_metrics([traj(stop=StopReason.ERROR)])
     assert m == {"rollouts": 1.0, "infra_error_rate": 1.0}
+
+
+def test_lag_counts_each_token_with_the_version_that_sampled_it():
+    """At step 5: a closed segment of 2 tokens by version 3 (lag 2); the open one 6 sampled tokens, the first 2 by
+    version 3, the other 4 by 4 (a push in the middle of the turn: lag 1), and 2 context tokens (not counted).
+    Tokens: 4 at lag 2, 4 at lag 1: mean 1.5, max 2, shares 1/2 each. By the turn's version (3) alone every
+    token would be lag 2."""
+    closed = Segment((1, 2, 3), (0, 1, 1), (0.0, -1.0, -1.0), (-1, 3, 3))
+    t = Trajectory("t", (7,) * 8, (0, 0, 1, 1, 1, 1, 1, 1), (0.0,) * 8, 2, (Turn(2, 8, "stop", 3),), (), (),
+                   StopReason.NO_TOOL_CALL, policy_version=3, segments=(closed,),
+                   versions=(-1, -1, 3, 3, 4, 4, 4, 4))
+    assert lag_metrics([t], 5) == {"lag/mean": 1.5, "lag/max": 2.0, "lag/share_1": 0.5, "lag/share_2": 0.5}
+    # versions not known (-1 on a sampled token): the trajectory's
+    old = Segment((1, 2), (0, 1), (0.0, -1.0))
+    assert lag_metrics([dataclasses.replace(t, segments=(old,))], 5)["lag/share_2"] == 3 / 7  # 1 + 2 of 7

@@ -4,10 +4,13 @@ The expected ids below are written out literally (segment by segment, text in th
 change in rendering, masking or stitching shows up here as a diff of numbers.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.base import ToolEnv
+from agent_rl.learn.batching import collate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode, step_seed
 
 
@@ -90,6 +93,31 @@ async def test_three_turn_episode_ids_and_mask_by_hand(scripted, renderer):
     assert traj.reward == 1.0
     # log-probs: the sampler's value on sampled tokens, exactly 0.0 elsewhere
     assert all(lp == (-0.5 if m else 0.0) for lp, m in zip(traj.logprobs, traj.loss_mask))
+
+
+async def test_each_token_carries_the_version_that_sampled_it(scripted, renderer):
+    """Weights pushed while the episode runs: turn 1 by version 3; turn 2 split by a push in its middle (its
+    first 10 tokens by 3, the other 24 by 4, as `VLLMSampler` reports an aborted and continued request);
+    turn 3 by 5. Context tokens carry -1; a turn's version is its first token's; the trajectory's, the
+    oldest; the batch's `version_B_T` is shifted like the log-probs (column t: token t + 1)."""
+    inner = scripted(script_of([CALL_1, CALL_2, ANSWER]))
+
+    class Pushed:
+        policy_version = 3
+        turns = iter([lambda n: (3,) * n, lambda n: (3,) * 10 + (4,) * (n - 10), lambda n: (5,) * n])
+
+        async def sample(self, prompt_ids, params, messages=()):
+            out = await inner.sample(prompt_ids, params, messages)
+            versions = next(self.turns)(len(out.token_ids))
+            return replace(out, policy_version=versions[0], versions=versions)
+
+    async with AddEnv() as env:
+        traj = await run_episode(env, Pushed(), renderer, EpisodeLimits(), "t0")
+    want = [-1] * 213 + [3] * 34 + [-1] * 23 + [3] * 10 + [4] * 24 + [-1] * 23 + [5] * 6
+    assert list(traj.versions) == want
+    assert [t.policy_version for t in traj.turns] == [3, 3, 5] and traj.policy_version == 3
+    batch = collate([traj], [1.0])
+    assert batch.version_B_T[0].tolist() == want[1:] + [-1]
 
 
 async def test_masked_ids_are_the_sampled_ids_and_match_a_full_render(scripted, renderer):

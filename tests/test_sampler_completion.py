@@ -1,6 +1,6 @@
-"""VLLMSampler's reading of a /v1/completions choice, without a server: ids and log-probs as sent,
-the echoed prompt checked against the ids we sent (list or tuple alike), and one clear error for
-anything else."""
+"""VLLMSampler's reading of a /v1/completions choice, without a server: ids and log-probs as sent, each token
+tagged with the request's version, an abort told apart, the echoed prompt checked against the ids we sent
+(list or tuple alike), and one clear error for anything else."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ def choice(ids=(5, 6, 7), logprobs=(-0.1, -0.2, -0.3), finish="stop", echoed=(1,
 def test_a_completion_comes_back_as_sent(prompt):
     out = _completion(choice(), prompt, 4, "http://x")
     assert out.token_ids == (5, 6, 7) and out.logprobs == (-0.1, -0.2, -0.3)
-    assert out.finish_reason == "stop" and out.policy_version == 4
+    assert out.finish_reason == "stop" and out.policy_version == 4 and out.versions == (4, 4, 4)
     assert _completion(choice(finish="length"), prompt, 0, "u").finish_reason == "length"
-    assert _completion(choice(finish="abort"), prompt, 0, "u").finish_reason == "stop"
+    # a request a weight push aborted: `VLLMSampler.sample` goes on from its tokens
+    assert _completion(choice(finish="abort"), prompt, 0, "u").finish_reason == "abort"
+    assert _completion(choice(finish="eos"), prompt, 0, "u").finish_reason == "stop"
     assert _completion(choice(echoed=None), prompt, 0, "u").token_ids == (5, 6, 7)
 
 

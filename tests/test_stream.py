@@ -84,7 +84,7 @@ async def play(run, sampler, train_s: float = 0.005):
         seen.append(groups)
         return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
-    def update(policy, batch, algo, optim, temperature, stale, seed):
+    def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(train_s)
         policy.optimizer.step()  # no gradients: nothing moves (the loop steps the schedule after it)
         return {"loss": 0.0}

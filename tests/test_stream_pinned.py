@@ -93,11 +93,11 @@ def run_scenario(name: str, tiny: Path, out: Path) -> dict:
         before = {n: p.detach().clone() for n, p in run.policy.model.named_parameters() if p.requires_grad}
         batches = []
 
-        def update(policy, batch, algo, optim, temperature, stale, seed):
+        def update(policy, batch, algo, optim, temperature, seed, version):
             batches.append({"input_ids": batch.input_ids_B_T.tolist(), "loss_mask": batch.loss_mask_B_T.int().tolist(),
                             "sampler_logp": batch.sampler_logp_B_T.tolist(), "advantage": batch.advantage_B.tolist(),
-                            "stale": stale, "seed": seed})
-            return policy_update(policy, batch, algo, optim, temperature, stale, seed)
+                            "seed": seed, "version": version, "lags": sorted(set(lags(batch, version)))})
+            return policy_update(policy, batch, algo, optim, temperature, seed, version)
 
         async def go():
             with RunLogger(out, cfg.run.steps, tensorboard=False, progress=False) as log:
@@ -110,6 +110,17 @@ def run_scenario(name: str, tiny: Path, out: Path) -> dict:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {"requests": sorted(sampler.requests), "batches": batches,
             "metrics": [{k: x[k] for k in METRICS if k in x} for x in lines], "weights": fingerprint(before, after)}
+
+
+def lags(batch, version: int) -> list[int]:
+    """The version lag of each sampled token of the batch (the update's trainer version minus the token's)."""
+    return [version - v for v in batch.version_B_T[batch.loss_mask_B_T].tolist()]
+
+
+def as_then(batches: list[dict]) -> list[dict]:
+    """The batches without what the loop before the stream did not pass or passes no more (`stale`; the
+    update's `version` and the tokens' lags): ids, masks, log-probs, advantages, seed."""
+    return [{k: v for k, v in b.items() if k not in ("stale", "version", "lags")} for b in batches]
 
 
 def close(a, b) -> bool:
@@ -133,21 +144,27 @@ def test_staleness_0_is_the_synchronous_loop_exactly(name, tiny_dir, tmp_path, p
     now = run_scenario(name, tiny_dir, tmp_path)
     want = pinned[name]
     assert now["requests"] == want["requests"]  # the same requests, each at the same policy version
-    assert len(now["batches"]) == 3 and close(now["batches"], want["batches"])
+    assert len(now["batches"]) == 3 and close(as_then(now["batches"]), as_then(want["batches"]))
+    assert [b["lags"] for b in now["batches"]] == [[0]] * 3  # every token sampled by the trainer's version
     assert close(now["metrics"], want["metrics"])  # task positions, resampling rounds, group counts
     assert close(now["weights"], want["weights"])
 
 
 def test_staleness_1_samples_what_the_old_overlap_sampled(tiny_dir, tmp_path, pinned):
     """The same requests (seed: the run seed, the step the group is for, task, rollout, turn) at the same policy
-    versions; the update gets `stale` as it did. Which step trains which of those groups may differ where a
-    later group ends first (here every group ends at once, so the batches are the old ones too)."""
+    versions. Which step trains which of those groups may differ where a later group ends first (here every
+    group ends at once, so the batches are the old ones too). The update differs by the decoupled correction
+    alone (the old one took the ratio against the sampler's log-probs, `stale`; now it is clipped from the
+    trainer's own and each token weighted by min(pi_proximal / pi_behaviour, tis_cap): tests/test_decoupled.py
+    shows, gradient by gradient, that this is the whole difference), so the trained weights are not the old
+    ones: step 1 and 2 train on tokens one version old."""
     now = run_scenario("overlap", tiny_dir, tmp_path)
     want = pinned["overlap"]
     assert now["requests"] == want["requests"]
     assert {v for _, v in now["requests"]} == {0, 1}  # steps 0 and 1's groups at version 0, step 2's at 1
-    assert [b["stale"] for b in now["batches"]] == [True, True, True]
-    assert close(now["batches"], want["batches"]) and close(now["weights"], want["weights"])
+    assert [b["stale"] for b in want["batches"]] == [True, True, True]
+    assert [b["lags"] for b in now["batches"]] == [[0], [1], [1]]
+    assert close(as_then(now["batches"]), as_then(want["batches"])) and not close(now["weights"], want["weights"])
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

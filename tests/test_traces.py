@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -87,6 +88,10 @@ def test_mask_runs_by_hand():
     assert [(r.sampled, r.start, r.token_ids) for r in runs] == \
         [(False, 0, (5, 6)), (True, 2, (7, 8)), (False, 4, (9,))]
     assert runs[1].mean_logprob == -0.75
+    # a weight push in the middle of a turn cuts its sampled run in two, each with its version
+    runs = mask_runs([5, 6, 7, 8, 9], [0, 1, 1, 1, 0], [0.0, -1.0, -1.0, -0.5, 0.0], [-1, 3, 3, 4, -1])
+    assert [(r.sampled, r.start, r.token_ids, r.version) for r in runs] == \
+        [(False, 0, (5,), -1), (True, 1, (6, 7), 3), (True, 3, (8,), 4), (False, 4, (9,), -1)]
 
 
 def _group(task: str, stops: list[StopReason]) -> TrajectoryGroup:
@@ -136,6 +141,7 @@ async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, re
         [{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "call_1", "error": None}]
     assert learn["messages"][3]["content"] == "5" and learn["tool_calls"][0]["ok"] is True
     assert [t["finish_reason"] for t in learn["turns"]] == ["stop", "stop"]
+    assert [t["versions"] for t in learn["turns"]] == [[0], [0]] and learn["policy_version"] == 0
     sampled = [run for run in learn["segments"][0]["runs"] if run["sampled"]]
     assert [run["text"] for run in sampled] == [CALL + "<|im_end|>", "It is 5.<|im_end|>"]
     assert all(run["mean_logprob"] == -0.5 for run in sampled)
@@ -148,6 +154,25 @@ async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, re
     assert cut["truncated"] and cut["stop_reason"] == "length" and cut["turns"][0]["finish_reason"] == "length"
     assert cut["advantage"] is None and cut["dropped"] == "truncated: masked out of the loss"  # its group trained
     assert by["t-cut", 1]["messages"][-1]["content"] == HOSTILE
+
+
+async def test_a_turn_split_by_a_weight_push_shows_both_versions(play, renderer):
+    """The first turn's first 5 tokens by version 3, the rest by 4 (a push aborted and continued it), the
+    second turn by 4: the record lists both versions for the first turn, and its sampled text in two runs."""
+    [group] = await play({"t": ["tool_then_right"]})
+    traj = group.trajectories[0]
+    first, second = traj.turns
+    versions = list(traj.versions)
+    versions[first.start:first.end] = [3] * 5 + [4] * (first.end - first.start - 5)
+    versions[second.start:second.end] = [4] * (second.end - second.start)
+    traj = replace(traj, versions=tuple(versions), turns=(replace(first, policy_version=3),
+                                                         replace(second, policy_version=4)), policy_version=3)
+    record = traces.trace_record(traj, renderer)
+    assert [t["versions"] for t in record["turns"]] == [[3, 4], [4]]
+    [seg] = record["segments"]
+    assert seg["versions"] == versions
+    sampled = [(run["version"], run["n"]) for run in seg["runs"] if run["sampled"]]
+    assert sampled == [(3, 5), (4, first.end - first.start - 5), (4, second.end - second.start)]
 
 
 async def test_traces_off_and_a_sample_per_step(tmp_path, play, renderer):
@@ -168,7 +193,8 @@ async def test_earlier_segments_are_listed_before_the_trajectory_tokens(play, re
     record = traces.trace_record(traj, renderer)
     assert [s["token_ids"] for s in record["segments"]] == [[1, 9690, 198], list(traj.token_ids)]
     assert record["segments"][0]["runs"] == [{"sampled": False, "start": 0, "n": 3, "text": "<|im_start|>system\n",
-                                              "mean_logprob": None}]
+                                              "mean_logprob": None, "version": None}]
+    assert record["segments"][0]["versions"] == [-1, -1, -1]
     assert record["num_tokens"] == 3 + len(traj.token_ids) and record["num_sampled"] == traj.num_sampled
 
 

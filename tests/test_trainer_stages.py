@@ -73,9 +73,9 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
         inner.batch = noted
         return inner
 
-    def update(policy_, batch, algo, optim, temperature, stale, seed):
+    def update(policy_, batch, algo, optim, temperature, seed, version):
         updates.append((policy_ is policy, batch.input_ids_B_T.shape[0], algo is cfg.algorithm, optim is cfg.optim,
-                        temperature, stale, seed))
+                        temperature, seed, version))
         policy_.optimizer.step()  # no gradients: nothing moves (the loop steps the schedule after it)
         return {"loss": 0.25}
 
@@ -85,9 +85,10 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
 
     assert opened == [(True, True)]  # one stream for the run
     assert asked == [(0, 2), (1, 4), (2, 6)]  # step s asks once the push before it opened its 2 tasks
-    # the update's seed: 7 x 1,000,003 + step; 2 tasks x 2 rollouts, every group with signal: 4 rows
-    assert updates == [(True, 4, True, True, 1.0, False, 7_000_021), (True, 4, True, True, 1.0, False, 7_000_022),
-                       (True, 4, True, True, 1.0, False, 7_000_023)]
+    # the update's seed: 7 x 1,000,003 + step; its version: the steps taken; 2 tasks x 2 rollouts, every group
+    # with signal: 4 rows
+    assert updates == [(True, 4, True, True, 1.0, 7_000_021, 0), (True, 4, True, True, 1.0, 7_000_022, 1),
+                       (True, 4, True, True, 1.0, 7_000_023, 2)]
     assert sync.pushes == [(model, 1), (model, 2), (model, 3)] and not sync.finished  # `train` finishes it
     # step 0's requests: the round seed (7 x 1,000,003 + 0) x 101 + 0 = 707,002,121, per task and rollout
     assert set(sampler.seeds[:4]) == {request_seed(707_002_121, f"t{i}", r, 0) for i in (0, 1) for r in (0, 1)}

@@ -1,5 +1,8 @@
 """The policy update through the real `policy_update`: one step keeps the PPO ratio at 1; several steps
-per rollout batch move it, clip it, and make clip-higher and GSPO matter; every variant runs."""
+per rollout batch move it, clip it, and make clip-higher and GSPO matter; every variant runs. The decoupled
+off-policy correction: weights and masks by hand, exactly the on-policy update where behaviour and proximal
+agree, a masked token out of the numerator and the denominator, what changed from the overlapped update of
+before, and the mismatch per version lag."""
 
 from __future__ import annotations
 
@@ -54,12 +57,12 @@ def make_batch(policy, sampler_shift: float = 0.0, rows: int = 8, length: int = 
     return collate(out, [2.0 if b % 2 == 0 else -2.0 for b in range(rows)])
 
 
-def run(tiny_dir, stale: bool = False, shift: float = 0.0, **sets):
+def run(tiny_dir, shift: float = 0.0, **sets):
     cfg = config(tiny_dir, **sets)
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=cfg.algorithm.kl_beta > 0)
     batch = make_batch(policy, shift)
-    stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, stale=stale, seed=3)
+    stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, seed=3)
     weights = torch.cat([p.detach().flatten() for p in trainable_parameters(policy.model)])
     return stats, weights
 
@@ -83,50 +86,93 @@ def test_four_mini_batches_move_the_ratio_and_clip(tiny_dir):
 
 
 def test_the_first_step_of_several_starts_at_ratio_one(tiny_dir):
-    """pi_old comes from a separate no-grad pass (other micro-batches, eval mode): with one mini-batch
-    and two epochs, the first epoch's ratio is 1 up to float noise, the second's is not."""
+    """The proximal log-probs come from a separate no-grad pass (other micro-batches, eval mode): with one
+    mini-batch and two epochs, the first epoch's ratio is 1 up to float noise, the second's is not."""
     cfg = config(tiny_dir, **{"algorithm.epochs": 1, "algorithm.mini_batches": 1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     batch = make_batch(policy)
     forced = cfg.algorithm.model_copy(update={"epochs": 2})
-    rule = proximal_rule(forced, stale=False)
+    rule = proximal_rule(forced)
     assert rule is PROXIMAL_RULES["recomputed"] and rule.recompute
     scoring = Scoring(1.0, cfg.optim.logprob_chunk, policy.share_prefixes)
     fixed = fixed_logprobs(policy, batch, forced, cfg.optim, scoring, rule)
     with torch.no_grad():
         now = token_logprobs(policy.model, batch.input_ids_B_T, batch.attention_mask_B_T).logp_B_T
-    gap = torch.where(batch.loss_mask_B_T, fixed.recomputed_logp_B_T - now, 0.0).abs().max()
-    assert float(gap) < 1e-5
+    gap = torch.where(batch.loss_mask_B_T, fixed.proximal_logp_B_T - now, 0.0).abs().max()
+    assert float(gap) < 1e-5 and fixed.keep_B_T is None  # no mask configured
 
 
-def test_each_proximal_rule_names_its_log_probs_and_the_corrections_it_allows():
-    """One sampled token per row: the sampler reported -1.5, the no-grad pass -1.0, the current pass -0.7."""
+def test_each_proximal_rule_names_its_log_probs_and_the_corrections_act_as_worked_out():
+    """One sampled token per row: the sampler reported -1.5 (behaviour), the no-grad pass -1.0, the current
+    pass -0.7. The weight pi_proximal / pi_behaviour is e^0.5 = 1.6487 (recomputed) or e^0.8 = 2.2255 (current)."""
     batch = collate([Row((5, 6), (0, 1), (0.0, -1.5)), Row((5, 7), (0, 1), (0.0, -1.5))], [1.0, -1.0])
-    batch = dataclasses.replace(batch, recomputed_logp_B_T=torch.tensor([[-1.0, 0.0], [-1.0, 0.0]]))
+    batch = dataclasses.replace(batch, proximal_logp_B_T=torch.tensor([[-1.0, 0.0], [-1.0, 0.0]]))
     current = torch.tensor([[-0.7, 0.0], [-0.7, 0.0]])
     one_step, two_steps = AlgorithmConfig(), AlgorithmConfig(mini_batches=2)
-    chosen = {"current": proximal_rule(one_step, stale=False), "recomputed": proximal_rule(two_steps, stale=False),
-              "sampler": proximal_rule(two_steps, stale=True)}
-    assert chosen == PROXIMAL_RULES and proximal_rule(one_step, stale=True) is PROXIMAL_RULES["sampler"]
-    # (behaviour, proximal, trainer side of the gap statistic) at the sampled column
-    want = {"current": (-1.5, -0.7, -0.7), "recomputed": (-1.5, -1.0, -1.0), "sampler": (-1.5, -1.5, -0.7)}
+    masked = AlgorithmConfig(mismatch_mask="token")
+    assert proximal_rule(one_step) is PROXIMAL_RULES["current"]
+    assert proximal_rule(two_steps) is proximal_rule(masked) is PROXIMAL_RULES["recomputed"]  # a mask needs the pass
+    # (behaviour, proximal) at the sampled column: behaviour is always the sampler's
+    want = {"current": (-1.5, -0.7), "recomputed": (-1.5, -1.0)}
     for name, rule in PROXIMAL_RULES.items():
         a = rule.anchors(batch, current)
-        got = (a.behaviour_logp_B_T[0, 0], a.proximal_logp_B_T[0, 0], a.trainer_logp_B_T[0, 0])
-        assert [float(x) for x in got] == pytest.approx(want[name]), name
-    assert [n for n, r in PROXIMAL_RULES.items() if r.recompute] == ["recomputed"]
-    both = AlgorithmConfig(tis_cap=1.2, mismatch_bounds=(0.5, 2.0))
-    assert corrections(both, PROXIMAL_RULES["recomputed"]) == ["truncated_weights", "sequence_bounds"]
-    assert corrections(both, PROXIMAL_RULES["sampler"]) == []  # stale: the ratio is the correction
-    assert corrections(AlgorithmConfig(tis_cap=None), PROXIMAL_RULES["current"]) == []
-    # pi_proximal / pi_behaviour = e^0.5 = 1.649: capped at 1.2; its sequence (one token) inside [0.5, 2]
+        assert [float(a.behaviour_logp_B_T[0, 0]), float(a.proximal_logp_B_T[0, 0])] == pytest.approx(want[name])
+    assert corrections(AlgorithmConfig(tis_cap=1.2, mismatch_mask="sequence")) == ["truncated_weights",
+                                                                                   "sequence_mask"]
+    assert corrections(AlgorithmConfig(tis_cap=None)) == [] and corrections(masked) == ["truncated_weights",
+                                                                                        "token_mask"]
+    assert [n for n, c in CORRECTIONS.items() if c.masks] == ["token_mask", "sequence_mask"]
     anchors = PROXIMAL_RULES["recomputed"].anchors(batch, current)
-    weights = CORRECTIONS["truncated_weights"](anchors, batch.loss_mask_B_T, both).weight_B_T
+    mask = batch.loss_mask_B_T
+    # TIS: 1.6487 capped at 1.2 on the sampled column, 1.0 elsewhere
+    weights = CORRECTIONS["truncated_weights"].apply(anchors, mask, AlgorithmConfig(tis_cap=1.2)).weight_B_T
     assert weights.flatten().tolist() == pytest.approx([1.2, 1.0, 1.2, 1.0])
-    keep = CORRECTIONS["sequence_bounds"](anchors, batch.loss_mask_B_T, both).keep_B_T
-    narrow = CORRECTIONS["sequence_bounds"](anchors, batch.loss_mask_B_T,
-                                            AlgorithmConfig(mismatch_bounds=(0.7, 1.5))).keep_B_T
-    assert keep.tolist() == [[True], [True]] and narrow.tolist() == [[False], [False]]
+    # MIS: 1.6487 is inside [0.5, 2.0], outside [0.7, 1.5]; a token's mask and its one-token sequence's agree
+    for kind in ("token", "sequence"):
+        name = f"{kind}_mask"
+        wide = AlgorithmConfig(mismatch_mask=kind)
+        narrow = AlgorithmConfig(mismatch_mask=kind, mismatch_bounds=(0.7, 1.5))
+        keep = CORRECTIONS[name].apply(anchors, mask, wide).keep_B_T & mask
+        assert keep.tolist() == [[True, False], [True, False]]
+        keep = CORRECTIONS[name].apply(anchors, mask, narrow).keep_B_T & mask
+        assert keep.tolist() == [[False, False], [False, False]]
+
+
+def test_a_lagged_batch_is_clipped_from_the_trainer_and_weighted_by_its_staleness(tiny_dir):
+    """Behaviour log-probs 0.3 nats under the trainer's (a stale version): the ratio is taken against the
+    trainer's own weights, so with one step it is exactly 1 and nothing clips (against the sampler, as the
+    overlapped update of before did, it would start at e^0.3 = 1.35, past 1 + eps_high); the staleness is in
+    the weight e^0.3, below the cap of 2."""
+    stats, _ = run(tiny_dir, shift=-0.3)
+    assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0
+    assert stats["logprob_gap_mean"] == pytest.approx(0.3, abs=1e-4) and stats["tis_capped_frac"] == 0.0
+    stats, _ = run(tiny_dir, shift=-0.8)  # e^0.8 = 2.23: every weight capped
+    assert stats["tis_capped_frac"] == 1.0 and stats["mis_dropped_frac"] == 0.0
+
+
+def test_equal_log_probs_give_exactly_the_on_policy_update(tiny_dir):
+    """Behaviour = proximal, to the bit (the sampler's log-probs are the no-grad pass's own): every weight is
+    e^0 = 1 and no ratio leaves any bounds, so TIS, the token mask and the sequence mask train exactly the
+    weights that no correction trains, in float64 and in float32."""
+    for dtype in ("float64", "float32"):
+        results = {}
+        for name, sets in {"none": {"algorithm.tis_cap": "null"}, "tis": {"algorithm.tis_cap": 1.01},
+                           "token": {"algorithm.mismatch_mask": "token", "algorithm.mismatch_bounds": "[0.99, 1.01]"},
+                           "sequence": {"algorithm.mismatch_mask": "sequence", "algorithm.tis_cap": "null"}}.items():
+            cfg = config(tiny_dir, **{"model.dtype": dtype, "algorithm.mini_batches": 2, **sets})
+            torch.manual_seed(0)
+            policy = build_policy(cfg.model, cfg.optim, tiny_dir)
+            batch = make_batch(policy)
+            scoring = Scoring(1.0, cfg.optim.logprob_chunk, policy.share_prefixes)
+            own = fixed_logprobs(policy, batch, cfg.algorithm, cfg.optim, scoring, PROXIMAL_RULES["recomputed"])
+            batch = dataclasses.replace(batch, sampler_logp_B_T=own.proximal_logp_B_T.float())
+            if dtype == "float64":
+                batch = dataclasses.replace(batch, sampler_logp_B_T=own.proximal_logp_B_T)
+            stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, seed=3)
+            assert stats["logprob_gap_mean"] == 0.0 and stats["mis_dropped_frac"] == 0.0, (dtype, name)
+            results[name] = torch.cat([p.detach().flatten() for p in trainable_parameters(policy.model)])
+        for name in ("tis", "token", "sequence"):
+            assert torch.equal(results[name], results["none"]), (dtype, name)
 
 
 def test_clip_higher_and_gspo_change_the_update_once_steps_move_the_ratio(tiny_dir):
@@ -142,7 +188,8 @@ def test_clip_higher_and_gspo_change_the_update_once_steps_move_the_ratio(tiny_d
     {"algorithm.loss": "gspo"},
     {"algorithm.kl_beta": 0.1},
     {"algorithm.kl_beta": 0.1, "algorithm.mini_batches": 2},
-    {"algorithm.mismatch_bounds": "[0.5, 2.0]"},
+    {"algorithm.mismatch_mask": "sequence"},
+    {"algorithm.mismatch_mask": "token", "algorithm.loss": "gspo"},
     {"algorithm.aggregation": "sequence_mean"},
     {"algorithm.aggregation": "constant"},
     {"algorithm.tis_cap": "null"},
@@ -167,17 +214,14 @@ def test_a_kl_term_without_a_reference_is_a_one_line_error(tiny_dir):
         policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0)
 
 
-def test_stale_rollouts_take_the_ratio_against_the_sampler(tiny_dir):
-    stats, _ = run(tiny_dir, stale=True, shift=-0.3)  # the sampler gave every token 0.3 nats less
-    assert stats["ratio_mean"] > 1.2 and stats["clip_frac"] > 0.0
-    assert stats["logprob_gap_mean"] == pytest.approx(0.3, abs=1e-4)
-
-
-def test_mismatch_bounds_drop_sequences_the_sampler_disagrees_on(tiny_dir):
-    stats, weights = run(tiny_dir, shift=-1.0, **{"algorithm.mismatch_bounds": "[0.5, 2.0]"})
-    assert stats["grad_norm"] == 0.0  # exp(1.0) = 2.7 > 2: every sequence dropped, nothing learned
-    stats, _ = run(tiny_dir, shift=-0.3, **{"algorithm.mismatch_bounds": "[0.5, 2.0]"})
-    assert stats["grad_norm"] > 0.0
+def test_mismatch_masks_drop_what_the_sampler_disagrees_on(tiny_dir):
+    for kind in ("sequence", "token"):
+        sets = {"algorithm.mismatch_mask": kind, "algorithm.mismatch_bounds": "[0.5, 2.0]"}
+        stats, weights = run(tiny_dir, shift=-1.0, **sets)
+        # exp(1.0) = 2.7 > 2: every token, every sequence dropped, nothing learned
+        assert stats["grad_norm"] == 0.0 and stats["mis_dropped_frac"] == 1.0 and stats["train_tokens"] == 0.0
+        stats, _ = run(tiny_dir, shift=-0.3, **sets)
+        assert stats["grad_norm"] > 0.0 and stats["mis_dropped_frac"] == 0.0 and stats["train_tokens"] == 137
 
 
 def test_shared_prompts_are_computed_once_with_the_same_update(tiny_dir):

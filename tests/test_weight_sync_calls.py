@@ -1,7 +1,8 @@
 """The requests a weight sync sends, against stand-in servers (aiohttp on localhost) that note every POST.
 
-The one reload-in-place sequence (`weight_sync.base.Servers.reload_in_place`: pause, reload, reset the
-prefix cache, resume) is what `FullWeightSync.push` and `MergedSync.finish` send, written out by hand;
+The one reload-in-place sequence (`weight_sync.base.Servers.reload_in_place`: pause with abort, reload, reset
+the prefix cache, resume; with nothing in flight, no sweep) is what `FullWeightSync.push` and
+`MergedSync.finish` send, written out by hand;
 a reload refused by one server still resumes every server and leaves the sampler on its version; the
 syncs with nothing to restore send nothing from `finish`. The real vLLM side is tests/test_weight_sync.py.
 """
@@ -54,7 +55,7 @@ class SavesAFile:
 
 
 def reload_calls(folder) -> list[tuple[str, dict]]:
-    return [("/pause?mode=wait", {}),
+    return [("/pause?mode=abort", {}),
             ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}}),
             ("/reset_prefix_cache", {}), ("/resume", {})]
 
@@ -78,7 +79,7 @@ async def test_a_reload_refused_by_one_server_resumes_both_and_keeps_the_version
                                                   r"\(HTTP 500\): 'boom'"):
             await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 1)
         for server in (a, b):
-            assert [path for path, _ in server.calls] == ["/pause?mode=wait", "/collective_rpc", "/resume"]
+            assert [path for path, _ in server.calls] == ["/pause?mode=abort", "/collective_rpc", "/resume"]
         assert sampler.policy_version == 0
 
 
@@ -99,7 +100,7 @@ async def test_merged_finish_reloads_the_base_folder_and_always_removes_its_vers
         if fail:
             with pytest.raises(WeightSyncError, match=r"refused reloading the base weights from .*base-model"):
                 await sync.finish()
-            assert [path for path, _ in server.calls] == ["/pause?mode=wait", "/collective_rpc", "/resume"]
+            assert [path for path, _ in server.calls] == ["/pause?mode=abort", "/collective_rpc", "/resume"]
         else:
             await sync.finish()
             assert server.calls == reload_calls(base)

@@ -193,9 +193,13 @@ class AlgorithmConfig(_Section):
     kl_beta: float = Field(0.0, ge=0.0,
                            description="weight of the k3 KL penalty to the starting policy; 0: no reference")
     tis_cap: float | None = Field(
-        2.0, gt=0.0, description="cap of truncated importance weights pi_trainer / pi_sampler; None: off")
-    mismatch_bounds: tuple[float, float] | None = Field(
-        None, description="drop sequences whose trainer/sampler ratio leaves [low, high]; None: keep all")
+        2.0, gt=0.0, description="TIS: weight each token by min(pi_proximal / pi_behaviour, tis_cap) (decoupled "
+                                 "PPO's off-policy weight: staleness and sampler/trainer mismatch); None: weight 1")
+    mismatch_mask: Literal["token", "sequence"] | None = Field(
+        None, description="MIS: drop from the loss each token (IcePop) or whole sequence (geometric mean) whose "
+                          "pi_proximal / pi_behaviour leaves mismatch_bounds; None: drop nothing")
+    mismatch_bounds: tuple[float, float] = Field(
+        (0.5, 2.0), description="[low, high]: the ratio pi_proximal / pi_behaviour that mismatch_mask keeps")
     truncated_reward: float | None = Field(
         None, description="reward given to truncated episodes; None: they are masked out of the loss")
     dynamic_sampling: bool = Field(False, description="resample groups without reward variance (DAPO)")
@@ -230,10 +234,26 @@ class AlgorithmConfig(_Section):
             return {**LOSS_DEFAULTS[data.get("loss", "ppo")], **data}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_name_a_mask(cls, data: Any) -> Any:
+        # before the decoupled correction, bounds alone dropped sequences (null: none); now they only set the range
+        # of mismatch_mask, so a config of that time means the same or is told what to write
+        if not isinstance(data, dict) or "mismatch_bounds" not in data:
+            return data
+        if data["mismatch_bounds"] is None:
+            if data.get("mismatch_mask") is not None:
+                raise ValueError("mismatch_bounds: give [low, high] for mismatch_mask (got null)")
+            return {k: v for k, v in data.items() if k != "mismatch_bounds"}
+        if "mismatch_mask" not in data:
+            raise ValueError("mismatch_mask: mismatch_bounds alone drops nothing; add mismatch_mask: sequence (what "
+                             "bounds alone did before) or token (IcePop's token mask)")
+        return data
+
     @field_validator("mismatch_bounds")
     @classmethod
-    def _bounds_around_one(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
-        if v is not None and not 0.0 < v[0] <= 1.0 <= v[1]:
+    def _bounds_around_one(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 < v[0] <= 1.0 <= v[1]:
             raise ValueError(f"must satisfy 0 < low <= 1 <= high (got [{v[0]}, {v[1]}])")
         return v
 

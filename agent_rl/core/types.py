@@ -6,8 +6,10 @@ Does not own: any behaviour beyond small derived properties (rendering and parsi
 
 Token-level truth: a `Trajectory` holds the exact token ids the sampler produced plus the
 template/tool tokens inserted between turns, a loss mask aligned one to one with them
-(1 = sampled by the policy, 0 = prompt, template scaffolding, tool output) and the sampler's
-log-probs (0.0 where mask == 0).
+(1 = sampled by the policy, 0 = prompt, template scaffolding, tool output), the sampler's
+log-probs (0.0 where mask == 0) and the policy version that sampled each token (-1 where mask == 0):
+with weights pushed while episodes run, an episode's later turns, or the rest of a turn a push
+interrupted, come from a newer version than its first.
 
 Segments: when a chat template rewrites earlier turns (the generic fallback renderer finds that the
 new prompt does not extend the token buffer), the episode goes on in a new `Segment` whose context is
@@ -107,7 +109,7 @@ class Turn:
     start: int
     end: int
     finish_reason: str  # "stop" or "length", as the sampler reported it
-    policy_version: int
+    policy_version: int  # the version that sampled its first token (each token's: the segment's `versions`)
     segment: int = 0
     reward: float = 0.0  # the turn's own reward (0.0: none, or a turn cut by its max_tokens, never stepped)
     reward_parts: dict[str, float] = field(default_factory=dict)  # its named parts, weight-free
@@ -116,13 +118,24 @@ class Turn:
     state: str = ""
 
 
+def _versions(loss_mask: tuple[int, ...], version: int) -> tuple[int, ...]:
+    """Every sampled token sampled by `version`; -1 elsewhere."""
+    return tuple(version if m else -1 for m in loss_mask)
+
+
 @dataclass(frozen=True)
 class Segment:
-    """One training sequence of an episode: ids, loss mask and sampler log-probs, aligned."""
+    """One training sequence of an episode: ids, loss mask, sampler log-probs and policy versions, aligned."""
 
     token_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...]
+    # the policy version that sampled each token, -1 where not sampled; () on construction: not known (-1)
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.versions and self.token_ids:
+            object.__setattr__(self, "versions", _versions(self.loss_mask, -1))
 
     @property
     def num_sampled(self) -> int:
@@ -131,10 +144,10 @@ class Segment:
 
 def _check_aligned(task_id: str, seg: Segment | Trajectory, which: str) -> None:
     n = len(seg.token_ids)
-    if len(seg.loss_mask) != n or len(seg.logprobs) != n:
+    if len(seg.loss_mask) != n or len(seg.logprobs) != n or len(seg.versions) != n:
         raise ValueError(
-            f"trajectory {task_id}{which}: token_ids ({n}), loss_mask ({len(seg.loss_mask)}) "
-            f"and logprobs ({len(seg.logprobs)}) must have the same length"
+            f"trajectory {task_id}{which}: token_ids ({n}), loss_mask ({len(seg.loss_mask)}), "
+            f"logprobs ({len(seg.logprobs)}) and versions ({len(seg.versions)}) must have the same length"
         )
 
 
@@ -158,8 +171,13 @@ class Trajectory:
     reward_s: float = 0.0  # seconds spent scoring this episode (env.reward)
     segments: tuple[Segment, ...] = ()  # earlier closed segments, oldest first (module doc)
     env: str = ""  # the environment that played it, in a run of several (the task's "env" tag)
+    # the policy version that sampled each token of `token_ids`, -1 where not sampled; () on construction:
+    # every sampled token is `policy_version`'s
+    versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.versions and self.token_ids:
+            object.__setattr__(self, "versions", _versions(self.loss_mask, self.policy_version))
         _check_aligned(self.task_id, self, "")
         for k, seg in enumerate(self.segments):
             _check_aligned(self.task_id, seg, f" segment {k}")
@@ -167,7 +185,7 @@ class Trajectory:
     @property
     def all_segments(self) -> tuple[Segment, ...]:
         """Every training sequence of the episode, the current one (the trajectory's own ids) last."""
-        return (*self.segments, Segment(self.token_ids, self.loss_mask, self.logprobs))
+        return (*self.segments, Segment(self.token_ids, self.loss_mask, self.logprobs, self.versions))
 
     @property
     def infra_error(self) -> bool:

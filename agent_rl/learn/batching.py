@@ -16,7 +16,8 @@ t + 1 of `input_ids_B_T`:
 
     loss_mask_B_T[b, t]    = trajectory.loss_mask[t + 1]
     sampler_logp_B_T[b, t] = trajectory.logprobs[t + 1]
-    the last column and padding: mask False, logp 0.0
+    version_B_T[b, t]      = trajectory.versions[t + 1]  (the policy version that sampled it)
+    the last column and padding: mask False, logp 0.0, version -1
 
 `advantage_B[b]` applies to every sampled token of every turn of row b, unless the batch carries
 `advantage_B_T` (credit per turn, `learn.credit`): then column t holds the advantage of the turn that
@@ -59,9 +60,15 @@ class Batch:
     step_num_tokens: int  # sampled tokens in the whole step
     step_num_sequences: int  # sequences of the whole step with at least one sampled token
     index_B: torch.Tensor | None = None  # long: each row's position in the batch `collate` made
-    # the trainer's own log-probs of the sampled tokens, no-grad, before the update's first optimizer step
-    # (only when the update's proximal rule asks for them: `learn.update`)
-    recomputed_logp_B_T: torch.Tensor | None = None
+    # long: [b, t] = the policy version that sampled token t + 1, -1 where not sampled or not known (rows
+    # without versions: demonstrations); None: no row said
+    version_B_T: torch.Tensor | None = None
+    # the proximal policy's log-probs of the sampled tokens: the trainer's own, no-grad, before the update's
+    # first optimizer step (only when the update's proximal rule asks for that pass: `learn.update`)
+    proximal_logp_B_T: torch.Tensor | None = None
+    # bool: the sampled tokens a mask correction keeps (`learn.update`: fixed before the first step, so that
+    # a dropped token leaves the step's normalisers); None: every sampled token
+    keep_B_T: torch.Tensor | None = None
     ref_logp_B_T: torch.Tensor | None = None  # the KL reference's log-probs (only when kl_beta > 0)
     # float32: [b, t] the advantage of the turn that sampled token t + 1 (credit per turn); None: advantage_B
     advantage_B_T: torch.Tensor | None = None
@@ -70,6 +77,11 @@ class Batch:
     def advantage(self) -> torch.Tensor:
         """What the loss weighs each sampled token by: `advantage_B_T` where the batch has it, else `advantage_B`."""
         return self.advantage_B if self.advantage_B_T is None else self.advantage_B_T
+
+    @property
+    def trained_mask_B_T(self) -> torch.Tensor:
+        """bool: the tokens the loss trains on, and its normalisers count: sampled, less those a mask dropped."""
+        return self.loss_mask_B_T if self.keep_B_T is None else self.loss_mask_B_T & self.keep_B_T
 
     def to(self, device: torch.device) -> Batch:
         """The same batch with every tensor on `device` (the trainer's)."""
@@ -94,7 +106,8 @@ class Batch:
 
 class Row(Protocol):
     """What `collate` reads of a row: a `core.types.Trajectory` (its segments too), an SFT demonstration.
-    Optional, read when present: `logprobs` (the sampler's; 0.0 without), `all_segments`, `task_id`."""
+    Optional, read when present: `logprobs` (the sampler's; 0.0 without), `versions` (the policy version of
+    each token; -1 without), `all_segments`, `task_id`."""
 
     @property
     def token_ids(self) -> Sequence[int]: ...
@@ -119,6 +132,7 @@ def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_
     attention_mask_B_T = torch.zeros((B, T), dtype=torch.long)
     loss_mask_B_T = torch.zeros((B, T), dtype=torch.bool)
     sampler_logp_B_T = torch.zeros((B, T), dtype=torch.float32)
+    version_B_T = torch.full((B, T), -1, dtype=torch.long)
     for b, (task_id, traj, _) in enumerate(rows):
         n = len(traj.token_ids)
         if n and traj.loss_mask[0]:
@@ -131,6 +145,9 @@ def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_
         sampled_logp = torch.tensor(logprobs[1:], dtype=torch.float32)
         # the sampler's value only where sampled: the trajectory promises 0.0 elsewhere, enforce it
         sampler_logp_B_T[b, : n - 1] = torch.where(loss_mask_B_T[b, : n - 1], sampled_logp, 0.0)
+        if versions := getattr(traj, "versions", None):
+            sampled_version = torch.tensor(versions[1:], dtype=torch.long)
+            version_B_T[b, : n - 1] = torch.where(loss_mask_B_T[b, : n - 1], sampled_version, -1)
     return Batch(
         input_ids_B_T=input_ids_B_T,
         attention_mask_B_T=attention_mask_B_T,
@@ -140,6 +157,7 @@ def collate(trajectories: Sequence[Row], advantages: Sequence[float], pad_token_
         step_num_tokens=int(loss_mask_B_T.sum()),
         step_num_sequences=int(loss_mask_B_T.any(dim=1).sum()),
         index_B=torch.arange(B),
+        version_B_T=version_B_T,
         advantage_B_T=None if turn_advantages is None else token_advantages(trajectories, turn_advantages, B, T),
     )
 
@@ -164,31 +182,23 @@ def token_advantages(trajectories: Sequence[Any], turn_advantages: Sequence[Sequ
 
 
 def select_rows(batch: Batch, rows: Sequence[int]) -> Batch:
-    """The given rows, trimmed to their longest real length (padding columns dropped)."""
+    """The given rows, trimmed to their longest real length (padding columns dropped): every per-row tensor
+    (`_B` and `_B_T` columns alike) taken at those rows."""
     index = torch.as_tensor(list(rows), dtype=torch.long)
     length = int(batch.attention_mask_B_T[index].sum(dim=1).max())
-
-    def take(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[index, :length]
-
-    return replace(
-        batch,
-        input_ids_B_T=batch.input_ids_B_T[index, :length],
-        attention_mask_B_T=batch.attention_mask_B_T[index, :length],
-        loss_mask_B_T=batch.loss_mask_B_T[index, :length],
-        sampler_logp_B_T=batch.sampler_logp_B_T[index, :length],
-        advantage_B=batch.advantage_B[index],
-        index_B=None if batch.index_B is None else batch.index_B[index],
-        recomputed_logp_B_T=take(batch.recomputed_logp_B_T),
-        ref_logp_B_T=take(batch.ref_logp_B_T),
-        advantage_B_T=take(batch.advantage_B_T),
-    )
+    taken: dict[str, Any] = {}  # field name -> its rows (`replace` checks each name against the fields)
+    for f in fields(batch):
+        t = getattr(batch, f.name)
+        if isinstance(t, torch.Tensor):
+            taken[f.name] = t[index, :length] if t.dim() == 2 else t[index]
+    return replace(batch, **taken)
 
 
 def split_steps(batch: Batch, num_steps: int, generator: torch.Generator | None = None) -> list[Batch]:
     """The rows of a rollout batch, shuffled by `generator` (in order without one), dealt into
     `num_steps` mini-batches of near-equal size, one per optimizer step. Each mini-batch's
-    normalisers are its own: an optimizer step averages over the tokens (or sequences) it trains on.
+    normalisers are its own: an optimizer step averages over the tokens (or sequences) it trains on
+    (`Batch.trained_mask_B_T`: a token a mask correction dropped is not counted).
     """
     n = batch.input_ids_B_T.shape[0]
     if not 1 <= num_steps <= n:
@@ -198,8 +208,9 @@ def split_steps(batch: Batch, num_steps: int, generator: torch.Generator | None 
     for k in range(num_steps):
         rows = order[k * n // num_steps:(k + 1) * n // num_steps]
         part = select_rows(batch, rows)
-        steps.append(replace(part, step_num_tokens=int(part.loss_mask_B_T.sum()),
-                             step_num_sequences=int(part.loss_mask_B_T.any(dim=1).sum())))
+        trained = part.trained_mask_B_T
+        steps.append(replace(part, step_num_tokens=int(trained.sum()),
+                             step_num_sequences=int(trained.any(dim=1).sum())))
     return steps
 
 

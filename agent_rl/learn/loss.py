@@ -1,9 +1,10 @@
 """The policy-gradient loss, as pure functions of tensors.
 
 Owns: the per-token objectives (`ppo_clip_loss` with DAPO's separate eps_low / eps_high, taking an
-advantage per sequence or per token, `per_token`; `gspo_loss` with GSPO's sequence-level ratio), the
-k3 KL penalty against a reference policy (`k3_kl`), the sampler/trainer mismatch corrections
-(`truncated_importance_weights`, `mismatch_sequence_mask`) and the reductions to a scalar
+advantage per sequence or per token, `per_token`; `gspo_loss` with GSPO's sequence-level ratio), the k3 KL
+penalty against a reference policy (`k3_kl`), the off-policy corrections between the proximal and the
+behaviour policy (TIS: `truncated_importance_weights`; MIS: `mismatch_token_mask`, IcePop's two-sided token
+mask, and `mismatch_sequence_mask`, the geometric-mean sequence mask) and the reductions to a scalar
 (`token_mean`, `sequence_mean`, `constant_normalised_sum`).
 Does not own: log-probs (`learn.logprobs`), tensors from trajectories (`learn.batching`), the optimizer
 step (`learn.update`).
@@ -13,19 +14,30 @@ quantity for the token at t + 1. `mask_B_T` is bool, True where that token was s
 policy. Masked positions may hold anything (padding, ±1e9, ±inf, nan): every input goes
 through `torch.where` *before* any arithmetic, so they change neither the loss nor the gradient
 (a mask multiplication would turn inf * 0 into nan, and `where` on the output alone would still
-send 0 * inf = nan back through exp). `old_logp`, reference and sampler log-probs and advantages
-are constants: they are detached here.
+send 0 * inf = nan back through exp). `old_logp` (the proximal policy's), reference and behaviour
+(sampler) log-probs and advantages are constants: they are detached here.
+
+Decoupled PPO (AReaL), the maths the update puts together (`learn.update`): a token sampled by the
+behaviour policy pi_b (the sampler's weights, perhaps versions behind) is trained with
+
+    loss_t = w_t * -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A),
+    r_t = pi(t) / pi_prox(t),   w_t = pi_prox(t) / pi_b(t) (capped or masked, no gradient)
+
+where pi_prox, the proximal policy, is the trainer's own weights when the update starts. Its gradient
+is w_t r_t A grad log pi(t) inside the clip range: pi / pi_b, the importance weight that makes the
+expectation under pi_b one under pi; the clip bounds how far pi moves from pi_prox, not from pi_b.
 
 Normalisers are those of the whole optimizer step, passed in, so that summing the losses of
 micro-batches gives exactly the loss (and gradient) of the full batch.
 
 A step, put together (the loop does this; no function here branches on a variant name):
 
-    pl = ppo_clip_loss(logp, old_logp, advantage_B, mask, eps_low=0.2, eps_high=0.28)
-    tis = truncated_importance_weights(old_logp, sampler_logp, mask, cap=2.0)
+    keep = mask & mismatch_token_mask(prox_logp, behaviour_logp, mask, 0.5, 2.0)  # MIS: before the step
+    pl = ppo_clip_loss(logp, prox_logp, advantage_B, keep, eps_low=0.2, eps_high=0.28)
+    tis = truncated_importance_weights(prox_logp, behaviour_logp, keep, cap=2.0)
     loss_B_T = pl.loss_B_T * tis.weight_B_T
-    loss_B_T = loss_B_T + beta * k3_kl(logp, ref_logp, mask)  # only when beta > 0
-    loss = token_mean(loss_B_T, mask, step_num_tokens)
+    loss_B_T = loss_B_T + beta * k3_kl(logp, ref_logp, keep)  # only when beta > 0
+    loss = token_mean(loss_B_T, keep, step_num_tokens)  # step_num_tokens counts kept tokens only
 """
 
 from __future__ import annotations
@@ -110,9 +122,9 @@ def ppo_clip_loss(
     """PPO-clip with a token-level ratio exp(logp - old_logp); eps_high > eps_low is DAPO's
     clip-higher (more room for unlikely tokens to grow).
 
-    `old_logp_B_T`: log-probs of the policy that sampled (the trainer's recomputation before the
-    first update, or the sampler's own when that pass is skipped). `advantage`: one per sequence
-    ([B]) or one per token ([B, T], each turn its own: `learn.credit`).
+    `old_logp_B_T`: the proximal policy's log-probs (the trainer's own when the update started), so
+    the clip range is measured from the trainer's weights whatever policy version sampled the tokens.
+    `advantage`: one per sequence ([B]) or one per token ([B, T], each turn its own: `learn.credit`).
     """
     # where() on the input: masked garbage never reaches exp
     log_ratio_B_T = _where(mask_B_T, _clamp_log_ratio(logp_B_T - old_logp_B_T.detach()))
@@ -181,25 +193,25 @@ def k3_kl(logp_B_T: Tensor, ref_logp_B_T: Tensor, mask_B_T: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ImportanceWeights:
-    """Truncated importance weights correcting for sampler/trainer mismatch (TIS)."""
+    """Truncated importance weights pi_proximal / pi_behaviour (TIS)."""
 
-    weight_B_T: Tensor  # min(exp(trainer_logp - sampler_logp), cap); 1.0 at masked positions
+    weight_B_T: Tensor  # min(exp(proximal_logp - behaviour_logp), cap); 1.0 at masked positions
     mean: Tensor  # over sampled tokens
     capped_frac: Tensor  # fraction of sampled tokens whose weight was capped
 
 
 def truncated_importance_weights(
-    trainer_logp_B_T: Tensor, sampler_logp_B_T: Tensor, mask_B_T: Tensor, cap: float = 2.0
+    proximal_logp_B_T: Tensor, behaviour_logp_B_T: Tensor, mask_B_T: Tensor, cap: float = 2.0
 ) -> ImportanceWeights:
-    """Token-level TIS: the sampler (vLLM) and the trainer compute slightly different log-probs for
-    the same policy; weighting each token's policy-gradient loss by pi_trainer / pi_sampler, capped
-    so a rare disagreement cannot blow up the step, corrects the resulting bias.
+    """Token-level TIS: each token's policy-gradient loss weighted by pi_proximal / pi_behaviour, capped so
+    that a rare large ratio cannot blow up the step. The ratio carries both the staleness of the policy
+    version that sampled (decoupled PPO) and the sampler/trainer mismatch of one version (vLLM and the
+    trainer compute slightly different log-probs for the same weights).
 
-    `trainer_logp_B_T` is the trainer's log-prob under the weights that sampled (the "old" one).
     Multiply the policy loss (not the KL term) by `weight_B_T`; it carries no gradient.
     """
     with torch.no_grad():
-        d_B_T = _where(mask_B_T, trainer_logp_B_T - sampler_logp_B_T)
+        d_B_T = _where(mask_B_T, proximal_logp_B_T - behaviour_logp_B_T)
         raw_B_T = torch.exp(d_B_T)  # may be inf; the cap below makes it finite
         weight_B_T = _where(mask_B_T, torch.clamp(raw_B_T, max=cap), fill=1.0)
         return ImportanceWeights(
@@ -209,23 +221,42 @@ def truncated_importance_weights(
         )
 
 
-def mismatch_sequence_mask(
-    trainer_logp_B_T: Tensor,
-    sampler_logp_B_T: Tensor,
+def mismatch_token_mask(
+    proximal_logp_B_T: Tensor,
+    behaviour_logp_B_T: Tensor,
     mask_B_T: Tensor,
     low: float = 0.5,
     high: float = 2.0,
 ) -> Tensor:
-    """keep_B: False for sequences whose trainer/sampler mismatch is out of [low, high].
+    """keep_B_T: False for tokens whose pi_proximal / pi_behaviour is out of [low, high] (IcePop's
+    two-sided mask: a token the two policies disagree on, either way, is dropped rather than down-weighted).
 
-    The sequence's mismatch ratio is the geometric mean of its token ratios over sampled tokens,
-    exp(mean_t (trainer_logp - sampler_logp)), so that long sequences are not dropped for length
-    alone. Use as `mask_B_T & keep_B[:, None]`; dropped sequences still count in the step's
-    normalisers (they contribute zero, like a zero advantage). A sequence without sampled tokens is
-    kept (its ratio is 1).
+    Use as `mask_B_T & keep_B_T`, before the step's normalisers are counted: a dropped token leaves the
+    loss's numerator and its denominator (`learn.update`). Positions outside `mask_B_T` are kept (True):
+    the caller's mask already decides them.
     """
     with torch.no_grad():
-        d_B_T = _where(mask_B_T, trainer_logp_B_T - sampler_logp_B_T)
+        ratio_B_T = torch.exp(_where(mask_B_T, proximal_logp_B_T - behaviour_logp_B_T))
+        return (ratio_B_T >= low) & (ratio_B_T <= high)
+
+
+def mismatch_sequence_mask(
+    proximal_logp_B_T: Tensor,
+    behaviour_logp_B_T: Tensor,
+    mask_B_T: Tensor,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> Tensor:
+    """keep_B: False for sequences whose proximal/behaviour mismatch is out of [low, high].
+
+    The sequence's mismatch ratio is the geometric mean of its token ratios over sampled tokens,
+    exp(mean_t (proximal_logp - behaviour_logp)), so that long sequences are not dropped for length
+    alone. Use as `mask_B_T & keep_B[:, None]`, before the step's normalisers are counted: a dropped
+    sequence leaves the loss's numerator and its denominator (`learn.update`). A sequence without
+    sampled tokens is kept (its ratio is 1).
+    """
+    with torch.no_grad():
+        d_B_T = _where(mask_B_T, proximal_logp_B_T - behaviour_logp_B_T)
         ratio_B = torch.exp(d_B_T.sum(dim=-1) / mask_B_T.sum(dim=-1).clamp(min=1))
         return (ratio_B >= low) & (ratio_B <= high)
 

@@ -1,42 +1,49 @@
-"""The policy update on one rollout batch: pi_old's log-probs once where needed, then epochs x mini-batches
-of optimizer steps (`policy_update`); one optimizer step of accumulated micro-batches (`optimizer_step`,
-which SFT uses too).
+"""The policy update on one rollout batch: the proximal policy's log-probs (and the masks they decide) once
+where needed, then epochs x mini-batches of optimizer steps (`policy_update`); one optimizer step of
+accumulated micro-batches (`optimizer_step`, which SFT uses too).
 
 Owns: the tables that turn the algorithm config into lookups, not branches inside the loss (`LOSSES`,
-`AGGREGATIONS`, the proximal rules `PROXIMAL_RULES` chosen by `proximal_rule`, the importance corrections
-`CORRECTIONS` chosen by `corrections`), the no-grad pass that fixes pi_old's (and the KL reference's)
-log-probs, a micro-batch's `LossTerms`, their aggregation, gradient accumulation with each optimizer
-step's own denominators, and the update's statistics.
+`AGGREGATIONS`, the proximal rules `PROXIMAL_RULES` chosen by `proximal_rule`, the off-policy corrections
+`CORRECTIONS` chosen by `corrections`), the no-grad pass that fixes the proximal policy's log-probs, the masks
+they decide and the KL reference's log-probs, a micro-batch's `LossTerms`, their aggregation, gradient
+accumulation with each optimizer step's own denominators, and the update's statistics (among them the
+behaviour/trainer mismatch per version lag).
 Does not own: the maths of each loss and correction (`learn.loss`), scoring a micro-batch (`learn.logprobs`),
 the reference policy (`learn.reference`), what is in the batch and how it is split (`learn.batching`).
 
-Three log-probs of each sampled token, each its own named tensor (`Anchors`):
-- behaviour: what the sampler reported, for the policy that sampled (vLLM's numerics);
-- proximal: pi_old, the policy the PPO ratio pi / pi_old is measured and clipped from;
-- the current policy's, with gradient, from this step's pass.
-GRPO as DeepSeekMath, DAPO and GSPO define it takes several optimizer steps on one batch of rollouts.
-`algorithm.epochs` passes over the batch, each split into `algorithm.mini_batches` optimizer steps, give
-epochs x mini_batches steps. Which log-probs are proximal is one rule (`proximal_rule`):
-- "recomputed" (several steps): a no-grad pass of the trainer before the first step (so trainer and ratio
-  share numerics), reused by every step: at the first step the ratio is exactly 1, later ones move and
-  get clipped;
-- "current" (one step per batch, the default): that pass would equal the gradient pass, so it is skipped
-  and pi_old = pi.detach();
-- "sampler" (rollouts one step stale, overlapped sampling): they were sampled by weights the trainer no
-  longer has, so pi_old is the sampler's own log-probs: the ratio carries the staleness and is clipped,
-  which is the importance-sampling correction PPO was built for.
-The importance corrections weight or mask the policy loss by pi_proximal / pi_behaviour, the
-sampler/trainer mismatch: truncated importance weights min(ratio, cap) (`algorithm.tis_cap`), sequences
-whose geometric-mean ratio leaves bounds dropped (`algorithm.mismatch_bounds`). Under the "sampler" rule
-proximal is behaviour and none applies. A new rule (AReaL's decoupled PPO: proximal recomputed from the
-current weights, behaviour the sampler's, the correction applied) or a new correction (IcePop's token
-mask) is one entry in a table and a small function.
+Decoupled PPO (AReaL) is the one rule, whatever the batch's staleness. Three log-probs of each sampled token,
+each its own named tensor (`Anchors`, and the gradient pass's own):
+- behaviour: what the sampler reported, for the policy version that sampled the token (`Batch.version_B_T`)
+  in vLLM's numerics. Asynchronous rollouts may be up to k (`algorithm.max_staleness`) versions behind the
+  trainer: the token's lag is the trainer's version minus the token's;
+- proximal: the trainer's own weights when the update starts (the current version). The PPO ratio
+  pi / pi_proximal is measured and clipped from it, so the trust region is the trainer's whatever the lag
+  (a ratio against the behaviour policy would start k versions away and clip most tokens);
+- the current policy's, with gradient.
+Each token's loss is weighted by pi_proximal / pi_behaviour (the maths: `learn.loss`), corrected as the config
+says (`CORRECTIONS`): capped (TIS, `algorithm.tis_cap`), or the token (IcePop) or its whole sequence (geometric
+mean) masked where the ratio leaves `algorithm.mismatch_bounds` (MIS, `algorithm.mismatch_mask`). Where the
+behaviour and proximal log-probs are equal every weight is 1 and the loss is exactly the on-policy loss; with
+k = 0 the weight corrects the sampler/trainer mismatch of one version alone (truncated importance sampling).
+
+Where the proximal log-probs come from (`PROXIMAL_RULES`, chosen by `proximal_rule`):
+- "current" (one optimizer step per batch, no mask): the gradient pass's own log-probs, detached. A separate
+  pass over the same weights would give the same numbers, so it is skipped (the ratio is exactly 1);
+- "recomputed" (several optimizer steps, or a mask): a no-grad pass before the first step, reused by every
+  step: at the first step the ratio is 1, later ones move and get clipped.
+Why a mask needs the no-grad pass: a masked token leaves the loss's numerator *and* its denominator (the
+step's trained tokens or sequences, `Batch.trained_mask_B_T`), and an optimizer step's denominators are fixed
+before its first micro-batch (so that micro-batch losses add up to the step's). Every token's mask must so be
+known before the first step, from the proximal log-probs of the whole batch, not micro-batch by micro-batch in
+the gradient pass (`fixed_logprobs`). A weight (TIS) changes no denominator: it is applied per micro-batch.
+A new correction is one entry in `CORRECTIONS` and a small function in `learn.loss`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -50,6 +57,7 @@ from agent_rl.learn.loss import (
     gspo_loss,
     k3_kl,
     mismatch_sequence_mask,
+    mismatch_token_mask,
     ppo_clip_loss,
     sequence_mean,
     token_mean,
@@ -75,55 +83,46 @@ AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Batch, int], Tensor]] = {
 class Anchors:
     """A micro-batch's fixed log-probs ([B, T], no gradient, at its sampled tokens)."""
 
-    behaviour_logp_B_T: Tensor  # what the sampler reported: the policy that sampled, in vLLM's numerics
-    proximal_logp_B_T: Tensor  # pi_old: the policy the PPO ratio is measured and clipped from
-    # the trainer's log-probs nearest the sampling policy (its own recomputation of it, or, when it no longer
-    # has those weights, the current ones): the trainer side of the `logprob_gap_mean` statistic
-    trainer_logp_B_T: Tensor
+    behaviour_logp_B_T: Tensor  # the sampler's: the policy version that sampled each token, in vLLM's numerics
+    proximal_logp_B_T: Tensor  # the trainer's weights when the update started: the PPO ratio's denominator
 
 
 def _current_anchors(mb: Batch, logp_B_T: Tensor) -> Anchors:
-    return Anchors(mb.sampler_logp_B_T, logp_B_T, logp_B_T)
+    return Anchors(mb.sampler_logp_B_T, logp_B_T)
 
 
 def _recomputed_anchors(mb: Batch, logp_B_T: Tensor) -> Anchors:
-    assert mb.recomputed_logp_B_T is not None, "the 'recomputed' rule needs fixed_logprobs' pass"
-    return Anchors(mb.sampler_logp_B_T, mb.recomputed_logp_B_T, mb.recomputed_logp_B_T)
-
-
-def _sampler_anchors(mb: Batch, logp_B_T: Tensor) -> Anchors:
-    return Anchors(mb.sampler_logp_B_T, mb.sampler_logp_B_T, logp_B_T)
+    assert mb.proximal_logp_B_T is not None, "the 'recomputed' rule needs fixed_logprobs' pass"
+    return Anchors(mb.sampler_logp_B_T, mb.proximal_logp_B_T)
 
 
 @dataclass(frozen=True)
 class ProximalRule:
-    """Where pi_old comes from, and what follows from that."""
+    """Where the proximal log-probs come from."""
 
     anchors: Callable[[Batch, Tensor], Anchors]  # (micro-batch, its current log-probs detached) -> its anchors
-    recompute: bool  # needs the no-grad pass before the first step (`Batch.recomputed_logp_B_T`)
-    corrects: bool  # the importance corrections apply (False: the ratio against the sampler already is one)
+    recompute: bool  # needs the no-grad pass before the first step (`Batch.proximal_logp_B_T`)
 
 
 PROXIMAL_RULES = {
-    "current": ProximalRule(_current_anchors, recompute=False, corrects=True),
-    "recomputed": ProximalRule(_recomputed_anchors, recompute=True, corrects=True),
-    "sampler": ProximalRule(_sampler_anchors, recompute=False, corrects=False),
+    "current": ProximalRule(_current_anchors, recompute=False),
+    "recomputed": ProximalRule(_recomputed_anchors, recompute=True),
 }
 
 
-def proximal_rule(algo: AlgorithmConfig, stale: bool) -> ProximalRule:
-    """The rule for pi_old (module doc): the sampler's for stale rollouts, else the trainer's, recomputed
-    once when there are several optimizer steps to keep it fixed over."""
-    name = "sampler" if stale else "recomputed" if algo.epochs * algo.mini_batches > 1 else "current"
-    return PROXIMAL_RULES[name]
+def proximal_rule(algo: AlgorithmConfig) -> ProximalRule:
+    """The rule for the proximal log-probs (module doc): recomputed once when there are several optimizer
+    steps to keep them fixed over, or a mask to fix before the first step; else the gradient pass's own."""
+    masks = any(CORRECTIONS[name].masks for name in corrections(algo))
+    return PROXIMAL_RULES["recomputed" if algo.epochs * algo.mini_batches > 1 or masks else "current"]
 
 
 @dataclass(frozen=True)
 class Correction:
-    """What one importance correction does to a micro-batch's policy loss."""
+    """What one off-policy correction does to the policy loss."""
 
     weight_B_T: Tensor | float = 1.0  # multiplies the per-token policy loss
-    keep_B_T: Tensor | bool = True  # tokens left in the loss (and its KL term)
+    keep_B_T: Tensor | bool = True  # tokens left in the loss (its numerator and denominators, and the KL term)
 
 
 def _truncated_weights(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
@@ -134,25 +133,54 @@ def _truncated_weights(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig
     return Correction(weight_B_T=tis.weight_B_T)
 
 
-def _sequence_bounds(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
-    """Sequences whose geometric-mean pi_proximal / pi_behaviour leaves `algorithm.mismatch_bounds`, dropped."""
-    assert algo.mismatch_bounds is not None, "chosen only with bounds (`corrections`)"
+def _token_mask(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
+    """MIS, IcePop: tokens whose pi_proximal / pi_behaviour leaves `algorithm.mismatch_bounds`, dropped."""
+    return Correction(keep_B_T=mismatch_token_mask(anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, mask_B_T,
+                                                   *algo.mismatch_bounds))
+
+
+def _sequence_mask(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
+    """MIS: sequences whose geometric-mean pi_proximal / pi_behaviour leaves `algorithm.mismatch_bounds`, dropped."""
     keep_B = mismatch_sequence_mask(anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, mask_B_T,
                                     *algo.mismatch_bounds)
     return Correction(keep_B_T=keep_B[:, None])
 
 
-CORRECTIONS: dict[str, Callable[[Anchors, Tensor, AlgorithmConfig], Correction]] = {
-    "truncated_weights": _truncated_weights,
-    "sequence_bounds": _sequence_bounds,
+@dataclass(frozen=True)
+class CorrectionRule:
+    """One off-policy correction between the proximal and the behaviour policy."""
+
+    apply: Callable[[Anchors, Tensor, AlgorithmConfig], Correction]  # (anchors, sampled mask, config)
+    # it drops tokens: applied to the whole batch before the first step (module doc); else a weight, applied
+    # to each micro-batch in the gradient pass
+    masks: bool
+
+
+CORRECTIONS: dict[str, CorrectionRule] = {
+    "truncated_weights": CorrectionRule(_truncated_weights, masks=False),
+    "token_mask": CorrectionRule(_token_mask, masks=True),
+    "sequence_mask": CorrectionRule(_sequence_mask, masks=True),
 }
 
 
-def corrections(algo: AlgorithmConfig, rule: ProximalRule) -> list[str]:
-    """The importance corrections the config turns on, in the order they apply; none where the rule's
-    ratio already is the correction."""
-    on = {"truncated_weights": algo.tis_cap is not None, "sequence_bounds": algo.mismatch_bounds is not None}
-    return [name for name in CORRECTIONS if on[name] and rule.corrects]
+def corrections(algo: AlgorithmConfig) -> list[str]:
+    """The off-policy corrections the config turns on, in table order."""
+    on = {"truncated_weights": algo.tis_cap is not None, "token_mask": algo.mismatch_mask == "token",
+          "sequence_mask": algo.mismatch_mask == "sequence"}
+    return [name for name in CORRECTIONS if on[name]]
+
+
+def _masked(batch: Batch, algo: AlgorithmConfig) -> Batch:
+    """The batch with `keep_B_T`, the tokens every mask correction keeps, from the whole batch's proximal and
+    behaviour log-probs (as it is: no mask on)."""
+    masks = [name for name in corrections(algo) if CORRECTIONS[name].masks]
+    if not masks:
+        return batch
+    anchors = _recomputed_anchors(batch, batch.sampler_logp_B_T)
+    keep_B_T = torch.ones_like(batch.loss_mask_B_T)
+    for name in masks:
+        keep_B_T = keep_B_T & CORRECTIONS[name].apply(anchors, batch.loss_mask_B_T, algo).keep_B_T
+    return replace(batch, keep_B_T=keep_B_T)
 
 
 # --- one micro-batch ----------------------------------------------------------------------------------
@@ -162,48 +190,75 @@ def corrections(algo: AlgorithmConfig, rule: ProximalRule) -> list[str]:
 class LossTerms:
     """One micro-batch's loss before aggregation, and its statistics."""
 
-    policy_B_T: Tensor  # per-token policy-gradient loss, importance-corrected (0.0 where not sampled)
+    policy_B_T: Tensor  # per-token policy-gradient loss, importance-weighted (0.0 where not trained)
     kl_B_T: Tensor | None  # per-token k3 KL to the reference; None without a KL term
-    mask_B_T: Tensor  # bool: the tokens the aggregation counts (sampled, less sequences a correction dropped)
-    means: dict[str, Tensor]  # statistics, each a mean over the micro-batch's sampled tokens
-    # raw counts: sampled_tokens (the weight of `means`), context_tokens (real tokens), computed_tokens
-    # (positions the transformer body ran)
-    sums: dict[str, int]
+    mask_B_T: Tensor  # bool: the tokens the aggregation counts (`Batch.trained_mask_B_T`)
+    means: dict[str, Tensor]  # statistics, each a mean over the micro-batch's trained tokens
+    # raw counts: trained_tokens (the weight of `means`), context_tokens (real tokens), computed_tokens
+    # (positions the transformer body ran), and the mismatch sums (`_mismatch_sums`)
+    sums: dict[str, float]
 
 
-def _micro_terms(policy: Policy, mb: Batch, algo: AlgorithmConfig, scoring: Scoring,
-                 rule: ProximalRule) -> LossTerms:
+def _micro_terms(policy: Policy, mb: Batch, algo: AlgorithmConfig, scoring: Scoring, rule: ProximalRule,
+                 lag_B_T: Tensor | None, lags: Sequence[int]) -> LossTerms:
     """A micro-batch scored by the policy with gradient: its loss terms against its anchors, and statistics."""
-    sampled = mb.loss_mask_B_T
-    k = int(sampled.sum())
+    trained = mb.trained_mask_B_T  # sampled, less what a mask correction dropped before the update (`_masked`)
+    k = int(trained.sum())
     # only where tokens were sampled: the loss, its statistics and the corrections read nothing else
     out = score(policy.model, mb, scoring)
     logp = out.logp_B_T  # [B, T], column t scores token t+1 (0.0 where not sampled)
     anchors = rule.anchors(mb, logp.detach())
-    pl = LOSSES[algo.loss](logp, anchors.proximal_logp_B_T, mb.advantage, sampled,
+    pl = LOSSES[algo.loss](logp, anchors.proximal_logp_B_T, mb.advantage, trained,
                            eps_low=algo.eps_low, eps_high=algo.eps_high)
-    policy_B_T, mask = pl.loss_B_T, sampled
-    for name in corrections(algo, rule):
-        correction = CORRECTIONS[name](anchors, sampled, algo)
-        policy_B_T, mask = policy_B_T * correction.weight_B_T, mask & correction.keep_B_T
+    policy_B_T = pl.loss_B_T
+    for name in corrections(algo):
+        if not CORRECTIONS[name].masks:  # the masks are in `trained` already
+            policy_B_T = policy_B_T * CORRECTIONS[name].apply(anchors, trained, algo).weight_B_T
     # the KL term where the batch carries the reference's log-probs (`fixed_logprobs`: when kl_beta > 0)
-    kl_B_T = None if mb.ref_logp_B_T is None else k3_kl(logp, mb.ref_logp_B_T, mask)
-    means = {} if kl_B_T is None else {"kl": torch.where(mask, kl_B_T.detach(), 0.0).sum() / max(k, 1)}
-    means.update(entropy=torch.where(sampled, out.entropy_B_T.detach(), 0.0).sum() / max(k, 1),
-                 clip_frac=pl.clip_frac, ratio_mean=pl.ratio_mean, approx_kl_old=pl.approx_kl,
-                 **_mismatch_stats(anchors, sampled, k, algo))
-    sums = {"sampled_tokens": k, "context_tokens": int(mb.attention_mask_B_T.sum()),
-            "computed_tokens": out.computed_tokens}
-    return LossTerms(policy_B_T, kl_B_T, mask, means, sums)
+    kl_B_T = None if mb.ref_logp_B_T is None else k3_kl(logp, mb.ref_logp_B_T, trained)
+    means = {} if kl_B_T is None else {"kl": torch.where(trained, kl_B_T.detach(), 0.0).sum() / max(k, 1)}
+    means.update(entropy=torch.where(trained, out.entropy_B_T.detach(), 0.0).sum() / max(k, 1),
+                 clip_frac=pl.clip_frac, ratio_mean=pl.ratio_mean, approx_kl_old=pl.approx_kl)
+    sums = {"trained_tokens": float(k), "context_tokens": float(mb.attention_mask_B_T.sum()),
+            "computed_tokens": float(out.computed_tokens), **_mismatch_sums(anchors, mb, algo, lag_B_T, lags)}
+    return LossTerms(policy_B_T, kl_B_T, trained, means, sums)
 
 
-def _mismatch_stats(anchors: Anchors, sampled: Tensor, k: int, algo: AlgorithmConfig) -> dict[str, Tensor]:
-    """Sampler/trainer disagreement, whether or not anything corrects for it: the mean absolute log-prob gap,
-    and the share of tokens whose pi_proximal / pi_behaviour exceeds the TIS cap (1e9 without one)."""
-    gap = torch.where(sampled, (anchors.trainer_logp_B_T - anchors.behaviour_logp_B_T).abs(), 0.0)
-    cap = algo.tis_cap if algo.tis_cap is not None else 1e9
-    tis = truncated_importance_weights(anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, sampled, cap)
-    return {"logprob_gap_mean": gap.sum() / max(k, 1), "tis_capped_frac": tis.capped_frac}
+def _mismatch_sums(anchors: Anchors, mb: Batch, algo: AlgorithmConfig, lag_B_T: Tensor | None,
+                   lags: Sequence[int]) -> dict[str, float]:
+    """The behaviour/trainer mismatch over the micro-batch's sampled tokens (masked ones too), whether or not
+    anything corrects for it, as raw sums: tokens, |log pi_proximal - log pi_behaviour|, tokens whose ratio
+    exceeds the TIS cap, tokens a mask dropped; over all of them and over those of each version lag in `lags`
+    (`lag{n}/...`: sampled n versions before the trainer's)."""
+    sampled = mb.loss_mask_B_T
+    log_ratio_B_T = torch.where(sampled, anchors.proximal_logp_B_T - anchors.behaviour_logp_B_T, 0.0)
+    capped_B_T = log_ratio_B_T > (math.log(algo.tis_cap) if algo.tis_cap is not None else math.inf)
+    dropped_B_T = sampled & ~mb.trained_mask_B_T
+    groups = {"": sampled}
+    if lag_B_T is not None:
+        groups.update({f"lag{n}/": sampled & (lag_B_T == n) for n in lags})
+    out = {}
+    for prefix, where in groups.items():
+        out.update({f"{prefix}mismatch_tokens": float(where.sum()),
+                    f"{prefix}gap_sum": float(torch.where(where, log_ratio_B_T.abs(), 0.0).sum()),
+                    f"{prefix}capped_tokens": float((where & capped_B_T).sum()),
+                    f"{prefix}dropped_tokens": float((where & dropped_B_T).sum())})
+    return out
+
+
+def _mismatch_stats(sums: dict[str, float], lags: Sequence[int]) -> dict[str, float]:
+    """The update's mismatch statistics from the summed `_mismatch_sums`: the mean absolute log-prob gap, the
+    shares of tokens capped and dropped; per version lag, those and the lag's share of the sampled tokens."""
+    total = max(sums["mismatch_tokens"], 1.0)
+    out = {"logprob_gap_mean": sums["gap_sum"] / total, "tis_capped_frac": sums["capped_tokens"] / total,
+           "mis_dropped_frac": sums["dropped_tokens"] / total}
+    for n in lags:
+        tokens = max(sums[f"lag{n}/mismatch_tokens"], 1.0)
+        out.update({f"lag{n}/token_share": sums[f"lag{n}/mismatch_tokens"] / total,
+                    f"lag{n}/logprob_gap_mean": sums[f"lag{n}/gap_sum"] / tokens,
+                    f"lag{n}/tis_capped_frac": sums[f"lag{n}/capped_tokens"] / tokens,
+                    f"lag{n}/mis_dropped_frac": sums[f"lag{n}/dropped_tokens"] / tokens})
+    return out
 
 
 def _aggregate(terms: LossTerms, step: Batch, algo: AlgorithmConfig) -> Tensor:
@@ -216,13 +271,13 @@ def _aggregate(terms: LossTerms, step: Batch, algo: AlgorithmConfig) -> Tensor:
 class _Tally:
     """The update's statistics over every micro-batch: token-weighted means apart from raw sums."""
 
-    weighted: dict[str, float] = field(default_factory=dict)  # each mean x its sampled tokens, summed
-    # sampled_tokens (the denominator of `weighted`), context_tokens, computed_tokens, loss_sum
+    weighted: dict[str, float] = field(default_factory=dict)  # each mean x its trained tokens, summed
+    # trained_tokens (the denominator of `weighted`), context_tokens, computed_tokens, the mismatch sums, loss_sum
     sums: dict[str, float] = field(default_factory=dict)
 
     def add(self, terms: LossTerms) -> None:
         for key, mean in terms.means.items():
-            self.weighted[key] = self.weighted.get(key, 0.0) + float(mean) * terms.sums["sampled_tokens"]
+            self.weighted[key] = self.weighted.get(key, 0.0) + float(mean) * terms.sums["trained_tokens"]
         for key, count in terms.sums.items():
             self.add_sum(key, count)
 
@@ -234,7 +289,7 @@ class _Tally:
         return _Tally(sum_over_ranks(self.weighted, dist), sum_over_ranks(self.sums, dist))
 
     def means(self) -> dict[str, float]:
-        return {key: value / max(self.sums["sampled_tokens"], 1) for key, value in self.weighted.items()}
+        return {key: value / max(self.sums["trained_tokens"], 1) for key, value in self.weighted.items()}
 
 
 # --- the update ---------------------------------------------------------------------------------------
@@ -254,7 +309,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
 @torch.no_grad()
 def fixed_logprobs(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, scoring: Scoring,
                    rule: ProximalRule) -> Batch:
-    """The batch with `recomputed_logp_B_T` (when the rule asks for the no-grad pass) and `ref_logp_B_T`
+    """The batch with `proximal_logp_B_T` (when the rule asks for the no-grad pass), `keep_B_T` (when a mask
+    correction is on: decided on the whole batch, before any step's normalisers are counted) and `ref_logp_B_T`
     (when the loss has a KL term), computed once, micro-batch by micro-batch, each rank its own rows."""
     if not rule.recompute and algo.kl_beta == 0:
         return batch
@@ -266,25 +322,39 @@ def fixed_logprobs(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: O
         mb = mb.to(policy.device)
         columns: dict[str, Tensor] = {}
         if rule.recompute:
-            columns["recomputed_logp_B_T"] = score(policy.model, mb, scoring).logp_B_T
+            columns["proximal_logp_B_T"] = score(policy.model, mb, scoring).logp_B_T
         if reference is not None:
             columns["ref_logp_B_T"] = reference.logprobs(mb, scoring)
         assert mb.index_B is not None, "micro-batches of a collated batch know their rows"
         batch = batch.with_rows(mb.index_B, **columns)
     reshard(policy.model)  # several ranks: the layers this no-grad pass gathered, sharded again
-    names = (("recomputed_logp_B_T",) if rule.recompute else ()) + (("ref_logp_B_T",) if reference is not None else ())
-    return share_rows(batch, policy.dist, names)  # every rank's rows, on every rank
+    names = (("proximal_logp_B_T",) if rule.recompute else ()) + (("ref_logp_B_T",) if reference is not None else ())
+    batch = share_rows(batch, policy.dist, names)  # every rank's rows, on every rank
+    return _masked(batch, algo)
+
+
+def lags_of(batch: Batch, version: int | None) -> tuple[Tensor | None, list[int]]:
+    """([B, T] each token's version lag: `version` minus the version that sampled it, the version lags of the
+    batch's sampled tokens, ascending); (None, []) where the batch or the caller gives no version. Every rank
+    holds the whole batch, so every rank finds the same lags (the statistics' keys)."""
+    if version is None or batch.version_B_T is None:
+        return None, []
+    lag_B_T = version - batch.version_B_T
+    known = batch.loss_mask_B_T & (batch.version_B_T >= 0)
+    return lag_B_T, sorted(set(lag_B_T[known].tolist()))
 
 
 def policy_update(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
-                  stale: bool = False, seed: int = 0) -> dict[str, float]:
-    """epochs x mini_batches optimizer steps on one rollout batch. `stale`: the rollouts were sampled by the
-    weights before the last update (overlapped sampling). `seed` shuffles rows into mini-batches (a resumed
-    run reshuffles the same way). Returns the update's statistics: per-token means over every step, loss and
-    gradient norm per step."""
+                  seed: int = 0, version: int | None = None) -> dict[str, float]:
+    """epochs x mini_batches optimizer steps on one rollout batch, sampled by any policy versions (decoupled
+    PPO: module doc). `seed` shuffles rows into mini-batches (a resumed run reshuffles the same way);
+    `version`: the version of the weights the update starts from, which the batch's `version_B_T` is measured
+    against (the mismatch statistics per version lag; None: none). Returns the update's statistics: per-token
+    means over every step, loss and gradient norm per step, the mismatch (`_mismatch_stats`)."""
     scoring = Scoring(temperature, optim.logprob_chunk, policy.share_prefixes)
-    rule = proximal_rule(algo, stale)
+    rule = proximal_rule(algo)
     batch = fixed_logprobs(policy, batch, algo, optim, scoring, rule)
+    _, lags = lags_of(batch, version)
     policy.model.train()
     generator = torch.Generator().manual_seed(seed)
     tally, grad_norms = _Tally(), []
@@ -295,7 +365,8 @@ def policy_update(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: Op
             policy.optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for mb in rank_micro_batches(step, policy.dist, optim.micro_batch_tokens, scoring.share_prefixes):
-                terms = _micro_terms(policy, mb.to(policy.device), algo, scoring, rule)
+                mb = mb.to(policy.device)
+                terms = _micro_terms(policy, mb, algo, scoring, rule, lags_of(mb, version)[0], lags)
                 tally.add(terms)
                 micro = _aggregate(terms, step, algo)
                 micro.backward()
@@ -304,10 +375,10 @@ def policy_update(policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: Op
             tally.add_sum("loss_sum", loss)  # this rank's share of the step's loss
             grad_norms.append(optimizer_step(policy.optimizer, optim.grad_clip))
     total = tally.over_ranks(policy.dist)
-    out = total.means()
+    out = {**total.means(), **_mismatch_stats(total.sums, lags)}
     # positions the body ran per real token: > 1 with padding, < 1 when packing shares prefixes
     out["computed_token_share"] = total.sums["computed_tokens"] / max(total.sums["context_tokens"], 1.0)
     steps = len(grad_norms)
     out.update(loss=total.sums["loss_sum"] / steps, grad_norm=sum(grad_norms) / steps,
-               train_tokens=float(total.sums["sampled_tokens"] / algo.epochs), optimizer_steps=float(steps))
+               train_tokens=float(total.sums["trained_tokens"] / algo.epochs), optimizer_steps=float(steps))
     return out

@@ -83,28 +83,31 @@ def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
 
 @dataclass
 class TokenBuffer:
-    """The episode's ids, loss mask and log-probs, aligned one to one; within a segment it only ever
-    grows, so every prompt extends the previous prompt plus its samples. `new_segment` closes it and
-    starts over (the renderer's fresh context follows); the sampler's context is the open segment."""
+    """The episode's ids, loss mask, log-probs and policy versions, aligned one to one; within a segment it
+    only ever grows, so every prompt extends the previous prompt plus its samples. `new_segment` closes it
+    and starts over (the renderer's fresh context follows); the sampler's context is the open segment."""
 
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each sampled token; -1 elsewhere
     closed: list[Segment] = field(default_factory=list)
 
     def new_segment(self) -> None:
-        self.closed.append(Segment(tuple(self.ids), tuple(self.mask), tuple(self.logprobs)))
-        self.ids, self.mask, self.logprobs = [], [], []
+        self.closed.append(Segment(tuple(self.ids), tuple(self.mask), tuple(self.logprobs), tuple(self.versions)))
+        self.ids, self.mask, self.logprobs, self.versions = [], [], [], []
 
     def add_context(self, ids: Sequence[int]) -> None:
         self.ids.extend(ids)
         self.mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
+        self.versions.extend([-1] * len(ids))
 
-    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
         self.ids.extend(ids)
         self.mask.extend([1] * len(ids))
         self.logprobs.extend(logprobs)
+        self.versions.extend(versions)
 
 
 @dataclass
@@ -136,7 +139,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         # the vLLM sampler also checks that the server echoed these ids unchanged
         out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
         start = len(buf.ids)
-        buf.add_sampled(out.token_ids, out.logprobs)
+        buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
         ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed),
                              state=state))
         reply = renderer.parse(out.token_ids)
@@ -206,7 +209,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
-        segments=tuple(buf.closed),
+        segments=tuple(buf.closed), versions=tuple(buf.versions),
     )
 
 

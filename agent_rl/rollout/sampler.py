@@ -1,21 +1,31 @@
-"""Samplers: token ids in, sampled token ids + log-probs + finish reason out.
+"""Samplers: token ids in, sampled token ids + log-probs + the policy version of each token + finish reason out.
 
 Owns: the `Sampler` protocol (what the runner samples through), `ServedSampler` (a sampler over servers
-whose served policy a weight sync switches) and `VLLMSampler` (aiohttp client of vLLM's
-`/v1/completions`, spread over replicas by least outstanding requests, with deadlines and retries).
-Does not own: starting servers (`rollout.server`), loading adapters (`rollout.weight_sync`), chat
-rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`).
+whose served policy a weight sync switches, and whose requests a push that pauses the servers holds back)
+and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over replicas by least outstanding
+requests, with deadlines and retries, and continuing a request that a weight push aborted).
+Does not own: starting servers (`rollout.server`), loading adapters or pausing servers (`rollout.weight_sync`),
+chat rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced.
+
+Policy versions. Every request names the served policy (`model`: an adapter's versioned name, or "base" for
+weights reloaded in place) and is tagged with its version, both read when the request is sent. An adapter
+request finishes on its own adapter whatever is pushed meanwhile (`weight_sync.adapter` keeps it loaded).
+Weights reloaded in place (merged, full) change under every request, so a push holds the sampler first
+(`hold`: new requests wait), aborts what the servers run, and `release`s once the new weights serve: an
+aborted request keeps the tokens it sampled, tagged with the old version, and goes on from them under the
+new one (`VLLMSampler.sample`). So each token's version (`Completion.versions`) is the one that sampled it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -41,8 +51,17 @@ class SamplingParams:
 class Completion:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]  # one per sampled token, under the sampling distribution
-    finish_reason: str  # "stop" or "length"
-    policy_version: int = 0
+    finish_reason: str  # "stop" or "length" ("abort" only inside `VLLMSampler`, between the pieces of a turn)
+    policy_version: int = 0  # the version that sampled the first token
+    # the version that sampled each token; () on construction: every token is `policy_version`'s (a push
+    # that aborted the request in the middle gives the later tokens the new version: module doc)
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.versions:
+            object.__setattr__(self, "versions", (self.policy_version,) * len(self.token_ids))
+        if len(self.versions) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.versions)} versions")
 
 
 class Sampler(Protocol):
@@ -56,8 +75,9 @@ class Sampler(Protocol):
 
 
 class ServedSampler(Sampler, Protocol):
-    """A sampler over vLLM servers, as a weight sync sees it: the servers' URLs, and the served policy
-    (`model`: a served name, "base" or a loaded adapter's) that new requests go to, switched after a push."""
+    """A sampler over vLLM servers, as a weight sync sees it: the servers' URLs, the served policy (`model`:
+    a served name, "base" or a loaded adapter's) that new requests go to, switched after a push, and the
+    requests in flight, which a push that pauses the servers holds back (module doc)."""
 
     model: str
 
@@ -65,6 +85,16 @@ class ServedSampler(Sampler, Protocol):
     def urls(self) -> list[str]: ...
 
     def set_policy(self, model: str, version: int) -> None: ...
+
+    def hold(self) -> None:
+        """New requests (and the continuations of aborted ones) wait until `release`."""
+        ...
+
+    def release(self) -> None: ...
+
+    def in_flight(self, url: str | None = None, model: str | None = None) -> int:
+        """Requests sent and not yet answered (to the server `url`, for the served policy `model`)."""
+        ...
 
 
 @dataclass
@@ -76,6 +106,8 @@ class _Replica:
 class VLLMSampler(SessionOwner):
     """Client of one or more vLLM OpenAI-compatible servers (data-parallel replicas)."""
 
+    max_pieces = 64  # aborted pieces one turn may go on from before it is an error (each is a push's pause)
+
     def __init__(self, urls: Sequence[str], model: str = "base", *, request_timeout_s: float = 300.0,
                  connect_timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5):
         if not urls:
@@ -86,6 +118,9 @@ class VLLMSampler(SessionOwner):
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self.retries, self.backoff_s = retries, backoff_s
         self.connector_limit = 0  # every rollout's request in flight at once
+        self._open = asyncio.Event()  # cleared while a push holds the sampler (`hold`)
+        self._open.set()
+        self._in_flight: Counter[tuple[str, str]] = Counter()  # (url, model) -> requests sent, not answered
 
     @property
     def urls(self) -> list[str]:
@@ -96,27 +131,71 @@ class VLLMSampler(SessionOwner):
         """Route new requests to `model` (a loaded adapter name), tagged with `version`."""
         self.model, self.policy_version = model, version
 
+    def hold(self) -> None:
+        """New requests (and the continuations of aborted ones) wait until `release`: a push that pauses
+        the servers first holds the sampler, so that no request is sent under a version being replaced."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def in_flight(self, url: str | None = None, model: str | None = None) -> int:
+        """Requests sent and not yet answered (to the server `url`, for the served policy `model`)."""
+        return sum(n for (u, m), n in self._in_flight.items() if url in (None, u) and model in (None, m))
+
     def _pick(self) -> _Replica:
         low = min(r.outstanding for r in self.replicas)
         return random.choice([r for r in self.replicas if r.outstanding == low])
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
-        model, version = self.model, self.policy_version
-        body: dict[str, Any] = {
-            "model": model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-            "return_token_ids": True, "skip_special_tokens": False,
-            "stop_token_ids": list(params.stop_token_ids),
-        }
-        if params.seed is not None:
-            body["seed"] = params.seed
+        """One turn. A piece that a weight push aborted (finish "abort", module doc) is continued: its tokens
+        become part of the next piece's prompt, which samples the rest of the budget under the version then
+        served, with a seed of its own (the same seed again would redraw the first piece's random numbers)."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish = "abort"
+        for _ in range(self.max_pieces):
+            if len(ids) >= params.max_tokens or (ids and ids[-1] in params.stop_token_ids):
+                finish = "length" if len(ids) >= params.max_tokens else "stop"  # aborted just as it ended
+                break
+            seed = None if params.seed is None else (params.seed + 7919 * len(ids)) & 0x7FFFFFFF
+            piece = await self._request([*prompt_ids, *ids],
+                                        replace(params, max_tokens=params.max_tokens - len(ids), seed=seed))
+            ids += piece.token_ids
+            logprobs += piece.logprobs
+            versions += piece.versions
+            finish = piece.finish_reason
+            if finish != "abort":
+                break
+        else:
+            raise SamplerError(f"a request was aborted {self.max_pieces} times in a row (each a weight push's pause)")
+        version = versions[0] if versions else self.policy_version
+        return Completion(tuple(ids), tuple(logprobs), finish, version, tuple(versions))
+
+    async def _wait_open(self) -> None:
+        if self._open.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._open.wait(), self.timeout.total)
+        except TimeoutError:
+            raise SamplerError(f"the servers stayed paused for a weight push longer than {self.timeout.total:g} s "
+                               f"(sampler.request_timeout_s)") from None
+
+    async def _request(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """One request, retried on server errors and timeouts; each attempt waits while a push holds the
+        sampler, then reads the served policy and its version."""
         last: Exception | None = None
         for attempt in range(self.retries + 1):
+            await self._wait_open()
+            model, version = self.model, self.policy_version
             replica = self._pick()
             replica.outstanding += 1
+            self._in_flight[replica.url, model] += 1
             try:
-                async with self.http().post(replica.url + "/v1/completions", json=body) as resp:
+                async with self.http().post(replica.url + "/v1/completions", json=_body(model, prompt_ids, params)
+                                            ) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
                         if resp.status < 500:  # our request is wrong: retrying will not help
@@ -128,10 +207,23 @@ class VLLMSampler(SessionOwner):
                 last = e
             finally:
                 replica.outstanding -= 1
+                self._in_flight[replica.url, model] -= 1
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         raise SamplerError(f"vLLM server {replica.url} did not answer after {self.retries + 1} attempts: "
                            f"{type(last).__name__}: {last}")
+
+
+def _body(model: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+        "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
+        "return_token_ids": True, "skip_special_tokens": False,
+        "stop_token_ids": list(params.stop_token_ids),
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    return body
 
 
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
@@ -148,7 +240,7 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
         raise SamplerError(f"{url} sent {len(ids)} token ids but {len(logprobs)} log-probs")
     if echoed is not None and _as_list(echoed) != _as_list(prompt_ids):
         raise SamplerError(f"{url} changed the prompt tokens: the sampler must see exactly the ids sent")
-    return Completion(ids, logprobs, "length" if finish == "length" else "stop", version)
+    return Completion(ids, logprobs, finish if finish in ("length", "abort") else "stop", version)
 
 
 def _as_list(ids: Sequence[int]) -> list[int]:

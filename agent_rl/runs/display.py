@@ -1,7 +1,7 @@
 """Trajectories for human eyes: sampled tokens set apart from masked (prompt/template/tool) ones.
 
-Owns: `mask_runs` (a token sequence cut into runs of equal loss mask, shared by the terminal view and
-the trace files of `runs.traces`) and `format_trajectory`. Does not own: any decision about the
+Owns: `mask_runs` (a token sequence cut into runs of equal loss mask and policy version, shared by the
+terminal view and the trace files of `runs.traces`) and `format_trajectory`. Does not own: any decision about the
 trajectory.
 """
 
@@ -19,19 +19,24 @@ GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
 
 @dataclass(frozen=True)
 class MaskRun:
-    """Consecutive tokens with the same loss mask: sampled by the policy (1) or context (0)."""
+    """Consecutive tokens with the same loss mask and policy version: sampled by the policy (1) or context (0)."""
 
     sampled: bool
     start: int  # position of the first token in the sequence
     token_ids: tuple[int, ...]
     mean_logprob: float  # of the sampler's log-probs (0.0 for context: they are 0.0 there)
+    version: int = -1  # the policy version that sampled the run; -1: context, or not known
 
 
-def mask_runs(token_ids: Sequence[int], loss_mask: Sequence[int], logprobs: Sequence[float]) -> list[MaskRun]:
+def mask_runs(token_ids: Sequence[int], loss_mask: Sequence[int], logprobs: Sequence[float],
+              versions: Sequence[int] | None = None) -> list[MaskRun]:
+    """The runs of equal mask, a sampled one cut where the version changes (weights pushed in between)."""
     runs, pos = [], 0
-    for sampled, run in groupby(zip(token_ids, loss_mask, logprobs), key=lambda x: x[1]):
+    tagged = zip(token_ids, loss_mask, logprobs, versions if versions is not None else [-1] * len(token_ids))
+    for (sampled, version), run in groupby(tagged, key=lambda x: (x[1], x[3] if x[1] else -1)):
         block = list(run)
-        runs.append(MaskRun(bool(sampled), pos, tuple(b[0] for b in block), sum(b[2] for b in block) / len(block)))
+        runs.append(MaskRun(bool(sampled), pos, tuple(b[0] for b in block), sum(b[2] for b in block) / len(block),
+                            version))
         pos += len(block)
     return runs
 
@@ -45,10 +50,11 @@ def format_trajectory(traj: Trajectory, renderer: Renderer, title: str = "", col
     lines = [head]
     if traj.error:
         lines.append(f"!!! infrastructure error: {traj.error}")
-    for run in mask_runs(traj.token_ids, traj.loss_mask, traj.logprobs):
+    for run in mask_runs(traj.token_ids, traj.loss_mask, traj.logprobs, traj.versions):
         text = renderer.render_text(run.token_ids)
         if run.sampled:
-            label = f"[policy {len(run.token_ids)} tok @ {run.start}, mean logprob {run.mean_logprob:.3f}]"
+            label = (f"[policy v{run.version} {len(run.token_ids)} tok @ {run.start}, "
+                     f"mean logprob {run.mean_logprob:.3f}]")
             body = f"{GREEN}{text}{RESET}" if color else text
         else:
             label = f"[context {len(run.token_ids)} tok @ {run.start}, masked]"

@@ -105,11 +105,15 @@ def turn_reward_metrics(ok: Sequence[Trajectory]) -> dict[str, float]:
 
 def lag_metrics(trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
     """How many policy versions behind the trainer (at `step`: the weights after `step` optimizer steps) the
-    sampled tokens of the trajectories are: `lag/mean`, `lag/max`, and `lag/share_<n>` for each lag seen."""
+    sampled tokens of the trajectories are: `lag/mean`, `lag/max`, and `lag/share_<n>` for each lag seen. Each
+    token counts with the version that sampled it (`Trajectory.versions`: a push in the middle of a turn gives
+    its later tokens the newer version); one whose version is not known, with the trajectory's."""
     tokens: Counter[int] = Counter()
     for t in trajectories:
-        for turn in t.turns:
-            tokens[step - turn.policy_version] += turn.end - turn.start
+        for seg in t.all_segments:
+            for version, sampled in zip(seg.versions, seg.loss_mask):
+                if sampled:
+                    tokens[step - (version if version >= 0 else t.policy_version)] += 1
     total = sum(tokens.values())
     if not total:
         return {}

@@ -15,9 +15,10 @@ depends only on the groups, so a resumed run keeps the same ones. One line per t
     reward, reward_parts, advantage (null: not trained on) and dropped (why not), stop_reason,
     truncated, error, policy_version, num_tokens, num_sampled,
     messages (role, content, name, tool_calls parsed), turns (each with its own reward and parts, the
-    state it started from and, with credit per turn, its advantage), tool_calls (what happened to each),
-    segments: [{token_ids, loss_mask, logprobs, runs}], runs being the text of each stretch of equal
-    mask (sampled or context), rendered with special tokens, so the page needs no tokenizer.
+    state it started from, with credit per turn its advantage, and the policy versions that sampled it,
+    oldest first: two where weights were pushed in the middle of the turn), tool_calls (what happened to each),
+    segments: [{token_ids, loss_mask, logprobs, versions, runs}], runs being the text of each stretch of equal
+    mask and policy version (sampled or context), rendered with special tokens, so the page needs no tokenizer.
 
 A trajectory with earlier closed segments (`Trajectory.segments`, where a chat template broke the
 token prefix) lists them first; the trajectory's own tokens are the last segment.
@@ -35,7 +36,7 @@ from typing import Any
 
 from agent_rl.core.files import write_lines
 from agent_rl.core.renderer import Renderer
-from agent_rl.core.types import Trajectory, TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup, Turn
 from agent_rl.runs.display import mask_runs
 
 TRACES_DIR = "traces"
@@ -87,10 +88,17 @@ def pick_groups(groups: Sequence[TrajectoryGroup], n: int) -> list[int]:
 def _segment(seq: Any, renderer: Renderer) -> dict[str, Any]:
     """One token sequence: the ids, mask and log-probs as trained, and the text of each mask run."""
     runs = [{"sampled": r.sampled, "start": r.start, "n": len(r.token_ids), "text": renderer.render_text(r.token_ids),
-             "mean_logprob": _finite(r.mean_logprob, 4) if r.sampled else None}
-            for r in mask_runs(seq.token_ids, seq.loss_mask, seq.logprobs)]
+             "mean_logprob": _finite(r.mean_logprob, 4) if r.sampled else None,
+             "version": r.version if r.sampled else None}
+            for r in mask_runs(seq.token_ids, seq.loss_mask, seq.logprobs, seq.versions)]
     return {"token_ids": list(seq.token_ids), "loss_mask": list(seq.loss_mask),
-            "logprobs": [_finite(x, 4) for x in seq.logprobs], "runs": runs}
+            "logprobs": [_finite(x, 4) for x in seq.logprobs], "versions": list(seq.versions), "runs": runs}
+
+
+def _turn_versions(traj: Trajectory, turn: Turn) -> list[int]:
+    """The policy versions that sampled a turn's tokens, oldest first (one, unless a push came mid-turn)."""
+    versions = traj.all_segments[turn.segment].versions[turn.start:turn.end]
+    return sorted({v for v in versions if v >= 0}) or [turn.policy_version]
 
 
 def _messages(traj: Trajectory) -> list[dict[str, Any]]:
@@ -114,9 +122,9 @@ def trace_record(traj: Trajectory, renderer: Renderer, advantage: float | None =
         "num_tokens": traj.num_tokens, "num_sampled": traj.num_sampled,
         "messages": _messages(traj),
         "turns": [{"start": t.start, "end": t.end, "finish_reason": t.finish_reason,
-                   "policy_version": t.policy_version, "reward": _finite(t.reward),
-                   "reward_parts": {k: _finite(v) for k, v in t.reward_parts.items()}, "state": t.state,
-                   "advantage": _finite(a)} for t, a in zip(traj.turns, per_turn)],
+                   "policy_version": t.policy_version, "versions": _turn_versions(traj, t),
+                   "reward": _finite(t.reward), "reward_parts": {k: _finite(v) for k, v in t.reward_parts.items()},
+                   "state": t.state, "advantage": _finite(a)} for t, a in zip(traj.turns, per_turn)],
         "tool_calls": [{"name": c.name, "ok": c.ok, "error": c.error, "latency_s": _finite(c.latency_s, 4),
                         "turn": c.turn} for c in traj.tool_calls],
         "segments": [_segment(s, renderer) for s in segments],

@@ -7,8 +7,11 @@ Does not own: the HTTP calls and version folders (`weight_sync.base`), merged we
 starting servers (`rollout.server`), training checkpoints (`runs.checkpoint`).
 
 A name is never reloaded with new weights: vLLM keys its prefix cache on the adapter's (name, path), so
-a reload would serve KV blocks computed with the old weights. The newest `keep` versions stay loaded,
-so requests still running on the previous version finish.
+a reload would serve KV blocks computed with the old weights. A push needs no pause: requests in flight name
+their adapter and finish on it. The newest `keep` versions stay loaded (k + 1 under a staleness bound of k,
+`choose.start_weight_sync`), and an older one for as long as a request of the sampler's runs on it, so a
+request in flight always finishes with its own version (vLLM reloads an unloaded adapter a running request
+still names from its folder, which would be gone).
 """
 
 from __future__ import annotations
@@ -36,14 +39,14 @@ class AdapterSync:
     `push` saves the adapter (peft `save_pretrained`, safetensors) to `<run_dir>/adapters/v{version}`,
     loads it as `{prefix}-v{version}` on every server URL of the sampler (concurrently), calls
     `sampler.set_policy(name, version)`, then unloads all but the newest `keep` versions from the
-    servers and deletes their folders. Without `load_initial` the sampler stays on the base model,
-    which is version 0 of a fresh LoRA (peft initialises B = 0).
+    servers and deletes their folders (an older version a request still runs on stays until a later push).
+    Without `load_initial` the sampler stays on the base model, which is version 0 of a fresh LoRA (peft
+    initialises B = 0).
 
     Versions must increase. A server that still holds `{prefix}-v{n}` from an earlier process
     refuses to load it again (we never reload a name with other weights): after a resume on a
-    long-lived server, pass a `prefix` unique to the run. Requests still running on an unloaded
-    version finish (they hold their adapter), but a retry of one would be refused: keep `keep`
-    above the number of versions that rollouts may lag behind.
+    long-lived server, pass a `prefix` unique to the run. A retry of a request goes to the newest version
+    (and is tagged with it).
     """
 
     def __init__(self, run_dir: str | Path, sampler: ServedSampler, *, keep: int = 2, prefix: str = "policy",
@@ -100,7 +103,10 @@ class AdapterSync:
             self.sampler.set_policy(name, version)
             self.loaded.append(version)
             t2 = time.perf_counter()
-            retired, self.loaded = self.loaded[: -self.keep], self.loaded[-self.keep :]
+            # past the newest `keep`, the versions no request of the sampler's runs on (the others wait for a
+            # later push); none is sent to them any more: new requests and retries name the newest
+            retired = [v for v in self.loaded[: -self.keep] if not self.sampler.in_flight(model=self.name(v))]
+            self.loaded = [v for v in self.loaded if v not in retired]
             for old in retired:
                 await self._unload(http, self.servers.urls, self.name(old))
         await asyncio.to_thread(prune_version_dirs, self.adapters_dir, set(self.loaded))

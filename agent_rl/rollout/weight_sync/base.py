@@ -1,12 +1,12 @@
 """What every weight sync shares: the protocol the trainer calls, the calls to the servers, the version folders.
 
-Owns: `WeightSync` (the protocol: `push(model, version)` after each optimizer step, `finish()` at the end
-of a run), `WeightSyncError`, `Servers` (POST to every server of a sampler with a deadline, each error
-naming the server and quoting its reply; `reload_in_place`, the one place the pause -> reload ->
-reset-prefix-cache -> resume sequence is written), and the version folders on disk (`write_version_dir`,
-`prune_version_dirs`).
+Owns: `WeightSync` (the protocol: `push(model, version)` at any moment, episodes in flight or not; `finish()`
+at the end of a run), `WeightSyncError`, `Servers` (POST to every server of a sampler with a deadline, each
+error naming the server and quoting its reply; `reload_in_place`, the one place the push protocol of weights
+reloaded in place is written: hold the sampler, pause with abort, reload, reset the prefix cache, sweep,
+resume, release), and the version folders on disk (`write_version_dir`, `prune_version_dirs`).
 Does not own: what a version is (`adapter`, `full`, `merged`), which sync a run uses (`choose`),
-the sampler (`rollout.sampler`).
+the sampler and how it goes on from an aborted request (`rollout.sampler`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ class WeightSyncError(Exception):
 
 class WeightSync(Protocol):
     """Makes every server sample from the trainer's policy. Versions increase: a version is the number of
-    optimizer steps its weights have taken, and the sampler tags each completion with it."""
+    optimizer steps its weights have taken, and the sampler tags each sampled token with the version that
+    sampled it. A push may come at any moment while episodes are in flight: a request in flight finishes
+    on its own version (an adapter stays loaded) or is aborted and goes on under the new one (weights
+    reloaded in place: `Servers.reload_in_place`); no token is tagged with a version that did not sample it."""
 
     async def push(self, model: Any, version: int) -> float:
         """Publish `model` (a peft model, a full model, or weights gathered whole) as `version` on every
@@ -42,6 +45,16 @@ class WeightSync(Protocol):
         """The run is over: leave the servers as a later user expects them (a no-op where nothing is to
         restore). Called once, also after the run failed."""
         ...
+
+
+class Held(Protocol):
+    """What a reload in place needs of the sampler whose requests it interrupts (`rollout.sampler.ServedSampler`)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def in_flight(self, url: str | None = None, model: str | None = None) -> int: ...
 
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -101,30 +114,60 @@ class Servers:
         """The same POST to every server, concurrently; the first failure is raised."""
         await asyncio.gather(*(self.post(http, url, path, what, body) for url in self.urls))
 
-    async def reload_in_place(self, folder: Path, what: str, switch: Callable[[], None] = _nothing
-                              ) -> dict[str, float]:
+    async def reload_in_place(self, folder: Path, what: str, switch: Callable[[], None] = _nothing,
+                              sampler: Held | None = None) -> dict[str, float]:
         """Every server replaces its weights with those in `folder`, through vLLM's development endpoints
-        (servers started with `VLLM_SERVER_DEV_MODE=1`):
-          1. `POST /pause?mode=wait`: requests in flight finish on the old weights and new ones wait, so no
-             sequence mixes two versions within a turn;
-          2. `POST /collective_rpc` `reload_weights` from `folder` (every worker), then `POST
+        (servers started with `VLLM_SERVER_DEV_MODE=1`), while `sampler`'s episodes may be in flight:
+          1. `sampler.hold()`: its new requests wait, so none is sent under the version being replaced;
+          2. `POST /pause?mode=abort`: every request in flight ends at once with the tokens it has sampled
+             (finish_reason "abort"); the sampler keeps them, tagged with the old version, and will go on
+             from them under the new one (`VLLMSampler.sample`). Requests that reach a paused server wait;
+          3. `POST /collective_rpc` `reload_weights` from `folder` (every worker), then `POST
              /reset_prefix_cache`: KV blocks computed with the old weights must not be reused;
-          3. `switch()` (the sampler onto the new version), then `POST /resume`.
-        A failure resumes every server (never left paused) and is raised; the first one is reported.
-        Returns the seconds of each phase: `drain_s` (the pause), `reload_s`, `resume_s`."""
-        async with self.session() as http:
-            t0 = time.perf_counter()
-            try:
-                await self.on_all(http, "/pause?mode=wait", "pausing generation")
-                t1 = time.perf_counter()
-                await self.on_all(http, "/collective_rpc", f"reloading {what} from {folder}",
-                                  {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
-                await self.on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
-                switch()
-            except BaseException:
-                with contextlib.suppress(WeightSyncError):
-                    await asyncio.shield(self.on_all(http, "/resume", "resuming generation"))
-                raise
-            t2 = time.perf_counter()
-            await self.on_all(http, "/resume", "resuming generation")
+          4. the sweep: a request of the sampler's still unanswered reached its server after the pause and
+             waits there; `POST /abort_requests` ends it (no tokens yet) before it could run on the new
+             weights under the old version's tag, until the sampler has nothing in flight;
+          5. `switch()` (the sampler onto the new version), `POST /resume`, `sampler.release()`.
+        Why abort and go on rather than wait for requests in flight: a wait lasts as long as the longest
+        turn in flight (thousands of tokens on a long-tailed agent task, while every server idles more and
+        more); the abort costs one prefill of each interrupted request, which the reset cache needs anyway.
+        Without a sampler (`finish`: no episodes) the same calls, with no hold and no sweep.
+        A failure resumes every server and releases the sampler (never left paused), and is raised; the
+        first one is reported. Returns the seconds of each phase: `drain_s` (the pause), `reload_s` (reload,
+        reset and sweep), `resume_s`."""
+        if sampler is not None:
+            sampler.hold()
+        try:
+            async with self.session() as http:
+                t0 = time.perf_counter()
+                try:
+                    await self.on_all(http, "/pause?mode=abort", "pausing generation")
+                    t1 = time.perf_counter()
+                    await self.on_all(http, "/collective_rpc", f"reloading {what} from {folder}",
+                                      {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
+                    await self.on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
+                    if sampler is not None:
+                        await self._sweep(http, sampler)
+                    switch()
+                except BaseException:
+                    with contextlib.suppress(WeightSyncError):
+                        await asyncio.shield(self.on_all(http, "/resume", "resuming generation"))
+                    raise
+                t2 = time.perf_counter()
+                await self.on_all(http, "/resume", "resuming generation")
+        finally:
+            if sampler is not None:
+                sampler.release()
         return {"drain_s": t1 - t0, "reload_s": t2 - t1, "resume_s": time.perf_counter() - t2}
+
+    async def _sweep(self, http: aiohttp.ClientSession, sampler: Held, every_s: float = 0.05) -> None:
+        """Abort, on each paused server, the sampler's requests that reached it after the pause, until none is
+        in flight; within the servers' deadline (`WeightSyncError` past it)."""
+        deadline = time.monotonic() + (self.timeout.total or 60.0)
+        while waiting := [url for url in self.urls if sampler.in_flight(url)]:
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"vLLM server {waiting[0]} still holds {sampler.in_flight(waiting[0])} "
+                                      f"request(s) after pausing and aborting (POST /abort_requests)")
+            await asyncio.gather(*(self.post(http, url, "/abort_requests", "aborting the requests that came "
+                                             "during the pause") for url in waiting))
+            await asyncio.sleep(every_s)

@@ -32,14 +32,16 @@ async def start_weight_sync(cfg: TrainConfig, run_dir: Path, sampler: ServedSamp
                             version: int) -> WeightSync:
     """The sync a run uses, with `model` pushed as `version` (the servers then sample exactly the
     trainer's weights): full weights under full fine-tuning; else as `model.sync` says (adapter,
-    merged, or auto: merged where it pays and the servers can reload weights in place)."""
+    merged, or auto: merged where it pays and the servers can reload weights in place). An adapter sync
+    keeps the newest `algorithm.max_staleness` + 1 versions loaded (the versions a trained token may come from)."""
     sync: AdapterSync | FullWeightSync
     if cfg.model.full_finetune:
         sync = FullWeightSync(run_dir, sampler)
     elif cfg.model.sync == "merged":
         sync = MergedSync(run_dir, sampler, model)
     else:
-        sync = AdapterSync(run_dir, sampler, prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")
+        sync = AdapterSync(run_dir, sampler, keep=cfg.algorithm.max_staleness + 1,
+                           prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")
     await sync.push(model, version)
     if cfg.model.sync != "auto" or not isinstance(sync, AdapterSync):  # full fine-tuning: full weights
         return sync

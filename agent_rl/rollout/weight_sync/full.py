@@ -30,9 +30,10 @@ class FullWeightSync:
     without a restart; they exist only when the server runs with `VLLM_SERVER_DEV_MODE=1` (set it in
     the environment before `VLLMServer.start`). For each version `push`:
       1. saves the model (`save_pretrained`, safetensors) to `<run_dir>/weights/v{version}`;
-      2. every server pauses (in-flight requests finish on the old weights), reloads the folder,
+      2. the sampler is held, every server pauses (requests in flight are aborted with the tokens they
+         have: the sampler keeps them and goes on from them under the new version), reloads the folder,
          resets its prefix cache, the sampler moves to `(served_name, version)`, and the servers
-         resume (`Servers.reload_in_place`); one version at a time, so in-flight requests are drained.
+         resume (`Servers.reload_in_place`); no request runs on two versions' weights.
     Folders older than the newest `keep` are deleted (the server reads a folder only while reloading).
 
     Cost: the whole model crosses the disk each step (fp32 135M: ~0.5 GB), and sampling stops from
@@ -70,7 +71,7 @@ class FullWeightSync:
         path = await asyncio.to_thread(write_version_dir, self.weights_dir, version, lambda d: self.write(model, d))
         t1 = time.perf_counter()
         phases = await self.servers.reload_in_place(
-            path, "weights", lambda: self.sampler.set_policy(self.served_name, version))
+            path, "weights", lambda: self.sampler.set_policy(self.served_name, version), self.sampler)
         t2 = time.perf_counter()
         self.versions = [*self.versions, version][-self.keep :]
         await asyncio.to_thread(prune_version_dirs, self.weights_dir, set(self.versions))

@@ -1,0 +1,145 @@
+"""Integration: weights pushed while requests are in flight, against a real vLLM server (tiny model, dev mode).
+
+Each sampled token is tagged with the policy version that sampled it (`Completion.versions`); the check is
+that the tag is true: the server's log-prob of every token equals the trainer's log-prob of that token, in
+the completed sequence, under the weights of the version it is tagged with (and not under the other one).
+- full weights (pause with abort, reload, resume): requests in flight are aborted and go on from their
+  partial output, so one turn holds tokens of both versions; none is lost, and the ids stay one sequence;
+- adapters: no pause; a request in flight finishes on its own adapter, kept loaded (k + 1 = 2 versions and
+  any older one a request still runs on), while the next turn samples with the new one.
+Tolerance as in tests/test_weight_sync.py (fp32 CPU, observed ~1e-6 there on prompt log-probs); the two
+versions' weights differ by far more (a push must move the mean abs log-prob by >= MIN_EFFECT).
+The protocol's corner cases (a request in transit during the pause, a failed push) are in
+tests/test_push_in_flight.py, against a stand-in server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from agent_rl.learn.logprobs import token_logprobs
+from agent_rl.learn.policy import apply_lora, load_causal_lm
+from agent_rl.rollout.sampler import Completion, SamplingParams, VLLMSampler
+from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.weight_sync.full import FullWeightSync
+
+pytestmark = pytest.mark.integration
+
+LOGPROB_TOL = 1e-3  # max abs gap server vs trainer on sampled tokens
+MIN_EFFECT = 0.05  # the two versions' mean abs log-prob gap on the same tokens (observed ~0.2)
+LONG = 1000  # tokens per request: a second or more on the CPU server, so the push lands in the middle
+
+
+def sequence_logprobs(model, prompt: list[int], out: Completion) -> torch.Tensor:
+    """The trainer's log-prob of each sampled token of `out`, in the sequence prompt + its tokens."""
+    ids = torch.tensor([[*prompt, *out.token_ids]])
+    with torch.no_grad():
+        logp = token_logprobs(model.eval(), ids, torch.ones_like(ids)).logp_B_T[0]
+    return logp[len(prompt) - 1: len(prompt) - 1 + len(out.token_ids)]
+
+
+def check_tags(out: Completion, prompt: list[int], models: dict[int, torch.nn.Module]) -> None:
+    """Each token's served log-prob is its tagged version's, and clearly not the other version's."""
+    served = torch.tensor(out.logprobs)
+    tags = torch.tensor(out.versions)
+    for version, model in models.items():
+        mine = tags == version
+        if not mine.any():
+            continue
+        trainer = sequence_logprobs(model, prompt, out)
+        gap = (served - trainer)[mine].abs().max().item()
+        print(f"\nv{version}: {int(mine.sum())} tokens, max abs gap server vs trainer {gap:.2e}", end="")
+        assert gap < LOGPROB_TOL
+        others = [m for v, m in models.items() if v != version]
+        for other in others:
+            assert (served - sequence_logprobs(other, prompt, out))[mine].abs().mean() > MIN_EFFECT
+
+
+async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_versions(dev_server, tiny_dir, renderer,
+                                                                                   tmp_path):
+    """Four requests of LONG tokens on version 1 (the tiny model without its turn end); version 2 (every weight
+    moved) is pushed 0.2 s after they are sent. Each comes back whole (LONG tokens, or fewer only if it sampled
+    a stop token, one unbroken sequence): its first tokens by version 1, the rest by version 2 (one switch, at
+    the push), and each token's served log-prob is the trainer's under its tagged weights."""
+    v1 = load_causal_lm(str(tiny_dir))
+    with torch.no_grad():
+        v1.lm_head.weight[:, 0] = 0.0  # no turn end (`build_tiny_model` ends ~8% of tokens): long turns
+    v2 = copy.deepcopy(v1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in v2.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    prompt = renderer.encode("<|im_start|>user\nCount to a thousand.<|im_end|>\n<|im_start|>assistant\n")
+    async with VLLMSampler([dev_server.url]) as sampler:
+        sync = FullWeightSync(tmp_path, sampler)
+        await sync.push(v1, 1)  # the shared dev server may hold another test's weights
+        await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
+        runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
+                for s in range(4)]
+        await asyncio.sleep(0.2)
+        ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
+        assert not ended, f"requests ended before the push: {ended}"
+        await sync.push(v2, 2)
+        outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
+    print("\n(tokens, first tagged 2) per request:", [(len(o.token_ids), o.versions.index(2) if 2 in o.versions
+                                                      else None) for o in outs], end="")
+    for out in outs:
+        n = len(out.token_ids)
+        assert (n == LONG and out.finish_reason == "length") or out.finish_reason == "stop"
+        assert out.policy_version == 1 and out.versions[0] == 1
+        cut = out.versions.index(2) if 2 in out.versions else n
+        assert out.versions == (1,) * cut + (2,) * (n - cut)  # at most one switch
+        check_tags(out, prompt, {1: v1, 2: v2})
+    assert sum(2 in out.versions and 1 in out.versions for out in outs) >= 3  # split by the push
+
+
+async def test_an_adapter_push_mid_episode_leaves_the_turn_in_flight_on_its_version(dev_server, tiny_dir,
+                                                                                     renderer, tmp_path):
+    """An episode of two turns on LoRA adapters, keep = 2: turn 1 (LONG tokens) runs on version 1 while
+    versions 2 and 3 are pushed; version 1 stays loaded until it ends, and every token of the turn is version
+    1's (its log-probs the trainer's under version 1). Turn 2, sent after the pushes, samples with version 3."""
+    model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8)
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+    async with VLLMSampler([dev_server.url]) as sampler:
+        await FullWeightSync(tmp_path / "base", sampler).push(load_causal_lm(str(tiny_dir)), 0)  # base weights back
+        sync = AdapterSync(tmp_path / "run", sampler, keep=2, prefix=f"push-{tmp_path.name[-8:]}")
+        prompt = renderer.encode("<|im_start|>user\nCount to a thousand.<|im_end|>\n<|im_start|>assistant\n")
+        for version in (1, 2, 3):
+            randomize_lora_b(model, seed=version)
+            weights[version] = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(weights[1])
+        await sync.push(model, 1)
+        turn1 = asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=0)))
+        await asyncio.sleep(1.0)
+        for version in (2, 3):
+            model.load_state_dict(weights[version])
+            await sync.push(model, version)
+        assert not turn1.done() and sync.loaded == [1, 2, 3]  # 1 runs a request: kept past keep = 2
+        first = await asyncio.wait_for(turn1, 300)
+        prompt2 = [*prompt, *first.token_ids[:20]]
+        second = await sampler.sample(prompt2, SamplingParams(max_tokens=20, seed=1))
+        model.load_state_dict(weights[1])
+        await sync.push(model, 4)  # nothing runs on 1 any more: unloaded
+        assert sync.loaded == [3, 4]
+        await sync.finish()
+    assert first.versions == (1,) * LONG and second.versions == (3,) * 20
+    trained = {}
+    for version in (1, 3):
+        copy_of = copy.deepcopy(model)
+        copy_of.load_state_dict(weights[version])
+        trained[version] = copy_of
+    check_tags(first, prompt, trained)
+    check_tags(second, prompt2, trained)
+
+
+def randomize_lora_b(model, seed: int, std: float = 0.5) -> None:
+    """peft initialises B = 0 (the adapter is a no-op); random B makes it change the model."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
