@@ -38,6 +38,7 @@ def errors_as_lines() -> Iterator[None]:
     server that stops answering requests or adapter loads) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
+    from agent_rl.preemption import Preempted
     from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
@@ -48,6 +49,8 @@ def errors_as_lines() -> Iterator[None]:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
     except (ServerError, SamplerError, WeightSyncError) as e:  # a server that died mid-run included
         raise CLIError(str(e)) from None
+    except Preempted as e:  # SIGTERM / SIGUSR1 during training: checkpointed, servers stopped
+        raise CLIError(str(e), e.code) from None
 
 
 def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> TrainConfig:
