@@ -114,7 +114,8 @@ def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
     signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
     env = run.session.env
-    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward)
+    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward,
+                        on_error=rollout.on_error, max_retries=rollout.max_retries)
     servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
     return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
                          max_rounds=algo.max_resample_batches, signal=signal, servers=servers)
