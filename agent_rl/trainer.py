@@ -34,7 +34,7 @@ import torch
 from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
-from agent_rl.core.types import TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup
 from agent_rl.learn.advantages import (
     AdvantageFn,
     CreditRule,
@@ -62,9 +62,9 @@ from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.runner import EpisodeLimits, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
 from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state
-from agent_rl.rollout.weight_sync.base import WeightSync
+from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
-from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
+from agent_rl.runs.checkpoint import CheckpointError, latest_step, load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
@@ -72,6 +72,7 @@ from agent_rl.runs.traces import write_step as write_traces
 from agent_rl.session import Session, judging, open_session, sampling
 
 T = TypeVar("T")
+RETRY_COUNTS = ("error/retried", "error/dropped_groups")  # the stream's counts that are not failures themselves
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
@@ -245,8 +246,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     # 7. sync the new weights into every server (version = steps taken), episodes in flight or not;
     # the new version opens the stream's next slots
     t_sync, metrics["push/episodes_in_flight"] = time.perf_counter(), float(stream.in_flight)
-    await sync.push(await asyncio.to_thread(served_weights, run), step + 1)
-    stream.pushed(step + 1)
+    failed = await push(run, sync, stream, step + 1)
     metrics["time/sync_s"] = time.perf_counter() - t_sync
     # 8. log and checkpoint
     metrics["time/step_s"] = time.perf_counter() - t_step
@@ -255,9 +255,38 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     metrics.update(run.tasks.positions(stream.data_position()))
     final = log.log(step + 1, metrics)
     write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
-    if checkpoint_due(cfg, step):
+    saved = checkpoint_due(cfg, step) or (failed is not None and mended(metrics, trajs) and not sharded_full(run))
+    if saved:
         checkpoint(run, step + 1, stream.state())
+    if failed is not None:
+        raise server_gone(run, failed, step + 1 if saved else None)
     return final
+
+
+async def push(run: Run, sync: WeightSync, stream: RolloutStream, version: int) -> WeightSyncError | None:
+    """Push `version` to every server and open the slots it allows; the error if a server would not take it
+    (a server gone: the run ends after this step is logged and, when it can be, checkpointed)."""
+    try:
+        await sync.push(await asyncio.to_thread(served_weights, run), version)
+    except WeightSyncError as e:
+        return e
+    stream.pushed(version)
+    return None
+
+
+def mended(metrics: dict[str, float], trajs: Sequence[Trajectory]) -> bool:
+    """The step trained what an unfaulted run would: no episode failed, or each failure was mended by a retry
+    (a server that died may have failed the step's episodes, whose tasks a checkpoint would count as trained)."""
+    failures = sum(v for k, v in metrics.items() if k.startswith("error/") and k not in RETRY_COUNTS)
+    return not any(t.infra_error for t in trajs) and failures == metrics.get("error/retried", 0.0)
+
+
+def server_gone(run: Run, error: WeightSyncError, saved: int | None) -> WeightSyncError:
+    """The push's error, with where the run can go on from: step `saved`, or the last checkpoint written."""
+    last = saved if saved is not None else latest_step(run.run_dir)
+    where = f"checkpoint of step {last} in {run.run_dir}/checkpoints" if last else "no checkpoint written"
+    return WeightSyncError(f"{error} ({where}; continue with the same command and --resume once the servers "
+                           f"answer)")
 
 
 async def unless_stopped(work: Awaitable[T], stop: Preemption) -> T | None:
@@ -334,9 +363,16 @@ def checkpoint(run: Run, step: int, stream: dict[str, Any] | None) -> None:
     if sharded_full(run):
         gathered = {"weights": full_state_dict(policy.model, policy.dist),
                     "optimizer_state": full_optimizer_state(policy.optimizer, policy.dist)}
-    if policy.dist.main:
+    if not policy.dist.main:
+        return
+    try:
         save_checkpoint(run.run_dir, step, policy.model, policy.optimizer, policy.scheduler,
                         data_position=stream, keep=run.cfg.run.keep_checkpoints, **gathered)
+    except OSError as e:  # a full disk, a quota: written into a temporary folder, so the last good one stands
+        last = latest_step(run.run_dir)
+        kept = f"the checkpoint of step {last} stays readable" if last else "no earlier checkpoint"
+        raise CheckpointError(f"could not write the checkpoint of step {step} in {run.run_dir}/checkpoints: "
+                              f"{e} ({kept})") from None
 
 
 def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:

@@ -1,7 +1,8 @@
 """Preemption (`agent_rl.preemption`, `trainer.stop`): SIGTERM or SIGUSR1 during a run (a real process,
 tests/preempt_worker.py) ends it with one line and 128 + the signal number, a checkpoint of the last completed
 step, and `--resume` ends with the weights of a run nobody stopped, exactly (torch.equal: the same float
-operations in the same order)."""
+operations in the same order). A server that dies (a stand-in process, SIGKILLed) ends the run at the next
+push with one line and exit status 1, after a checkpoint of the step just trained; `--resume` ends as well."""
 
 from __future__ import annotations
 
@@ -66,3 +67,27 @@ def test_a_signal_checkpoints_the_last_step_and_resume_ends_as_a_straight_run(si
     final, expected = torch.load(stopped / "final.pt"), torch.load(straight / "final.pt")
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
     assert any(not torch.equal(v, torch.zeros_like(v)) for v in expected.values())
+
+
+def test_a_server_killed_ends_the_run_with_one_line_and_a_checkpoint(tmp_path):
+    import preempt_worker
+
+    straight, gone = tmp_path / "straight", tmp_path / "gone"
+    preempt_worker.main(straight, resume=False)
+    proc = subprocess.Popen([*WORKER, str(gone), "--stand-in"], stderr=subprocess.PIPE, text=True)
+    _wait_for(gone / "trained.jsonl", 2, proc)  # step 2 in its update: its push will find the server gone
+    server = int((gone / "server.pid").read_text())
+    os.kill(server, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"error: vLLM server http://127.0.0.1:1 did not answer POST /pause?mode=wait (connection refused) "
+        f"(checkpoint of step 2 in {gone}/checkpoints; continue with the same command and --resume once the "
+        f"servers answer)")
+    assert "Traceback" not in err and "never retrieved" not in err
+    assert (gone / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert len((gone / "metrics.jsonl").read_text().splitlines()) == 2  # the step is logged as well
+
+    subprocess.run([*WORKER, str(gone), "--resume"], check=True, timeout=300)
+    final, expected = torch.load(gone / "final.pt"), torch.load(straight / "final.pt")
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
