@@ -221,7 +221,7 @@ async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, sta
             final, done = await train_step(run, stream, sync, log, stages, step, *sampled, t_step), step + 1
             if run.stop.requested:
                 break
-        if run.stop.requested:
+        if run.stop.requested and done < cfg.run.steps:  # a signal in the last step: the run ends as it would
             stop(run, done, stream.state())
     return final
 

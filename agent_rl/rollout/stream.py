@@ -297,6 +297,9 @@ class RolloutStream:
     async def _worker(self) -> None:
         ep = self.episodes
         while True:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():  # a cancel an episode swallowed (3.11's wait_for can): obey it
+                raise asyncio.CancelledError
             group, index = await self.queue.get()
             limits = replace(ep.limits, seed=step_seed(self.run_seed, *group.label))
             self.counts.running += 1
