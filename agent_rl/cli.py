@@ -2,7 +2,8 @@
 
 Owns: the sub-commands' arguments (`build_parser`) and `main`, which prints a `CLIError` as
 `error: ...` and exits non-zero (2 for bad input, 1 for a failed run); `raise_on_sigterm` (a SIGTERM
-unwinds the command like Ctrl-C, so that the vLLM servers and sandboxes it started are stopped).
+unwinds the command like Ctrl-C, so that the vLLM servers and sandboxes it started are stopped; `main` does
+the same for SIGUSR1; `train`'s loop preempts the run instead, `agent_rl.preemption`).
 Does not own: what the commands do (`commands`), or any logic beyond wiring.
 """
 
@@ -158,11 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Terminated(KeyboardInterrupt):
-    """A SIGTERM, raised where the main thread is, as Ctrl-C's KeyboardInterrupt would be."""
+    """A SIGTERM (or SIGUSR1), raised where the main thread is, as Ctrl-C's KeyboardInterrupt would be."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__()
+        self.signum = signum
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signum)
 
 
 def raise_on_sigterm() -> Any:
@@ -180,20 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     previous = raise_on_sigterm()
+    # SLURM's warning signal: by default it would end the process and leave the servers it started running
+    usr1 = signal.signal(signal.SIGUSR1, _terminate) if previous is not None else None
     try:
         return int(args.func(args) or 0)
     except CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
-    except Terminated:
-        print("error: terminated (SIGTERM)", file=sys.stderr)
-        return 143
+    except Terminated as e:
+        print(f"error: terminated ({signal.Signals(e.signum).name})", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGUSR1, usr1)
 
 
 if __name__ == "__main__":

@@ -34,20 +34,25 @@ class CLIError(Exception):
 
 @contextlib.contextmanager
 def errors_as_lines() -> Iterator[None]:
-    """Bad input (a config, model or environment the library refuses) and server failures (at start, or a
-    server that stops answering requests or adapter loads) as CLIError."""
+    """Bad input (a config, model or environment the library refuses), server failures (at start, or a
+    server that stops answering requests or adapter loads), a checkpoint that could not be written, and a
+    training run stopped by SIGTERM / SIGUSR1 (exit status 128 + the signal number) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
+    from agent_rl.preemption import Preempted
     from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
+    from agent_rl.runs.checkpoint import CheckpointError
 
     try:
         yield
     except (ConfigError, ModelError, ValueError) as e:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
-    except (ServerError, SamplerError, WeightSyncError) as e:  # a server that died mid-run included
+    except (ServerError, SamplerError, WeightSyncError, CheckpointError) as e:  # a server that died mid-run included
         raise CLIError(str(e)) from None
+    except Preempted as e:  # SIGTERM / SIGUSR1 during training: checkpointed, servers stopped
+        raise CLIError(str(e), e.code) from None
 
 
 def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> TrainConfig:

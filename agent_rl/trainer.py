@@ -5,9 +5,10 @@ Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, tasks, resume
 `UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument); `open_stream`, the
 run's rollout stream on rank 0 as the config sets it (staleness, dynamic sampling's refills); under
 torchrun, what the other ranks do (`follow`) and the collectives every rank joins for a weight push and
-a checkpoint (`served_weights`, `checkpoint`).
-Does not own: any of the maths (`learn.advantages`, `learn.loss`, `learn.update`), tokens
-(`rollout.runner`, `core.renderer`), which groups a step trains and when they are played
+a checkpoint (`served_weights`, `checkpoint`); what a stop signal does to the loop (`stop`: the step being
+sampled abandoned, the last completed one checkpointed).
+Does not own: the signal handlers (`preemption`), any of the maths (`learn.advantages`, `learn.loss`,
+`learn.update`), tokens (`rollout.runner`, `core.renderer`), which groups a step trains and when they are played
 (`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
 
@@ -23,17 +24,17 @@ import contextlib
 import functools
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
-from agent_rl.core.types import TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup
 from agent_rl.learn.advantages import (
     AdvantageFn,
     CreditRule,
@@ -56,19 +57,22 @@ from agent_rl.learn.distributed import (
 )
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
+from agent_rl.preemption import Preempted, Preemption, watch
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.runner import EpisodeLimits, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
 from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state
-from agent_rl.rollout.weight_sync.base import WeightSync
+from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
-from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
+from agent_rl.runs.checkpoint import CheckpointError, latest_step, load_checkpoint, save_checkpoint
 from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
 from agent_rl.runs.traces import write_step as write_traces
 from agent_rl.session import Session, judging, open_session, sampling
 
+T = TypeVar("T")
+RETRY_COUNTS = ("error/retried", "error/dropped_groups")  # the stream's counts that are not failures themselves
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
@@ -111,7 +115,8 @@ def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
     signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
     env = run.session.env
-    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward)
+    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward,
+                        on_error=rollout.on_error, max_retries=rollout.max_retries)
     servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
     return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
                          max_rounds=algo.max_resample_batches, signal=signal, servers=servers)
@@ -139,6 +144,7 @@ class Run:
     limits: EpisodeLimits
     start: int = 0  # steps already done (resumed)
     saved: dict[str, Any] | None = None  # the rollout stream's state in the checkpoint resumed from
+    stop: Preemption = field(default_factory=Preemption)  # set by SIGTERM / SIGUSR1 while the loop runs (`watch`)
 
 
 def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
@@ -187,7 +193,8 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             log.truncate_after(run.start)
             truncate_traces(run.run_dir, run.start)  # a fresh run (start 0) drops an earlier run's traces
             try:
-                final = await loop(run, sampler, sync, log, stages)
+                with watch(run.stop):
+                    final = await loop(run, sampler, sync, log, stages)
             except BaseException:
                 with contextlib.suppress(Exception):  # the run's own error is the one to report
                     await sync.finish()
@@ -199,43 +206,109 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
 
 
 async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, stages: Stages) -> dict[str, float]:
-    """Steps `run.start` .. `run.cfg.run.steps`; returns the last step's metrics."""
-    cfg, algo, final = run.cfg, run.cfg.algorithm, {}
+    """Steps `run.start` .. `run.cfg.run.steps`; returns the last step's metrics. On a stop signal
+    (`run.stop`, `preemption`): a step still sampling is abandoned, one past its sampling is finished, then
+    the last completed step is checkpointed (if it is not already) and `Preempted` raised."""
+    cfg, final, done = run.cfg, {}, run.start
     async with stages.stream(run, sampler) as stream:
         stream.start(run.start, run.saved)  # the slots the served version opens (a checkpoint's, resumed)
         for step in range(run.start, cfg.run.steps):
             t_step = time.perf_counter()
             # 1. sample: the stream's groups for this step (ended; it waits only for what the staleness bound needs)
-            groups, metrics = await stream.batch(step)
-            trajs = [t for g in groups for t in g.trajectories]
-            # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
-            # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
-            credit = credit_of(algo)
-            adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
-            metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
-                            **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
-            t_train = time.perf_counter()
-            # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step (the stream plays on meanwhile)
-            pad = run.session.renderer.pad_token_id
-            batch = collate(adv.trajectories, adv.advantages, pad, adv.turn_advantages) if adv.trajectories else None
-            metrics.update(await learn(run, batch, stages, step))
-            metrics["time/train_s"] = time.perf_counter() - t_train
-            # 7. sync the new weights into every server (version = steps taken), episodes in flight or not;
-            # the new version opens the stream's next slots
-            t_sync, metrics["push/episodes_in_flight"] = time.perf_counter(), float(stream.in_flight)
-            await sync.push(await asyncio.to_thread(served_weights, run), step + 1)
-            stream.pushed(step + 1)
-            metrics["time/sync_s"] = time.perf_counter() - t_sync
-            # 8. log and checkpoint
-            metrics["time/step_s"] = time.perf_counter() - t_step
-            metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
-            metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
-            metrics.update(run.tasks.positions(stream.data_position()))
-            final = log.log(step + 1, metrics)
-            write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
-            if checkpoint_due(cfg, step):
-                checkpoint(run, step + 1, stream.state())
+            sampled = await unless_stopped(stream.batch(step), run.stop)
+            if sampled is None:
+                break  # preempted while sampling: the step is abandoned, its groups stay open in the stream
+            final, done = await train_step(run, stream, sync, log, stages, step, *sampled, t_step), step + 1
+            if run.stop.requested:
+                break
+        if run.stop.requested and done < cfg.run.steps:  # a signal in the last step: the run ends as it would
+            stop(run, done, stream.state())
     return final
+
+
+async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: RunLogger, stages: Stages, step: int,
+                     groups: list[TrajectoryGroup], metrics: dict[str, float], t_step: float) -> dict[str, float]:
+    """Steps 2-8 of one step on its sampled groups; returns its metrics as logged."""
+    cfg, algo = run.cfg, run.cfg.algorithm
+    trajs = [t for g in groups for t in g.trajectories]
+    # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
+    # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
+    credit = credit_of(algo)
+    adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
+    metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
+                    **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
+    t_train = time.perf_counter()
+    # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step (the stream plays on meanwhile)
+    pad = run.session.renderer.pad_token_id
+    batch = collate(adv.trajectories, adv.advantages, pad, adv.turn_advantages) if adv.trajectories else None
+    metrics.update(await learn(run, batch, stages, step))
+    metrics["time/train_s"] = time.perf_counter() - t_train
+    # 7. sync the new weights into every server (version = steps taken), episodes in flight or not;
+    # the new version opens the stream's next slots
+    t_sync, metrics["push/episodes_in_flight"] = time.perf_counter(), float(stream.in_flight)
+    failed = await push(run, sync, stream, step + 1)
+    metrics["time/sync_s"] = time.perf_counter() - t_sync
+    # 8. log and checkpoint
+    metrics["time/step_s"] = time.perf_counter() - t_step
+    metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
+    metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
+    metrics.update(run.tasks.positions(stream.data_position()))
+    final = log.log(step + 1, metrics)
+    write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
+    saved = checkpoint_due(cfg, step) or (failed is not None and mended(metrics, trajs) and not sharded_full(run))
+    if saved:
+        checkpoint(run, step + 1, stream.state())
+    if failed is not None:
+        raise server_gone(run, failed, step + 1 if saved else None)
+    return final
+
+
+async def push(run: Run, sync: WeightSync, stream: RolloutStream, version: int) -> WeightSyncError | None:
+    """Push `version` to every server and open the slots it allows; the error if a server would not take it
+    (a server gone: the run ends after this step is logged and, when it can be, checkpointed)."""
+    try:
+        await sync.push(await asyncio.to_thread(served_weights, run), version)
+    except WeightSyncError as e:
+        return e
+    stream.pushed(version)
+    return None
+
+
+def mended(metrics: dict[str, float], trajs: Sequence[Trajectory]) -> bool:
+    """The step trained what an unfaulted run would: no episode failed, or each failure was mended by a retry
+    (a server that died may have failed the step's episodes, whose tasks a checkpoint would count as trained)."""
+    failures = sum(v for k, v in metrics.items() if k.startswith("error/") and k not in RETRY_COUNTS)
+    return not any(t.infra_error for t in trajs) and failures == metrics.get("error/retried", 0.0)
+
+
+def server_gone(run: Run, error: WeightSyncError, saved: int | None) -> WeightSyncError:
+    """The push's error, with where the run can go on from: step `saved`, or the last checkpoint written."""
+    last = saved if saved is not None else latest_step(run.run_dir)
+    where = f"checkpoint of step {last} in {run.run_dir}/checkpoints" if last else "no checkpoint written"
+    return WeightSyncError(f"{error} ({where}; continue with the same command and --resume once the servers "
+                           f"answer)")
+
+
+async def unless_stopped(work: Awaitable[T], stop: Preemption) -> T | None:
+    """`work`'s result, or None (and `work` cancelled) if a stop signal comes first."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.event.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, stopped):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+def stop(run: Run, done: int, stream_state: dict[str, Any]) -> None:
+    """A stop signal came: checkpoint step `done` unless it is already (the slots not yet trained are the
+    stream's now, as no update happened since), then end the run with `Preempted`'s line."""
+    saved = done > 0 and (done == run.start or checkpoint_due(run.cfg, done - 1))
+    if done > 0 and not saved:
+        checkpoint(run, done, stream_state)
+    raise Preempted(run.stop.signal_name or "SIGTERM", done, run.cfg.run.steps, run.run_dir, checkpoint=done > 0)
 
 
 async def learn(run: Run, batch: Batch | None, stages: Stages, step: int) -> dict[str, float]:
@@ -290,9 +363,16 @@ def checkpoint(run: Run, step: int, stream: dict[str, Any] | None) -> None:
     if sharded_full(run):
         gathered = {"weights": full_state_dict(policy.model, policy.dist),
                     "optimizer_state": full_optimizer_state(policy.optimizer, policy.dist)}
-    if policy.dist.main:
+    if not policy.dist.main:
+        return
+    try:
         save_checkpoint(run.run_dir, step, policy.model, policy.optimizer, policy.scheduler,
                         data_position=stream, keep=run.cfg.run.keep_checkpoints, **gathered)
+    except OSError as e:  # a full disk, a quota: written into a temporary folder, so the last good one stands
+        last = latest_step(run.run_dir)
+        kept = f"the checkpoint of step {last} stays readable" if last else "no earlier checkpoint"
+        raise CheckpointError(f"could not write the checkpoint of step {step} in {run.run_dir}/checkpoints: "
+                              f"{e} ({kept})") from None
 
 
 def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:

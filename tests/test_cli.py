@@ -255,3 +255,29 @@ def test_a_killed_test_session_stops_the_servers_its_fixtures_started(tmp_path):
         time.sleep(0.05)
     os.kill(server_pid, signal.SIGKILL)
     raise AssertionError("the stand-in server outlived the killed test session")
+
+
+def test_sigusr1_unwinds_a_command_as_sigterm_does():
+    """SLURM's warning signal: by default it would end the process at once and leave the servers it started."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=os.getcwd())
+    try:
+        server_pid = int(child.stdout.readline())
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGUSR1)
+        _, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == 138
+    assert err.strip().splitlines()[-1] == "error: terminated (SIGUSR1)"
+    try:  # the stand-in server was killed and reaped by the child before it exited
+        os.kill(server_pid, 0)
+        os.kill(server_pid, signal.SIGKILL)
+        raise AssertionError("the server the command started outlived it")
+    except ProcessLookupError:
+        pass

@@ -126,6 +126,9 @@ class RolloutConfig(_Section):
     max_tokens_per_turn: int = Field(128, ge=1, description="sampled tokens per assistant turn")
     max_total_tokens: int = Field(1024, ge=1, description="tokens per episode, prompt and tool output included")
     max_concurrent: int = Field(64, ge=1, description="episodes in flight at once across all servers")
+    on_error: Literal["retry", "drop_group", "keep"] = Field("retry", description="an episode whose env or sampler "
+        "failed: retry it (fresh env, same seed), then drop its group; drop its group; keep the group's other episodes")
+    max_retries: int = Field(2, ge=0, description="retries of a failed episode under on_error: retry")
 
     @model_validator(mode="before")
     @classmethod

@@ -6,7 +6,9 @@ Owns: `TaskStream` (the run's tasks in a fixed order, and a position); `RolloutS
 `rollout.max_concurrent` workers; a group's reward scored when the group ends; refills (a group without
 signal, under dynamic sampling, or lost whole to infrastructure errors, gives its slot to the next task,
 up to `algorithm.max_resample_batches` times); `batch(step)` (waits for what `Admission.choose` needs),
-`pushed(version)`; what a checkpoint keeps (`state`), and the stream's figures (time waited, the servers'
+`pushed(version)`; the episode failure policy (`on_error`: a failed episode played again with its own seeds
+in a fresh environment, or its group kept out of the update) and the failures' counts by type (`error/<type>`);
+what a checkpoint keeps (`state`), and the stream's figures (time waited, the servers'
 idle share, episodes in flight).
 Does not own: one episode (`rollout.runner`), the staleness rule (`rollout.admission`), whether a group has
 signal (the caller's predicate, `learn.advantages.has_signal`), the training loop (`trainer`).
@@ -72,6 +74,16 @@ def legacy_state(saved: Any, step: int, batch: int) -> dict[str, Any]:
     return {"position": int(saved), "opened": step * batch, "open": [], "groups": []}
 
 
+def error_type(error: str | None) -> str:
+    """The type an episode's error is counted under (`error/<type>`): the exception's name in the runner's text,
+    `ValueError: bad`, `environment could not start: ValueError: bad`; `group_reward` for a group reward's."""
+    text = (error or "").removeprefix("environment could not start: ")
+    if text.startswith("group reward failed"):
+        return "group_reward"
+    name = text.split(":", 1)[0].strip()
+    return name if name.isidentifier() else "other"
+
+
 def _now() -> float:
     """The event loop's clock: a simulated one (bench/async_sim.py) makes every figure here simulated too."""
     return asyncio.get_running_loop().time()
@@ -87,6 +99,8 @@ class Episodes:
     limits: EpisodeLimits
     group_size: int
     group_reward: Callable[..., Any] | None = None
+    on_error: str = "keep"  # an episode that failed: "retry" (then drop its group), "drop_group" or "keep"
+    max_retries: int = 0  # replays of a failed episode under "retry"
 
 
 class IdleMeter:
@@ -135,6 +149,8 @@ class _Group:
     task: dict[str, Any]
     trajs: list[Trajectory | None]
     refill: bool | None = None  # None while playing or scoring
+    dropped: bool = False  # an episode failed (after its retries) and `on_error` drops the group from the update
+    retries: Counter[int] = field(default_factory=Counter)  # episode index -> replays so far
     ended: TrajectoryGroup | None = None
     wave: list[_Group] = field(default_factory=list)  # the groups started with it: its refill waits for them
 
@@ -169,6 +185,7 @@ class RolloutStream:
         self.changed = asyncio.Event()
         self.counts = _Counts()
         self.failure: BaseException | None = None
+        self.errors: Counter[str] = Counter()  # failed episodes by `error/<type>`, retries, since the last batch
 
     async def __aenter__(self) -> RolloutStream:
         for _ in range(self.workers):
@@ -227,8 +244,11 @@ class RolloutStream:
         mine = sorted((self.groups.pop(n) for n in chosen), key=lambda g: g.position)
         metrics = {"time/wait_s": _now() - t0, "resample_batches": float(max((g.label[1] for g in mine), default=0)),
                    "server_idle_share": self.meter.idle_share(), "stream/buffered": float(len(kept) - len(mine)),
-                   "stream/open_slots": float(len(self.groups))}
-        return [g.ended for g in mine if g.ended is not None], metrics
+                   "stream/open_slots": float(len(self.groups)), "error/retried": 0.0,
+                   "error/dropped_groups": float(sum(g.dropped for g in mine)),
+                   **{k: float(v) for k, v in sorted(self.errors.items())}}
+        self.errors.clear()
+        return [g.ended for g in mine if g.ended is not None and not g.dropped], metrics
 
     def data_position(self) -> int:
         """Every task before this position has been trained or tried: where the synchronous loop would resume."""
@@ -277,27 +297,48 @@ class RolloutStream:
     async def _worker(self) -> None:
         ep = self.episodes
         while True:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():  # a cancel an episode swallowed (3.11's wait_for can): obey it
+                raise asyncio.CancelledError
             group, index = await self.queue.get()
             limits = replace(ep.limits, seed=step_seed(self.run_seed, *group.label))
             self.counts.running += 1
             try:
-                group.trajs[index] = await play_task(group.task, index, ep.make_env, self.meter, ep.renderer, limits)
+                traj = await play_task(group.task, index, ep.make_env, self.meter, ep.renderer, limits)
             finally:
                 self.counts.running -= 1
             ROLLOUT_GC.collect_if_piling_up()
+            if traj.infra_error and self._retry(group, index, traj.error):
+                continue  # played again from the start, same seeds, a fresh environment; still counted busy
+            group.trajs[index] = traj
             if all(t is not None for t in group.trajs):
                 self._spawn(self._end(group))  # scored beside the episodes still running
             else:
                 self._busy(-1)
 
+    def _retry(self, group: _Group, index: int, error: str | None) -> bool:
+        """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left."""
+        self.errors[f"error/{error_type(error)}"] += 1
+        if self.episodes.on_error != "retry" or group.retries[index] >= self.episodes.max_retries:
+            return False
+        group.retries[index] += 1
+        self.errors["error/retried"] += 1
+        self.queue.put_nowait((group, index))
+        return True
+
     async def _end(self, group: _Group) -> None:
         """A group's episodes have all ended: its group reward, whether it keeps its slot, its wave's refills."""
         ended = [t for t in group.trajs if t is not None]
         if self.episodes.group_reward is not None:
+            failed = sum(t.infra_error for t in ended)
             ended = await score_group(self.episodes.group_reward, group.task, ended, self.episodes.limits.env_timeout_s)
+            self.errors["error/group_reward"] += sum(t.infra_error for t in ended) - failed
         group.ended = TrajectoryGroup(str(group.task.get("id", "")), tuple(ended))
+        # on_error keep: the episodes that did not fail train (a group lost whole refills); else the group is out
+        group.dropped = self.episodes.on_error != "keep" and any(t.infra_error for t in ended)
         group.refill = group.label[1] < self.max_rounds and (
-            all(t.infra_error for t in ended) or (self.signal is not None and not self.signal(group.ended)))
+            group.dropped or all(t.infra_error for t in ended)
+            or (self.signal is not None and not self.signal(group.ended)))
         wave = group.wave
         if all(g.refill is not None for g in wave):
             target, round_ = group.label

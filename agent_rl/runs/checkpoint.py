@@ -48,7 +48,8 @@ _WEIGHTS, _OPTIMIZER, _SCHEDULER, _RNG, _STATE, _MANIFEST = (
 
 
 class CheckpointError(Exception):
-    """A checkpoint that verifies but does not fit the model/optimizer it is loaded into."""
+    """A checkpoint that verifies but does not fit the model/optimizer it is loaded into, or one that could not
+    be written (a full disk: the checkpoints before it stay readable)."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,12 @@ def _verify(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable manifest ({type(e).__name__}: {e})"
     return None
+
+
+def latest_step(run_dir: str | Path) -> int | None:
+    """The step of the newest checkpoint that verifies (the one `load_checkpoint` would read), or None."""
+    return next((step for step, path in sorted(_step_dirs(checkpoints_dir(run_dir)), reverse=True)
+                 if _verify(path) is None), None)
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:

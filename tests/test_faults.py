@@ -1,0 +1,71 @@
+"""Faults a run meets, each ending in one line (`trainer.mended`, `trainer.server_gone`, `trainer.checkpoint`,
+`commands.errors_as_lines`): whether a step can be checkpointed after its push failed, the line for a server
+gone, a disk that fills during a checkpoint (the last good one stays readable)."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from test_stream import scripted_run, toy_tasks
+
+from agent_rl import trainer
+from agent_rl.commands import CLIError, errors_as_lines
+from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.preemption import Preempted
+from agent_rl.rollout.weight_sync.base import WeightSyncError
+from agent_rl.runs import checkpoint as checkpoints
+from agent_rl.runs.checkpoint import latest_step, load_checkpoint
+
+
+def traj(error: str | None = None) -> Trajectory:
+    return Trajectory(task_id="t", token_ids=(), loss_mask=(), logprobs=(), prompt_len=0, turns=(), messages=(),
+                      tool_calls=(), stop_reason=StopReason.ERROR if error else StopReason.ENV_DONE, error=error)
+
+
+@pytest.mark.parametrize(("metrics", "errors", "expected"), [
+    ({}, [None, None], True),
+    ({"error/ValueError": 2.0, "error/retried": 2.0, "error/dropped_groups": 0.0}, [None], True),  # retries mended
+    ({"error/ValueError": 2.0, "error/retried": 1.0}, [None], False),  # one failure not mended: a group refilled
+    ({"error/dropped_groups": 1.0, "error/SamplerError": 1.0, "error/retried": 0.0}, [None], False),
+    ({}, [None, "SamplerError: server down"], False),  # kept (on_error: keep) failures
+])
+def test_a_step_is_mended_when_it_trained_what_an_unfaulted_run_would(metrics, errors, expected):
+    assert trainer.mended(metrics, [traj(e) for e in errors]) is expected
+
+
+def test_the_line_for_a_server_gone_says_where_to_go_on_from(tmp_path, smol_dir, renderer):
+    run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(3))
+    error = WeightSyncError("vLLM server http://h:1 did not answer")
+    assert str(trainer.server_gone(run, error, None)) == (
+        "vLLM server http://h:1 did not answer (no checkpoint written; continue with the same command and --resume "
+        "once the servers answer)")
+    trainer.checkpoint(run, 1, {"position": 0})
+    assert str(trainer.server_gone(run, error, None)).startswith(
+        f"vLLM server http://h:1 did not answer (checkpoint of step 1 in {tmp_path}/checkpoints; ")
+
+
+def test_a_disk_full_during_a_checkpoint_is_one_line_and_the_last_good_one_stays(tmp_path, smol_dir, renderer,
+                                                                                  monkeypatch):
+    run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(3))
+    trainer.checkpoint(run, 1, {"position": 3})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "save_file", full)
+    with pytest.raises(CLIError) as e, errors_as_lines():
+        trainer.checkpoint(run, 2, {"position": 6})
+    assert str(e.value) == (f"could not write the checkpoint of step 2 in {tmp_path}/checkpoints: [Errno 28] No "
+                            f"space left on device (the checkpoint of step 1 stays readable)")
+    assert e.value.code == 1 and latest_step(tmp_path) == 1
+    ck = load_checkpoint(tmp_path, run.policy.model)
+    assert ck is not None and ck.step == 1 and ck.data_position == {"position": 3}
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))  # the half-written folder is gone
+
+
+def test_a_preempted_run_is_its_line_and_128_plus_the_signal():
+    with pytest.raises(CLIError) as e, errors_as_lines():
+        raise Preempted("SIGTERM", 1, 3, Path("runs/x"), checkpoint=True)
+    assert e.value.code == 143 and str(e.value).startswith("preempted by SIGTERM after step 1 of 3 (checkpoint")
