@@ -2,7 +2,8 @@
 
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
-servers (started here or attached) with a sampler on them, as one async context; and `judging`: the
+servers (started here or attached) with a sampler on them, as one async context, and with `rollout.workers` the
+Ray workers behind it (`with_workers`; what each plays with: `worker_kit`); and `judging`: the
 session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
 `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
 a model spec, a renderer name or a server URL means the same everywhere.
@@ -12,6 +13,7 @@ Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -25,8 +27,10 @@ from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.sampler import ServedSampler, VLLMSampler
 from agent_rl.rollout.server import serve_or_attach
+from agent_rl.rollout.worker import Kit, WorkerSettings
+from agent_rl.rollout.workers import ray_cluster, rollout_workers
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,25 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 
 @contextlib.asynccontextmanager
 async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
-                   ) -> AsyncIterator[VLLMSampler]:
-    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit."""
-    with serve_or_attach(cfg, model_dir, log_path) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
-            yield sampler
+                   ) -> AsyncIterator[ServedSampler]:
+    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit; with
+    `rollout.workers`, its episodes play on that many Ray workers (the cluster joined before any server starts)."""
+    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, model_dir, log_path) as urls:
+        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                with_workers(cfg, urls, sampler) as served:
+            yield served
+
+
+def with_workers(cfg: TrainConfig, urls: Sequence[str], sampler: ServedSampler
+                 ) -> contextlib.AbstractAsyncContextManager[ServedSampler]:
+    """`sampler`, with `rollout.workers` Ray workers behind it playing the episodes (`rollout.workers`)."""
+    settings = WorkerSettings(cfg.ray, cfg.rollout.max_concurrent, cfg.sampler.request_timeout_s)
+    kit = functools.partial(worker_kit, cfg, tuple(urls))
+    return rollout_workers(cfg.rollout.workers, kit, sampler, settings)
+
+
+def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:
+    """What a rollout worker plays with, built in its own process: the run's environments (or mixture), the
+    renderer of `model.name` and a sampler over `urls` (each machine of a cluster resolves the model itself)."""
+    renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer, cfg.model.bare_tool_calls)
+    return Kit(env_of(cfg).make_env, renderer, VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s))

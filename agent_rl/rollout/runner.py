@@ -26,7 +26,7 @@ import asyncio
 import hashlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -64,6 +64,9 @@ class EpisodeLimits:
         """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
         return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
                    max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+
+Play = Callable[[dict[str, Any], int, EpisodeLimits], Awaitable[Trajectory]]  # (task, rollout index, limits)
 
 
 def step_seed(run_seed: int, step: int, batch: int | None = None) -> int:
@@ -216,9 +219,12 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
 async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
                          sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
                          group_size: int, max_concurrent: int = 64,
-                         group_reward: Callable[..., Any] | None = None) -> list[TrajectoryGroup]:
+                         group_reward: Callable[..., Any] | None = None,
+                         play: Play | None = None) -> list[TrajectoryGroup]:
     """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive; then
     `group_reward(task, trajectories)` (`core.registry`) on each task's group as soon as it has ended.
+    `play(task, index, limits)`, when given, plays each episode instead of `play_task` here: on rollout
+    workers (`rollout.workers`), with their own environments and sampler.
 
     `max_concurrent` workers take the episodes in order, so only the episodes in play exist as
     coroutines: 100k queued episodes cost 100k list slots, not 100k suspended tasks for every
@@ -237,7 +243,10 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     async def worker() -> None:
         for k in order:
             i = k // group_size
-            flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
+            if play is not None:
+                flat[k] = await play(tasks[i], k % group_size, limits)
+            else:
+                flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
             ROLLOUT_GC.collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
