@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -242,10 +243,12 @@ def ray_local():
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests), *filter(None, [before])])
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init's own handler would replace `pytest_sessionstart`'s
     try:  # the cluster's processes take the environment they start with
         ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20,
                  logging_level=logging.ERROR)
     finally:
+        signal.signal(signal.SIGTERM, sigterm)
         if before is None:
             os.environ.pop("PYTHONPATH")
         else:

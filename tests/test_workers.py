@@ -197,6 +197,26 @@ def test_a_cluster_that_does_not_answer_is_one_line():
     assert last.endswith("); start its head (ray start --head) or fix the address") and "Traceback" not in out.stderr
 
 
+def test_a_cluster_of_this_machine_has_room_for_the_workers_and_leaves_sigterm_alone():
+    """No address: `connected` starts a cluster of this machine with at least the workers' CPUs (8 x 1 on 2 cores)
+    and the custom resources they ask (8 x docker: 1), keeps the process's own SIGTERM handler (ray.init would
+    make SIGTERM exit at once), and shuts the cluster down after."""
+    code = ("import signal, ray\n"
+            "from agent_rl.core.config import RayConfig\n"
+            "from agent_rl.rollout.ray_pool import connected\n"
+            "def mine(signum, frame): pass\n"
+            "signal.signal(signal.SIGTERM, mine)\n"
+            "with connected(RayConfig(resources={'docker': 1}), 8):\n"
+            "    total = ray.cluster_resources()\n"
+            "    print(total['CPU'] >= 8, total['docker'], signal.getsignal(signal.SIGTERM) is mine)\n"
+            "print(ray.is_initialized())\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                         env={**env, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "8.0", "True", "False"]
+
+
 def test_ray_address_names_the_field_and_takes_ray_client_addresses():
     from agent_rl.rollout.ray_pool import _answers
 

@@ -34,7 +34,9 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -83,14 +85,21 @@ def connected(settings: RayConfig, workers: int) -> Iterator[None]:
         ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
     if address and address != "local":
         _answers(where, address)
-        try:
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        if address and address != "local":
             ray.init(address=address, logging_level=logging.ERROR)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConfigError(where, f"could not join the Ray cluster at {address}: {_first_line(e)}") from None
-    else:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(workers * settings.num_cpus)),
-                 resources={k: v * workers for k, v in settings.resources.items()}, include_dashboard=False,
-                 object_store_memory=512 * 2**20, logging_level=logging.ERROR)
+        else:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(workers * settings.num_cpus)),
+                     resources={k: v * workers for k, v in settings.resources.items()}, include_dashboard=False,
+                     object_store_memory=512 * 2**20, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        what = f"could not join the Ray cluster at {address}" if address and address != "local" else \
+            "could not start a Ray cluster on this machine"
+        raise ConfigError(where, f"{what}: {_first_line(e)}") from None
+    finally:  # ray.init makes SIGTERM exit the process at once; the run's own handling stays (`cli`, `preemption`)
+        if threading.current_thread() is threading.main_thread() and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     try:
         yield
     finally:
