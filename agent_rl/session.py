@@ -106,7 +106,7 @@ async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | Non
 def with_workers(cfg: TrainConfig, urls: Sequence[str], sampler: ServedSampler
                  ) -> contextlib.AbstractAsyncContextManager[ServedSampler]:
     """`sampler`, with `rollout.workers` Ray workers behind it playing the episodes (`rollout.workers`)."""
-    settings = WorkerSettings(cfg.ray, cfg.rollout.max_concurrent, cfg.sampler.request_timeout_s)
+    settings = WorkerSettings(cfg.ray, cfg.sampler.request_timeout_s)
     kit = functools.partial(worker_kit, cfg, tuple(urls))
     return rollout_workers(cfg.rollout.workers, kit, sampler, settings)
 

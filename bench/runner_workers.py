@@ -15,10 +15,11 @@ the same routing (`SimCluster`'s sticky or least-outstanding rule, across all re
 its requests by id. Ray's own actor calls were measured here at ~0.4 ms of the caller's CPU and ~0.55 ms of the
 callee's per call: a simulation fed by them would spend more CPU than the runner it measures. A line of JSON over
 a socket costs tens of microseconds a side. What the design costs is reported, not hidden: the simulation
-process's CPU per request (`sim_cpu_ms_per_turn`), rank 0's per turn (`driver_cpu_ms_per_turn`: one Ray call per
-episode), and the workers' (`cpu_ms_per_turn`, the figure that sizes a deployment). The share is the runner's
-tokens/s over the zero-overhead client's on identical servers in one process, as in bench/runner_scale.py: the
-transport's latency and every process's CPU count against the workers.
+process's CPU per request (`sim_cpu_ms_per_turn`), rank 0's per turn (`driver_cpu_ms_per_turn`: the episodes
+sent and their trajectories received in batches, `agent_rl.rollout.ray_pool`), and the workers' (`cpu_ms_per_turn`,
+the figure that sizes a deployment). The share is the runner's tokens/s over the zero-overhead client's on
+identical servers in one process, as in bench/runner_scale.py: the transport's latency and every process's CPU
+count against the workers.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ async def measure_workers(workers: int, servers: int, concurrency: int, gpu: Gpu
     """The real runner on `workers` Ray workers at one scale: counters over `window` s after `warmup` s."""
     sim = ray.remote(SimService).options(num_cpus=0, max_concurrency=1000).remote()
     address = await sim.start.remote(servers, asdict(gpu), routing, shared)
-    settings = WorkerSettings(RayConfig(num_cpus=0, start_timeout_s=600), max_concurrent=concurrency)
+    settings = WorkerSettings(RayConfig(num_cpus=0, start_timeout_s=600))
     renderer = load_renderer(resolve_model(model))
     limits = EpisodeLimits(max_turns=work.turns + 1, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
     tasks = arithmetic_tasks(-(-(concurrency + int(2000 * (warmup + window))) // work.group_size))
@@ -189,7 +190,7 @@ def _row(first: dict[str, Any], last: dict[str, Any], lags: list[float], workers
 def workers_bench(args: Any, gpu: GpuModel, work: Workload) -> dict[str, Any]:
     """`--workers`: for each scale, the zero-overhead client's tokens/s in one process (the capacity), then the
     runner on each number of workers; one Ray cluster of this machine for all of it."""
-    from agent_rl.rollout.ray_pool import connected
+    from agent_rl.rollout.ray_connect import connected
     from bench.runner_scale import measure_side, workload_shape
 
     root = str(Path(__file__).resolve().parents[1])  # the cluster's processes import bench/ and agent_rl from here

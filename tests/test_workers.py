@@ -56,8 +56,7 @@ async def run_on(workers: int, tmp_path, smol_dir, renderer, sets, kit_args=(), 
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), *kit_args)
     here = ray_kits.SeededSampler(renderer)
-    async with rollout_workers(workers, kit, here, WorkerSettings(max_concurrent=run.cfg.rollout.max_concurrent)) \
-            as sampler:
+    async with rollout_workers(workers, kit, here, WorkerSettings()) as sampler:
         seen, lines = await play(run, sampler)
         stats = sampler.stats() if workers else {}
     return seen, lines, stats
@@ -203,7 +202,7 @@ def test_a_cluster_of_this_machine_has_room_for_the_workers_and_leaves_sigterm_a
     make SIGTERM exit at once), and shuts the cluster down after."""
     code = ("import signal, ray\n"
             "from agent_rl.core.config import RayConfig\n"
-            "from agent_rl.rollout.ray_pool import connected\n"
+            "from agent_rl.rollout.ray_connect import connected\n"
             "def mine(signum, frame): pass\n"
             "signal.signal(signal.SIGTERM, mine)\n"
             "with connected(RayConfig(resources={'docker': 1}), 8):\n"
@@ -218,16 +217,16 @@ def test_a_cluster_of_this_machine_has_room_for_the_workers_and_leaves_sigterm_a
 
 
 def test_ray_address_names_the_field_and_takes_ray_client_addresses():
-    from agent_rl.rollout.ray_pool import _answers
+    from agent_rl.rollout.ray_connect import answers
 
     port = _closed_port()
     for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", "no-port-here"):
         with pytest.raises(ConfigError, match=r"^config error: ray\.address: no Ray cluster answers at "):
-            _answers("ray.address", address)
+            answers("ray.address", address)
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
-        _answers("ray.address", f"ray://127.0.0.1:{listening.getsockname()[1]}")  # something answers: no error
+        answers("ray.address", f"ray://127.0.0.1:{listening.getsockname()[1]}")  # something answers: no error
 
 
 async def test_workers_that_no_node_can_hold_are_one_line(ray_local, smol_dir, renderer):

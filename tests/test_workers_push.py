@@ -1,4 +1,4 @@
-"""Weight pushes and evaluation with the episodes on rollout workers (`rollout.ray_pool.PooledSampler`), against
+"""Weight pushes and evaluation with the episodes on rollout workers (`rollout.workers.PooledSampler`), against
 tests/test_push_in_flight.py's stand-in vLLM server (a token's log-prob is minus the version of the weights that
 sampled it): a push of weights reloaded in place holds every worker's sampler and aborts their requests, which go
 on under the new version with every token tagged by what sampled it; an adapter push keeps an old adapter loaded

@@ -1,14 +1,19 @@
-"""Rollout workers on Ray, seen from rank 0: the cluster, the pool of workers, and the sampler a weight sync talks to.
+"""Rollout workers on Ray, seen from rank 0: the pool of workers, and the sampler a weight sync talks to.
 
-Owns: `connected` (join `ray.address` or RAY_ADDRESS, else start a one-machine cluster sized for the workers:
-their CPUs and custom resources; an address that does not answer is one line, before Ray's own minutes of
-retries); `WorkerPool` (N `rollout.worker.RolloutWorker` actors with the `ray` section's resources and
-restarts; each episode sent to the worker with the fewest in flight among those up; a worker's death makes the
-episodes it held infrastructure errors, and its restart is waited for aside); `PooledSampler` (rank 0's sampler
-as the stream and every weight sync see it: a new policy, a hold, a release is true on every worker before the
-call returns, and requests in flight are counted on every worker); `pooled`, all of it as one async context.
-Does not own: a worker's body and what it plays with (`rollout.worker`), an episode (`rollout.runner`), which
-episodes play when (`rollout.stream`), pushes (`rollout.weight_sync`).
+Owns: `WorkerPool` (N `rollout.worker.RolloutWorker` actors with the `ray` section's resources and restarts; each
+episode given to the worker with the fewest in flight among those up, the episodes sent in batches and their
+trajectories collected in batches; a worker's death makes the episodes it held infrastructure errors, and its
+restart is waited for aside); `control`, one call on every worker that is up, waited for (what
+`rollout.workers.PooledSampler` makes of a new policy, a hold, a release, and the counts a push reads).
+Does not own: the cluster (`rollout.ray_connect`), a worker's body and what it plays with (`rollout.worker`), the
+sampler a run and its weight sync see (`rollout.workers`), an episode (`rollout.runner`), which episodes play
+when (`rollout.stream`), pushes (`rollout.weight_sync`).
+
+Batches, not a call per episode. A Ray call costs about half a millisecond of CPU on each side (measured here),
+as much as a turn of the runner itself, and thousands of calls queued to one actor delay every control call
+behind them. So each worker gets the episodes given to it in one event-loop turn as one `submit`, and one
+long-polling `results` call per worker at a time brings back every trajectory that ended since the last
+(`RolloutWorker.results`, at most one answer every 5 ms).
 
 Routing over the servers. Each worker's sampler sends its requests to the server with the fewest of *its own*
 requests outstanding (`VLLMSampler`); no worker sees the others' load. Each worker levels its own share, so a
@@ -19,8 +24,9 @@ shared counter on every request.
 A worker's death. Its episodes in flight end as infrastructure errors (`WorkerDied: ...`), which
 `rollout.on_error` treats like any other: under `retry` (the default) each is played again from its start with
 its own seeds, on a worker that is up, so the step trains what an unfaulted run trains. Ray restarts the worker
-(`ray.max_restarts`); it is given episodes again once it answers, and learns the served policy from the first.
-Once every worker is dead for good (restarts used up) the run ends with a `WorkerError` line.
+(`ray.max_restarts`); it is given episodes again once it answers, and learns the served policy from the first
+batch. A worker's death shows as a failed call, or as a new process id in an answer (a call that reached the
+restarted worker). Once every worker is dead for good (restarts used up) the run ends with a `WorkerError` line.
 
 Control calls block rank 0's event loop for one round trip to each worker (a push, its hold and release, the
 in-flight counts a push reads, the idle share once a step): a push must not end while a worker still sends
@@ -31,79 +37,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import math
-import os
-import signal
-import socket
-import threading
+import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.core.types import Message, StopReason, Trajectory
+from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.rollout.ray_connect import first_line
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler
 from agent_rl.rollout.worker import Kit, RolloutWorker, ServedState, WorkerError, WorkerSettings
 
 CONTROL_TIMEOUT_S = 30.0  # a control call to a worker that is up: past it the worker is hung, the run ends
+POLL_S = 1.0  # how long one `results` call waits for an episode to end before it answers with none
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
-def _answers(where: str, address: str) -> None:
-    """Whether anything listens at the cluster's address, with a 5 s deadline: Ray itself retries for minutes."""
-    if address == "auto":
-        return  # Ray looks for a cluster on this machine and says at once if there is none
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=5.0):
-            pass
-    except (OSError, ValueError) as e:
-        raise ConfigError(where, f"no Ray cluster answers at {address} ({type(e).__name__}: {e}); start its head "
-                                 f"(ray start --head) or fix the address") from None
-
-
-@contextlib.contextmanager
-def connected(settings: RayConfig, workers: int) -> Iterator[None]:
-    """Ray initialised for the block, then shut down; left as it is when the caller has initialised it already.
-    `ray.address` (else RAY_ADDRESS) joins that cluster; without one (or with `local`) a cluster of this machine
-    starts with room for the workers: at least their CPUs, and the custom resources they ask for."""
-    if ray.is_initialized():
-        yield
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a run phones nobody
-    where, address = ("ray.address", settings.address) if settings.address else \
-        ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
-    if address and address != "local":
-        _answers(where, address)
-    sigterm = signal.getsignal(signal.SIGTERM)
-    try:
-        if address and address != "local":
-            ray.init(address=address, logging_level=logging.ERROR)
-        else:
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(workers * settings.num_cpus)),
-                     resources={k: v * workers for k, v in settings.resources.items()}, include_dashboard=False,
-                     object_store_memory=512 * 2**20, logging_level=logging.ERROR)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        what = f"could not join the Ray cluster at {address}" if address and address != "local" else \
-            "could not start a Ray cluster on this machine"
-        raise ConfigError(where, f"{what}: {_first_line(e)}") from None
-    finally:  # ray.init makes SIGTERM exit the process at once; the run's own handling stays (`cli`, `preemption`)
-        if threading.current_thread() is threading.main_thread() and sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+@dataclass(eq=False)
+class _Episode:
+    task: dict[str, Any]
+    version: int  # the served version when it was given: a failure's trajectory is tagged with it
+    done: asyncio.Future[Trajectory]
+    pid: int = 0  # the worker process it was sent to (0: not sent yet)
 
 
 @dataclass(eq=False)
@@ -111,9 +68,12 @@ class _Worker:
     index: int
     handle: Any  # a Ray actor handle of `RolloutWorker`
     pid: int = 0
-    episodes: int = 0  # in flight on it
     up: bool = True  # answering; a worker that died is not, until its restart answers
     dead: bool = False  # for good: restarts used up, or it did not come back in time
+    life: int = 0  # counts its deaths: a call made before the last one cannot find it dead again
+    episodes: dict[int, _Episode] = field(default_factory=dict)  # given to it and not ended, by id
+    outbox: list[tuple[int, dict[str, Any], int, EpisodeLimits]] = field(default_factory=list)  # not yet sent
+    cancels: list[int] = field(default_factory=list)  # episodes given up on, not yet told
     mark: tuple[int, float] = (0, 0.0)  # (pid, request-seconds) at the last idle-share reading
 
 
@@ -124,14 +84,23 @@ def _failed(task: dict[str, Any], error: str, version: int) -> Trajectory:
                       policy_version=version, env=env)
 
 
+def _cause(e: BaseException) -> str:
+    """A worker's failure in one line: the exception it raised, else the first line of Ray's error."""
+    raised = [x.strip() for x in str(e).splitlines() if x.strip() and not x.startswith((" ", "\t"))
+              and ("Error:" in x or "Exception:" in x) and not x.startswith(("ray.exceptions", "The actor"))]
+    return raised[-1] if raised else first_line(e)
+
+
 class WorkerPool:
     """The rollout workers of one run, and where each episode goes."""
 
     def __init__(self, workers: list[_Worker], settings: WorkerSettings):
         self.workers, self.settings = workers, settings
+        self.state = ServedState()  # what every episode is sent with (`PooledSampler` keeps it current)
         self.some_up = asyncio.Event()
         self.some_up.set()
-        self.probes: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # pollers, probes, sends
+        self.ids = itertools.count()
         self.turn = 0  # rotates the ties between equally loaded workers
         self.last_death = ""
         self.idle_mark = time.monotonic()
@@ -140,9 +109,8 @@ class WorkerPool:
     async def start(cls, n: int, kit: Callable[[], Kit], settings: WorkerSettings) -> WorkerPool:
         """`n` workers, each building `kit()`; returns once every one answers (`ray.start_timeout_s`)."""
         r = settings.ray
-        actor = ray.remote(RolloutWorker).options(
-            num_cpus=r.num_cpus, resources=dict(r.resources), max_restarts=r.max_restarts, max_task_retries=0,
-            max_concurrency=settings.max_concurrent + 16)  # the episodes it may get, and room for control calls
+        actor = ray.remote(RolloutWorker).options(num_cpus=r.num_cpus, resources=dict(r.resources),
+                                                  max_restarts=r.max_restarts, max_task_retries=0, max_concurrency=64)
         pool = cls([_Worker(i, actor.remote(kit, i)) for i in range(n)], settings)
         try:
             answers = await asyncio.wait_for(asyncio.gather(*(w.handle.ready.remote() for w in pool.workers)),
@@ -162,41 +130,119 @@ class WorkerPool:
             raise WorkerError(broken[0])
         for w, (pid, _) in zip(pool.workers, answers):
             w.pid = pid
+            pool._spawn(pool._poll(w))
         return pool
 
     def stop(self) -> None:
-        for task in self.probes:
+        for task in self.tasks:
             task.cancel()
         for w in self.workers:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(w.handle, no_restart=True)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def deadline_s(self, limits: EpisodeLimits) -> float:
         """A backstop for one episode, far past its own deadlines (each request and environment call has one):
         only a worker that hangs without dying reaches it."""
         return (limits.max_turns + 2) * (4 * self.settings.request_timeout_s + limits.env_timeout_s)
 
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits, state: ServedState) -> Trajectory:
+    # -- episodes -------------------------------------------------------------------------------------------------
+
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
         """Rollout `index` of `task` on the least busy worker; an infrastructure error if the worker dies."""
         worker = await self._pick()
-        worker.episodes += 1
-        ref = worker.handle.play.remote(task, index, limits, state)
+        eid, loop = next(self.ids), asyncio.get_running_loop()
+        episode = _Episode(task, self.state.version, loop.create_future())
+        worker.episodes[eid] = episode
+        worker.outbox.append((eid, task, index, limits))
+        if len(worker.outbox) == 1:  # the episodes given in this turn of the loop go as one call
+            loop.call_soon(self._flush, worker)
         try:
-            traj: Trajectory = await asyncio.wait_for(ref, self.deadline_s(limits))
-            return traj
-        except RayActorError as e:
-            self._lost(worker, e)
-            return _failed(task, f"WorkerDied: rollout worker {worker.index} (pid {worker.pid}) stopped while "
-                                 f"playing it: {_cause(e)}", state.version)
+            return await asyncio.wait_for(asyncio.shield(episode.done), self.deadline_s(limits))
         except TimeoutError:
-            ray.cancel(ref)
             return _failed(task, f"WorkerTimeout: rollout worker {worker.index} played it for more than "
-                                 f"{self.deadline_s(limits):g} s", state.version)
-        except asyncio.CancelledError:
-            ray.cancel(ref)  # the stream is closing: the worker stops playing it too
-            raise
-        finally:
-            worker.episodes -= 1
+                                 f"{self.deadline_s(limits):g} s", episode.version)
+        finally:  # timed out, or the stream closing: the worker stops playing it
+            if worker.episodes.pop(eid, None) is not None and episode.pid and worker.up:
+                worker.cancels.append(eid)
+                if len(worker.cancels) == 1:  # those of one turn of the loop go as one call
+                    loop.call_soon(self._flush_cancels, worker)
+
+    def _flush(self, worker: _Worker) -> None:
+        batch, worker.outbox = worker.outbox, []
+        live = [item for item in batch if item[0] in worker.episodes]  # not given up on meanwhile
+        if live:
+            self._spawn(self._send(worker, live, self.state))
+
+    def _flush_cancels(self, worker: _Worker) -> None:
+        eids, worker.cancels = worker.cancels, []
+        if worker.up:
+            self._spawn(self._cancel(worker, eids))
+
+    async def _cancel(self, worker: _Worker, eids: list[int]) -> None:
+        with contextlib.suppress(RayActorError):  # a worker gone plays nothing
+            await worker.handle.cancel.remote(eids)
+
+    async def _send(self, worker: _Worker, batch: list[Any], state: ServedState) -> None:
+        life = worker.life
+        try:
+            pid = await worker.handle.submit.remote(batch, state)
+        except RayActorError as e:
+            self._lost(worker, e, life)
+            return
+        for eid, *_ in batch:
+            if (episode := worker.episodes.get(eid)) is not None:
+                episode.pid = pid
+        if pid != worker.pid:  # the call reached a restarted worker: what the old one held is lost
+            self._restarted(worker, pid)
+
+    async def _poll(self, worker: _Worker) -> None:
+        """Collect the worker's ended episodes, one long-polling call at a time, until it is found dead."""
+        life = worker.life
+        while True:
+            try:
+                pid, ended = await worker.handle.results.remote(POLL_S)
+            except RayActorError as e:
+                self._lost(worker, e, life)
+                return
+            if life != worker.life:
+                return  # a poller of an earlier life: the probe started the current one
+            if pid != worker.pid:
+                self._restarted(worker, pid)
+            for eid, traj in ended:
+                episode = worker.episodes.pop(eid, None)
+                if episode is not None and not episode.done.done():
+                    episode.done.set_result(traj)
+
+    def _fail(self, worker: _Worker, why: str, lost: Callable[[_Episode], bool]) -> None:
+        for eid, episode in list(worker.episodes.items()):
+            if lost(episode):
+                del worker.episodes[eid]
+                if not episode.done.done():
+                    episode.done.set_result(_failed(episode.task, why, episode.version))
+
+    def _restarted(self, worker: _Worker, pid: int) -> None:
+        why = f"WorkerDied: rollout worker {worker.index} (pid {worker.pid}) was restarted while playing it"
+        self.last_death = why.removeprefix("WorkerDied: ")
+        self._fail(worker, why, lambda e: e.pid not in (0, pid))
+        worker.pid = pid
+
+    def _lost(self, worker: _Worker, error: BaseException, life: int | None = None) -> None:
+        """A call to `worker` (made in its life `life`; None: now) found it dead: what it held fails, and no episode
+        goes to it until it answers again."""
+        if life is not None and life != worker.life:
+            return  # it died before, and has been restarted since
+        self.last_death = f"rollout worker {worker.index} (pid {worker.pid}): {_cause(error)}"
+        self._fail(worker, f"WorkerDied: rollout worker {worker.index} (pid {worker.pid}) stopped while playing "
+                           f"it: {_cause(error)}", lambda e: True)
+        worker.outbox.clear()
+        if worker.up:
+            worker.up, worker.life = False, worker.life + 1
+            self._spawn(self._probe(worker))
 
     async def _pick(self) -> _Worker:
         """The worker with the fewest episodes in flight among those up; waits while none is (restarting)."""
@@ -210,19 +256,10 @@ class WorkerPool:
             except TimeoutError:
                 raise WorkerError(f"no rollout worker came back within {self.settings.ray.start_timeout_s:g} s "
                                   f"(ray.start_timeout_s); the last death: {self.last_death}") from None
-        low = min(w.episodes for w in up)
+        low = min(len(w.episodes) for w in up)
         self.turn += 1
-        tied = [w for w in up if w.episodes == low]
+        tied = [w for w in up if len(w.episodes) == low]
         return tied[self.turn % len(tied)]
-
-    def _lost(self, worker: _Worker, error: BaseException) -> None:
-        """A call to `worker` found it dead: no episode goes to it until its restart answers."""
-        self.last_death = f"rollout worker {worker.index} (pid {worker.pid}): {_cause(error)}"
-        if worker.up:
-            worker.up = False
-            task = asyncio.get_running_loop().create_task(self._probe(worker))
-            self.probes.add(task)
-            task.add_done_callback(self.probes.discard)
 
     async def _probe(self, worker: _Worker) -> None:
         deadline = time.monotonic() + self.settings.ray.start_timeout_s
@@ -232,6 +269,7 @@ class WorkerPool:
                 if broken:  # its restart could not build what it plays with
                     raise WorkerError(broken)
                 worker.up = True
+                self._spawn(self._poll(worker))
                 break
             except WorkerError as e:
                 worker.dead = True
@@ -245,6 +283,8 @@ class WorkerPool:
                 await asyncio.sleep(0.5)
         self.some_up.set()  # wakes the episodes waiting for a worker (they see whether any is up)
 
+    # -- control ----------------------------------------------------------------------------------------------
+
     def control(self, method: str, *args: Any) -> list[tuple[_Worker, Any]]:
         """`method(*args)` on every worker that is up, waited for (`CONTROL_TIMEOUT_S`): (worker, its answer),
         the answer None for a worker found dead."""
@@ -254,7 +294,7 @@ class WorkerPool:
         for w, ref in zip(up, refs):
             try:
                 out.append((w, ray.get(ref, timeout=CONTROL_TIMEOUT_S)))
-            except RayActorError as e:  # died: it has nothing in flight, and learns the state from its next episode
+            except RayActorError as e:  # died: it has nothing in flight, and learns the state from its next batch
                 self._lost(w, e)
                 out.append((w, None))
             except GetTimeoutError:
@@ -276,92 +316,3 @@ class WorkerPool:
             used += total - w.mark[1] if pid == w.mark[0] else total  # a restarted worker counts from 0
             w.mark = (pid, total)
         return min(1.0, max(0.0, 1.0 - used / (max(servers, 1) * max(elapsed, 1e-9))))
-
-
-def _cause(e: BaseException) -> str:
-    """A worker's failure in one line: the exception its creation raised, else the first line of Ray's error."""
-    text = str(e)
-    raised = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith((" ", "\t"))
-              and ("Error:" in x or "Exception:" in x) and not x.startswith(("ray.exceptions", "The actor"))]
-    return raised[-1] if raised else _first_line(e)
-
-
-class PooledSampler:
-    """Rank 0's sampler with rollout workers behind it (`rollout.workers.rollout_workers`): a `ServedSampler` whose
-    changes reach every worker before they return, and the `rollout.stream.Players` the stream plays through."""
-
-    def __init__(self, local: ServedSampler, pool: WorkerPool):
-        self.local, self.pool = local, pool
-        self.state = ServedState(0, getattr(local, "model", None), local.policy_version)
-
-    # -- the served policy, as every weight sync sees it ------------------------------------------------------
-
-    @property
-    def model(self) -> str:
-        return self.local.model
-
-    @model.setter
-    def model(self, name: str) -> None:
-        self.set_policy(name, self.policy_version)
-
-    @property
-    def policy_version(self) -> int:
-        return self.local.policy_version
-
-    @policy_version.setter
-    def policy_version(self, version: int) -> None:  # a scripted sampler's push (tests): the version alone
-        self.local.policy_version = version
-        self._change(version=version)
-
-    @property
-    def urls(self) -> list[str]:
-        return list(getattr(self.local, "urls", []))
-
-    def set_policy(self, model: str, version: int) -> None:
-        self.local.set_policy(model, version)
-        self._change(model=model, version=version)
-
-    def hold(self) -> None:
-        self.local.hold()
-        self._change(held=True)
-
-    def release(self) -> None:
-        self.local.release()
-        self._change(held=False)
-
-    def in_flight(self, url: str | None = None, model: str | None = None) -> int:
-        here = getattr(self.local, "in_flight", None)
-        there = sum(n or 0 for _, n in self.pool.control("in_flight", url, model))
-        return (0 if here is None else int(here(url, model))) + there
-
-    def _change(self, **what: Any) -> None:
-        self.state = replace(self.state, seq=self.state.seq + 1, **what)
-        self.pool.control("adopt", self.state)
-
-    # -- sampling here (a burst of model.sync: auto), and episodes on the workers ------------------------------
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
-                     messages: Sequence[Message] = ()) -> Completion:
-        return await self.local.sample(prompt_ids, params, messages)
-
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
-        return await self.pool.play(task, index, limits, self.state)
-
-    def idle_share(self) -> float:
-        return self.pool.idle_share(len(self.urls) or 1)
-
-    def stats(self) -> dict[int, dict[str, float]]:
-        """The figures of each worker that is up (`RolloutWorker.stats`), by its index."""
-        return {w.index: s for w, s in self.pool.control("stats") if s is not None}
-
-
-@contextlib.asynccontextmanager
-async def pooled(workers: int, kit: Callable[[], Kit], sampler: ServedSampler,
-                 settings: WorkerSettings) -> AsyncIterator[PooledSampler]:
-    """`workers` rollout workers on the cluster (`connected`), and `sampler` with them behind it; stopped on exit."""
-    with connected(settings.ray, workers):
-        pool = await WorkerPool.start(workers, kit, settings)
-        try:
-            yield PooledSampler(sampler, pool)
-        finally:
-            pool.stop()

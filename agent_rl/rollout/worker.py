@@ -16,6 +16,7 @@ worker that Ray restarted learns the current policy from the first episode it is
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -95,8 +96,12 @@ class RolloutWorker:
     def __init__(self, kit: Callable[[], Kit], index: int):
         self.index, self.broken = index, ""
         self.state = ServedState(seq=-1)
-        self.episodes, self.running = 0, 0
-        self.gc = contextlib.ExitStack()
+        self.episodes = 0  # ended
+        self.playing: dict[int, asyncio.Task[None]] = {}  # episode id (rank 0's) -> its task
+        self.finished: list[tuple[int, Trajectory]] = []  # not yet collected by `results`
+        self.news = asyncio.Event()  # something finished
+        self.last_results = 0.0
+        self.gc, self.quiet = contextlib.ExitStack(), False
         try:
             self.kit = kit()
         except Exception as e:  # said by `ready`: Ray would restart a constructor that raises, again and again
@@ -108,20 +113,49 @@ class RolloutWorker:
         """The worker's process id once it is up, and why it cannot play ("" if it can)."""
         return os.getpid(), self.broken
 
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits, state: ServedState) -> Trajectory:
-        """Rollout `index` of `task` with these limits (seeds included), as `rollout.runner.play_task` plays it."""
+    async def submit(self, episodes: list[tuple[int, dict[str, Any], int, EpisodeLimits]], state: ServedState) -> int:
+        """Start playing each (id, task, rollout index, limits: seeds included) as `rollout.runner.play_task`
+        plays it; returns at once, with the process id (rank 0 tells a restarted worker by it)."""
         self._adopt(state)
-        if self.running == 0:  # the process's collection policy while episodes run (`rollout.quiet_gc`)
+        for eid, task, index, limits in episodes:
+            self.playing[eid] = asyncio.ensure_future(self._play(eid, task, index, limits))
+        return os.getpid()
+
+    async def results(self, wait_s: float, gap_s: float = 0.005) -> tuple[int, list[tuple[int, Trajectory]]]:
+        """(process id, the episodes that ended since the last call, by id), once one has, or after `wait_s`; at
+        most one answer every `gap_s`, so that each carries several episodes when many end (Ray's own cost is
+        per call)."""
+        if not self.finished:
+            self.news.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.news.wait(), wait_s)
+        await asyncio.sleep(max(0.0, self.last_results + gap_s - time.monotonic()))
+        self.last_results = time.monotonic()
+        out, self.finished = self.finished, []
+        return os.getpid(), out
+
+    async def cancel(self, eids: list[int]) -> None:
+        """Stop playing these episodes (rank 0 no longer waits for them)."""
+        for eid in eids:
+            task = self.playing.pop(eid, None)
+            if task is not None:
+                task.cancel()
+
+    async def _play(self, eid: int, task: dict[str, Any], index: int, limits: EpisodeLimits) -> None:
+        if not self.quiet:  # the process's garbage collection while episodes run (`rollout.quiet_gc`)
             self.gc.enter_context(ROLLOUT_GC.quiet())
-        self.running += 1
+            self.quiet = True
         try:
-            return await play_task(task, index, self.kit.make_env, self.meter, self.kit.renderer, limits)
+            traj = await play_task(task, index, self.kit.make_env, self.meter, self.kit.renderer, limits)
         finally:
-            self.running -= 1
-            self.episodes += 1
-            if self.running == 0:
+            self.playing.pop(eid, None)
+            if not self.playing and self.quiet:
                 self.gc.close()
+                self.quiet = False
             ROLLOUT_GC.collect_if_piling_up()
+        self.episodes += 1
+        self.finished.append((eid, traj))
+        self.news.set()
 
     async def adopt(self, state: ServedState) -> None:
         self._adopt(state)
@@ -132,10 +166,10 @@ class RolloutWorker:
         return 0 if count is None else int(count(url, model))
 
     async def stats(self) -> dict[str, float]:
-        """Its process id, episodes ended, turns sampled, request-seconds and CPU seconds so far."""
+        """Its process id, episodes ended and playing, turns sampled, request-seconds and CPU seconds so far."""
         self.meter._tick(0)
-        return {"pid": float(os.getpid()), "episodes": float(self.episodes), "turns": float(self.meter.turns),
-                "request_s": self.meter.request_s, "cpu_s": time.process_time()}
+        return {"pid": float(os.getpid()), "episodes": float(self.episodes), "playing": float(len(self.playing)),
+                "turns": float(self.meter.turns), "request_s": self.meter.request_s, "cpu_s": time.process_time()}
 
     def _adopt(self, state: ServedState) -> None:
         """Take `state` if it is newer than the worker's (module doc: calls may run out of order)."""
@@ -155,8 +189,7 @@ class RolloutWorker:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """How `rollout_workers` starts its workers: the `ray` section, and per worker the most episodes at once."""
+    """How `rollout_workers` starts its workers: the `ray` section, and the sampler's request deadline."""
 
     ray: RayConfig = field(default_factory=RayConfig)
-    max_concurrent: int = 64
     request_timeout_s: float = 300.0  # the sampler's: an episode's backstop deadline is a multiple of it

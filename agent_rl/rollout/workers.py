@@ -1,21 +1,31 @@
 """Rollout workers (`rollout.workers: N`): the episodes of a run played in N processes, each with its own event
 loop, environments and sampler, on a Ray cluster. The entry a run calls, importing Ray only when N > 0.
 
-Owns: `rollout_workers` (the sampler a run samples through: unchanged at N = 0, else the same sampler with N
-workers behind it, `rollout.ray_pool`), `ray_cluster` (the cluster joined or started early, so that one that
-does not answer is one line before anything slow starts), `need_ray` (the line when Ray is not installed).
-Does not own: a worker's body (`rollout.worker`), the pool, routing and deaths (`rollout.ray_pool`).
+Owns: `rollout_workers` (the sampler a run samples through: unchanged at N = 0, else `PooledSampler`, the same
+sampler with N workers behind it: a new policy, a hold, a release is true on every worker before the call
+returns, requests in flight are counted on every worker, and the stream plays its episodes on them);
+`ray_cluster` (the cluster joined or started early, so that one that does not answer is one line before anything
+slow starts); `need_ray` (the line when Ray is not installed).
+Does not own: a worker's body (`rollout.worker`), the pool, routing and deaths (`rollout.ray_pool`), joining
+the cluster (`rollout.ray_connect`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.rollout.sampler import ServedSampler
-from agent_rl.rollout.worker import Kit, WorkerSettings
+from agent_rl.core.types import Message, Trajectory
+from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler
+from agent_rl.rollout.worker import Kit, ServedState, WorkerSettings
+
+if TYPE_CHECKING:  # the pool imports Ray: only when workers are asked for
+    from agent_rl.rollout.ray_pool import WorkerPool
 
 
 def need_ray(workers: int) -> None:
@@ -28,14 +38,14 @@ def need_ray(workers: int) -> None:
 @contextlib.contextmanager
 def ray_cluster(settings: RayConfig, workers: int) -> Iterator[None]:
     """Joined (or started) for the `with` block when `workers` > 0, so that a cluster that does not answer is one
-    line before anything slow starts; nothing at 0 (`rollout.ray_pool.connected`)."""
+    line before anything slow starts; nothing at 0 (`rollout.ray_connect.connected`)."""
     if not workers:
         yield
         return
     need_ray(workers)
-    from agent_rl.rollout import ray_pool  # Ray only when workers are asked for
+    from agent_rl.rollout import ray_connect  # Ray only when workers are asked for
 
-    with ray_pool.connected(settings, workers):
+    with ray_connect.connected(settings, workers):
         yield
 
 
@@ -45,13 +55,86 @@ async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedS
     """`sampler` itself at `workers` = 0. Else `workers` rollout workers, each building `kit()` (a picklable
     function: it runs in the worker's process), and a sampler that plays episodes on them
     (`rollout.stream.remote_players` finds them) and passes every change of the served policy on to each of
-    them before it returns (`rollout.ray_pool.PooledSampler`); the workers are stopped on exit. A sampler that
+    them before it returns (`PooledSampler`); the workers are stopped on exit. A sampler that
     is not a `ServedSampler` (a scripted one, in tests) works too: its `policy_version` is then all it serves."""
     if not workers:
         yield sampler
         return
     need_ray(workers)
-    from agent_rl.rollout import ray_pool  # Ray only when workers are asked for
+    from agent_rl.rollout import ray_connect, ray_pool  # Ray only when workers are asked for
 
-    async with ray_pool.pooled(workers, kit, sampler, settings) as pooled:
-        yield pooled
+    with ray_connect.connected(settings.ray, workers):
+        pool = await ray_pool.WorkerPool.start(workers, kit, settings)
+        try:
+            yield PooledSampler(sampler, pool)
+        finally:
+            pool.stop()
+
+
+class PooledSampler:
+    """Rank 0's sampler with rollout workers behind it (`rollout_workers`): a `ServedSampler` whose
+    changes reach every worker before they return, and the `rollout.stream.Players` the stream plays through."""
+
+    def __init__(self, local: ServedSampler, pool: WorkerPool):
+        self.local, self.pool = local, pool
+        pool.state = ServedState(0, getattr(local, "model", None), local.policy_version)
+
+    # -- the served policy, as every weight sync sees it ------------------------------------------------------
+
+    @property
+    def model(self) -> str:
+        return self.local.model
+
+    @model.setter
+    def model(self, name: str) -> None:
+        self.set_policy(name, self.policy_version)
+
+    @property
+    def policy_version(self) -> int:
+        return self.local.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:  # a scripted sampler's push (tests): the version alone
+        self.local.policy_version = version
+        self._change(version=version)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(getattr(self.local, "urls", []))
+
+    def set_policy(self, model: str, version: int) -> None:
+        self.local.set_policy(model, version)
+        self._change(model=model, version=version)
+
+    def hold(self) -> None:
+        self.local.hold()
+        self._change(held=True)
+
+    def release(self) -> None:
+        self.local.release()
+        self._change(held=False)
+
+    def in_flight(self, url: str | None = None, model: str | None = None) -> int:
+        here = getattr(self.local, "in_flight", None)
+        there = sum(n or 0 for _, n in self.pool.control("in_flight", url, model))
+        return (0 if here is None else int(here(url, model))) + there
+
+    def _change(self, **what: Any) -> None:
+        state = self.pool.state = replace(self.pool.state, seq=self.pool.state.seq + 1, **what)
+        self.pool.control("adopt", state)
+
+    # -- sampling here (a burst of model.sync: auto), and episodes on the workers ------------------------------
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     messages: Sequence[Message] = ()) -> Completion:
+        return await self.local.sample(prompt_ids, params, messages)
+
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
+        return await self.pool.play(task, index, limits)
+
+    def idle_share(self) -> float:
+        return self.pool.idle_share(len(self.urls) or 1)
+
+    def stats(self) -> dict[int, dict[str, float]]:
+        """The figures of each worker that is up (`RolloutWorker.stats`), by its index."""
+        return {w.index: s for w, s in self.pool.control("stats") if s is not None}
