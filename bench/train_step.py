@@ -130,6 +130,9 @@ class TimedSync:
         self.probe.step = version + 1
         return seconds
 
+    async def restore(self, url):
+        await self.sync.restore(url)
+
     async def finish(self):
         await self.sync.finish()
 

@@ -251,7 +251,9 @@ class VLLMSampler(SessionOwner):
             finally:
                 replica.outstanding -= 1
                 self._in_flight[replica.url, model] -= 1
-            if self.gate is not None and await self.gate.lost(replica.url):
+            # an HTTP error came from a server alive enough to answer; any other failure may be its death
+            answered = isinstance(last, aiohttp.ClientResponseError)
+            if self.gate is not None and not answered and await self.gate.lost(replica.url):
                 raise ServerLost(f"vLLM server {replica.url} went down with the request in flight "
                                  f"({type(last).__name__}: {last})")
             if attempt < self.retries:
