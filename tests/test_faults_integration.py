@@ -79,6 +79,7 @@ def test_a_sigterm_checkpoints_the_last_step_and_stops_the_server(tmp_path, tiny
     assert _left_of(server) == [], "the run's server outlived it"
 
 
+@pytest.mark.timeout(900)  # a run of 4 steps, its server started twice
 def test_the_runs_server_killed_mid_run_is_restarted_and_leaves_no_orphan(tmp_path, tiny_dir):
     run_dir = tmp_path / "run"
     proc, server = _train_until_step_1(run_dir, tiny_dir, save_every=1)

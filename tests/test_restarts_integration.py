@@ -30,7 +30,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.integration
+# each run starts its own vLLM server (30-70 s here under load), and a restart starts one more
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 WORKER = [sys.executable, str(Path(__file__).with_name("restart_worker.py"))]
 
