@@ -257,7 +257,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     metrics["time/step_s"] = time.perf_counter() - t_step
     metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
     metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
-    metrics.update(run.supervisor.metrics() if run.supervisor is not None else {})  # fault/restarts, fault/down_s
+    metrics.update(run.supervisor.metrics() if run.supervisor is not None else {})  # fault/restarts, ...
     metrics.update(run.tasks.positions(stream.data_position()))
     final = log.log(step + 1, metrics)
     write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)

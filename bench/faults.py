@@ -5,15 +5,18 @@ Two `agent-rl train` runs of `examples/calculator_grpo.yaml` (SmolLM2-135M, the 
 started by each run), `--steps` steps, the same seed: first the untouched run, then the faulted one, whose
 environment is `bench/flaky_env.py` (the calculator; an environment error as it starts in `--env-errors` of its
 episodes, retried by `rollout.on_error: retry`) and whose server is SIGKILLed (its leader, as an out-of-memory
-kill ends it) at `--kills` points drawn with `--seed` uniformly over the untouched run's training span (from its
-server answering /health to its end), at the same offsets from the faulted run's server answering. A kill that
-finds the server restarting waits for it to answer first (each kill is a death the supervisor must mend).
+kill ends it) at `--kills` points drawn with `--seed` uniformly over the first two thirds of the untouched run's
+training span (from its server answering /health to its end; two thirds, so that the deaths fall while the run
+still trains, the restarts' start-ups included), at the same offsets from the faulted run's server answering. A
+kill that finds the server still restarting waits until the run says it is back (each kill is the death of a
+serving server, not of one starting).
 
 Reported: steps done by each; wall times and their ratio (target: all steps, <= 1.3); the start-up of each run
 (process start to the server answering /health: model load and the vLLM server's start, the part of the wall
 time no fault touches) and the ratio without it; the seconds servers were down (`fault/down_s`: a restart's
 start-up and restore) and the ratio without those too; restarts, replayed episodes, environment errors and
-retries; and whether the faulted run's final adapter equals the untouched one's.
+retries; and whether the faulted run trained the untouched run's tokens (every group is traced) and ended with
+its adapter.
 
     python bench/faults.py [--steps 6] [--kills 2] [--env-errors 0.05] [--seed 0] [--model smollm2-135m]
                            [--set KEY=VALUE ...] [--out DIR]
@@ -75,6 +78,11 @@ def wait_for_server(run: subprocess.Popen, deadline: float) -> tuple[int, str] |
     return None
 
 
+def back(stderr: Path) -> int:
+    """How many times the run has said a server is back in service (`rollout.supervisor`)."""
+    return stderr.read_text(errors="replace").count(" is back, ") if stderr.is_file() else 0
+
+
 def train(run_dir: Path, sets: list[str], kill_offsets: list[float], env: dict[str, str]) -> dict:
     """One `agent-rl train` run; SIGKILLs its server at `kill_offsets` seconds after the server first answered."""
     cmd = [sys.executable, "-m", "agent_rl.cli", "train", str(CONFIG), "--no-plot",
@@ -88,7 +96,8 @@ def train(run_dir: Path, sets: list[str], kill_offsets: list[float], env: dict[s
         say(f"  {run_dir.name}: server answering after {startup:.1f} s")
         kills = []
         for offset in kill_offsets:
-            while run.poll() is None and time.monotonic() < t0 + startup + offset:
+            while run.poll() is None and (time.monotonic() < t0 + startup + offset
+                                          or back(run_dir.with_suffix(".stderr")) < len(kills)):
                 time.sleep(0.1)
             target = wait_for_server(run, time.monotonic() + 900) if first else None
             if target is None:
@@ -113,6 +122,11 @@ def train(run_dir: Path, sets: list[str], kill_offsets: list[float], env: dict[s
             "env_errors": errors, **total}
 
 
+def trained_tokens(run_dir: Path) -> list[list[list[int]]]:
+    return [[seg["token_ids"] for line in path.read_text().splitlines() for seg in json.loads(line)["segments"]]
+            for path in sorted((run_dir / "traces").glob("*.jsonl"))]
+
+
 def same_adapter(a: Path, b: Path) -> tuple[bool, float]:
     import torch
     from safetensors.torch import load_file
@@ -134,18 +148,19 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-faults-"))
     out.mkdir(parents=True, exist_ok=True)
     sets = [f"model.name={args.model}", f"run.steps={args.steps}", "run.save_every=3", "run.tensorboard=false",
-            "rollout.on_error=retry", *args.set]
+            "rollout.on_error=retry", "run.trace_groups=1000", *args.set]  # every group traced: its tokens compared
     say(f"untouched run ({args.steps} steps) in {out}")
     clean = train(out / "untouched", [*sets, "rollout.env=calculator"], [], {})
     span = clean["wall_s"] - clean["startup_s"]
     rng = random.Random(args.seed)
-    offsets = sorted(rng.uniform(0.05, 0.95) * span for _ in range(args.kills))
+    offsets = sorted(rng.uniform(0.05, 2 / 3) * span for _ in range(args.kills))
     say(f"faulted run: kills at {[round(o, 1) for o in offsets]} s into training, env errors in "
         f"{args.env_errors:.0%} of episodes")
     flaky = {"AGENT_RL_FLAKY_SHARE": str(args.env_errors), "AGENT_RL_FLAKY_SEED": str(args.seed)}
     faulted = train(out / "faulted", [*sets, f"rollout.env={ROOT / 'bench' / 'flaky_env.py'}"], offsets, flaky)
-    equal, gap = same_adapter(out / "untouched", out / "faulted") if faulted["exit"] == clean["exit"] == 0 \
-        else (False, float("nan"))
+    done = faulted["exit"] == clean["exit"] == 0
+    equal, gap = same_adapter(out / "untouched", out / "faulted") if done else (False, float("nan"))
+    same_tokens = done and trained_tokens(out / "untouched") == trained_tokens(out / "faulted")
     figures = {
         "steps": args.steps, "steps_done_untouched": clean["steps"], "steps_done_faulted": faulted["steps"],
         "exit_faulted": faulted["exit"], "wall_s_untouched": round(clean["wall_s"], 1),
@@ -157,7 +172,8 @@ def main() -> None:
             (faulted["wall_s"] - faulted["startup_s"] - faulted["fault/down_s"]) / span, 3),
         "kills_at_s": faulted["kills_at_s"], "restarts": faulted["fault/restarts"],
         "replayed_episodes": faulted["fault/replayed_episodes"], "env_errors": faulted["env_errors"],
-        "env_retries": faulted["error/retried"], "adapter_equal_untouched": equal, "adapter_max_abs_diff": gap,
+        "env_retries": faulted["error/retried"], "trained_tokens_equal_untouched": same_tokens,
+        "adapter_equal_untouched": equal, "adapter_max_abs_diff": gap,
         "out": str(out),
     }
     print(json.dumps(figures))

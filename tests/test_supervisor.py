@@ -105,7 +105,7 @@ async def test_a_server_that_exits_is_restarted_on_its_url_and_restored_before_i
         assert server.stops == 1  # what was left of it stopped, then launched once
         assert w.restored == [(URL, False)]  # restored while it took no request yet
         assert w.sup.metrics()["fault/restarts"] == 1.0
-        assert w.sup.metrics() == {"fault/restarts": 0.0, "fault/down_s": 0.0}  # counted once
+        assert w.sup.metrics() == {"fault/restarts": 0.0, "fault/reattached": 0.0, "fault/down_s": 0.0}  # once
         assert w.failures == [] and w.sup.failure is None
 
 
@@ -154,6 +154,7 @@ async def test_a_failed_start_counts_against_the_budget():
         server.die()
         await until(lambda: server.launches == 2 and w.sup.is_up(URL))
         assert w.restored == [(URL, False)] and w.failures == []
+        assert w.sup.metrics()["fault/restarts"] == 2.0  # each launch
     server = StandIn(start_fails=(True, True))
     async with Watch([server], [URL], max_restarts=2) as w:
         server.die()
@@ -192,7 +193,8 @@ async def test_an_attached_server_is_waited_for_and_restored_when_it_answers_aga
         await asyncio.sleep(0.2)
         w.answers[URL] = True
         await until(lambda: w.sup.is_up(URL))
-        assert w.restored == [(URL, False)] and w.sup.metrics()["fault/restarts"] == 1.0
+        metrics = w.sup.metrics()
+        assert w.restored == [(URL, False)] and metrics["fault/reattached"] == 1.0 and metrics["fault/restarts"] == 0
 
 
 async def test_an_attached_server_past_its_wait_is_one_line():

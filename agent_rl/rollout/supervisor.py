@@ -6,7 +6,8 @@ of every server (its process exited; no answer to /health for `sampler.health_ti
 server the run started (its whole process group stopped, the same command on the same port, then the weight
 sync's `restore`, and only then up again), the restart budget (`sampler.max_restarts` per server), the bounded
 wait for a server attached by URL (`sampler.attach_wait_s`; when it answers again it is restored the same way),
-the one line past either (`failure`, handed to `on_failure`), and the counts (`fault/restarts`, `fault/down_s`).
+the one line past either (`failure`, handed to `on_failure`), and the counts (`fault/restarts`, `fault/reattached`,
+`fault/down_s`).
 Does not own: the server process and its command (`rollout.server`), routing requests and ending the one whose
 server died (`rollout.sampler`: `ServerLost`), replaying its episode (`rollout.stream`), what the current
 weights are (`rollout.weight_sync`: `restore`), what the run does once a server cannot be mended (`trainer`:
@@ -222,6 +223,7 @@ class Supervisor:
         assert s.process is not None and self._restore is not None
         while s.restarts < self.max_restarts:
             s.restarts += 1
+            self.counts["fault/restarts"] += 1  # each launch, as the budget counts them
             log.warning("vLLM server %s %s: restarting it (restart %d of at most %d, sampler.max_restarts)",
                         s.url, why, s.restarts, self.max_restarts)
             try:
@@ -268,7 +270,8 @@ class Supervisor:
 
     def _up(self, s: _Server) -> None:
         s.up, s.seen = True, _now()
-        self.counts["fault/restarts"] += 1
+        if s.process is None:
+            self.counts["fault/reattached"] += 1
         self.counts["fault/down_s"] += s.seen - s.down_since
         log.warning("vLLM server %s is back, %.0f s after it went down", s.url, s.seen - s.down_since)
         self._notify()
@@ -299,9 +302,9 @@ class Supervisor:
         self._changed = asyncio.Event()
 
     def metrics(self) -> dict[str, float]:
-        """Servers brought back since the last call (`fault/restarts`: restarted, or attached ones answering again)
-        and the seconds they were down (`fault/down_s`)."""
-        out = {k: float(self.counts[k]) for k in ("fault/restarts", "fault/down_s")}
+        """Since the last call: restarts (`fault/restarts`, each launch, a failed one included), attached servers
+        that answered again (`fault/reattached`), and the seconds servers were down until back (`fault/down_s`)."""
+        out = {k: float(self.counts[k]) for k in ("fault/restarts", "fault/reattached", "fault/down_s")}
         self.counts.clear()
         return out
 
