@@ -2,7 +2,8 @@
 
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
-servers (started here or attached) with a sampler on them, as one async context; and `judging`: the
+servers (started here or attached) with a sampler on them, as one async context, and `supervised_sampling`,
+the same with the servers watched and mended (`rollout.supervisor`, what `train` uses); and `judging`: the
 session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
 `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
 a model spec, a renderer name or a server URL means the same everywhere.
@@ -26,7 +27,8 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
 from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.server import serve_or_attach
+from agent_rl.rollout.server import fleet, running, serve_or_attach
+from agent_rl.rollout.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,17 @@ async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | Non
     with serve_or_attach(cfg, model_dir, log_path) as urls:
         async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
             yield sampler
+
+
+@contextlib.asynccontextmanager
+async def supervised_sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
+                              ) -> AsyncIterator[tuple[VLLMSampler, Supervisor]]:
+    """`sampling`, and a supervisor of its servers that the sampler routes by: one started here is restarted when
+    it dies, one attached by URL waited for (`rollout.supervisor`; supervision begins at `Supervisor.start`).
+    On exit the supervisor stops first, so that no restart outlives the servers' own stop."""
+    started = [] if cfg.sampler.server_urls else fleet(cfg, model_dir, log_path)
+    with (running(started) if started else serve_or_attach(cfg, model_dir)) as urls:
+        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                Supervisor.from_config(cfg.sampler, urls, started or None) as supervisor:
+            supervisor.bind(sampler)
+            yield sampler, supervisor
