@@ -91,6 +91,12 @@ class SamplerConfig(_Section):
         0.5, gt=0.0, lt=1.0, description="share of the GPU a server started here may take (GPU build): leave the "
                                          "trainer's weights, gradients and optimizer room on the same GPU")
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
+    max_restarts: int = Field(3, ge=0, description="restarts of each server `train` started (on exit or no /health) "
+                                                   "before the run checkpoints and stops")
+    health_timeout_s: float = Field(60.0, gt=0.0, description="seconds without an answer to /health after which a "
+                                                              "server counts as dead (restarted, or waited for)")
+    attach_wait_s: float = Field(300.0, ge=0.0, description="seconds `train` waits for a server of server_urls that "
+                                                            "stopped answering before the run checkpoints and stops")
 
 
 class EnvWeight(_Section):

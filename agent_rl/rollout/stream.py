@@ -9,6 +9,8 @@ up to `algorithm.max_resample_batches` times); `batch(step)` (waits for what `Ad
 `pushed(version)`; where episodes play (here, or on rollout workers: `Players`, `remote_players`); the episode
 failure policy (`on_error`: a failed episode played again with its own seeds
 in a fresh environment, or its group kept out of the update) and the failures' counts by type (`error/<type>`);
+an episode whose server died under it (`ServerLost`) replayed the same way whatever `on_error` says, free of
+its retries and of the failure counts (`fault/replayed_episodes`);
 what a checkpoint keeps (`state`), and the stream's figures (time waited, the servers'
 idle share, episodes in flight).
 Does not own: one episode (`rollout.runner`), the staleness rule (`rollout.admission`), whether a group has
@@ -40,7 +42,7 @@ from agent_rl.core.types import Message, Trajectory, TrajectoryGroup
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, play_task, score_group, step_seed
-from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams
+from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams, ServerLost
 
 
 @dataclass
@@ -261,7 +263,7 @@ class RolloutStream:
         mine = sorted((self.groups.pop(n) for n in chosen), key=lambda g: g.position)
         metrics = {"time/wait_s": _now() - t0, "resample_batches": float(max((g.label[1] for g in mine), default=0)),
                    "server_idle_share": self._idle_share(), "stream/buffered": float(len(kept) - len(mine)),
-                   "stream/open_slots": float(len(self.groups)), "error/retried": 0.0,
+                   "stream/open_slots": float(len(self.groups)), "error/retried": 0.0, "fault/replayed_episodes": 0.0,
                    "error/dropped_groups": float(sum(g.dropped for g in mine)),
                    **{k: float(v) for k, v in sorted(self.errors.items())}}
         self.errors.clear()
@@ -341,7 +343,13 @@ class RolloutStream:
                 self._busy(-1)
 
     def _retry(self, group: _Group, index: int, error: str | None) -> bool:
-        """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left."""
+        """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left. An
+        episode whose server died under it is queued again in any case: not its failure (the supervisor restarts
+        the server, or the run stops: `rollout.supervisor`), so neither counted as one nor charged a retry."""
+        if error_type(error) == ServerLost.__name__:
+            self.errors["fault/replayed_episodes"] += 1
+            self.queue.put_nowait((group, index))
+            return True
         self.errors[f"error/{error_type(error)}"] += 1
         if self.episodes.on_error != "retry" or group.retries[index] >= self.episodes.max_retries:
             return False

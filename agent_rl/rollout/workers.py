@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agent_rl.core.config import ConfigError, RayConfig
 from agent_rl.core.types import Message, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler
+from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler, ServerGate
 from agent_rl.rollout.worker import Kit, ServedState, WorkerSettings
 
 if TYPE_CHECKING:  # the pool imports Ray: only when workers are asked for
@@ -101,6 +101,15 @@ class PooledSampler:
     @property
     def urls(self) -> list[str]:
         return list(getattr(self.local, "urls", []))
+
+    @property
+    def gate(self) -> ServerGate | None:
+        """Rank 0's gate (`rollout.supervisor`): the weight syncs leave out the servers it says are down."""
+        return getattr(self.local, "gate", None)
+
+    @gate.setter
+    def gate(self, gate: ServerGate | None) -> None:
+        self.local.gate = gate
 
     def set_policy(self, model: str, version: int) -> None:
         self.local.set_policy(model, version)
