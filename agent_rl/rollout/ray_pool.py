@@ -4,7 +4,9 @@ Owns: `WorkerPool` (N `rollout.worker.RolloutWorker` actors with the `ray` secti
 episode given to the worker with the fewest in flight among those up, the episodes sent in batches and their
 trajectories collected in batches; a worker's death makes the episodes it held infrastructure errors, and its
 restart is waited for aside); `control`, one call on every worker that is up, waited for (what
-`rollout.workers.PooledSampler` makes of a new policy, a hold, a release, and the counts a push reads).
+`rollout.workers.PooledSampler` makes of a new policy, a hold, a release, and the counts a push reads), and `tell`,
+one not waited for (a server down or back); the answers to the workers' gates' questions (`_answer`: is a server
+whose call failed down? rank 0's gate says, `rollout.remote_gate`).
 Does not own: the cluster (`rollout.ray_connect`), a worker's body and what it plays with (`rollout.worker`), the
 sampler a run and its weight sync see (`rollout.workers`), an episode (`rollout.runner`), which episodes play
 when (`rollout.stream`), pushes (`rollout.weight_sync`).
@@ -49,6 +51,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 from agent_rl.core.types import StopReason, Trajectory
 from agent_rl.rollout.ray_connect import first_line
 from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.rollout.sampler import ServerGate
 from agent_rl.rollout.worker import Kit, RolloutWorker, ServedState, WorkerError, WorkerSettings
 
 CONTROL_TIMEOUT_S = 30.0  # a control call to a worker that is up: past it the worker is hung, the run ends
@@ -97,6 +100,7 @@ class WorkerPool:
     def __init__(self, workers: list[_Worker], settings: WorkerSettings):
         self.workers, self.settings = workers, settings
         self.state = ServedState()  # what every episode is sent with (`PooledSampler` keeps it current)
+        self.gate: ServerGate | None = None  # rank 0's (`rollout.supervisor`): it answers the workers' questions
         self.some_up = asyncio.Event()
         self.some_up.set()
         self.tasks: set[asyncio.Task[None]] = set()  # pollers, probes, sends
@@ -205,7 +209,7 @@ class WorkerPool:
         life = worker.life
         while True:
             try:
-                pid, ended = await worker.handle.results.remote(POLL_S)
+                pid, ended, questions = await worker.handle.results.remote(POLL_S)
             except RayActorError as e:
                 self._lost(worker, e, life)
                 return
@@ -217,6 +221,15 @@ class WorkerPool:
                 episode = worker.episodes.pop(eid, None)
                 if episode is not None and not episode.done.done():
                     episode.done.set_result(traj)
+            for url in questions:
+                self._spawn(self._answer(worker, url))
+
+    async def _answer(self, worker: _Worker, url: str) -> None:
+        """A call of `worker`'s to `url` failed at the connection: whether that server is down, as rank 0's gate
+        says (asking it begins the server's mending), sent back with the state after it (which says so)."""
+        down = self.gate is not None and await self.gate.lost(url)
+        with contextlib.suppress(RayActorError):  # a worker gone asks nothing any more
+            await worker.handle.answer.remote(url, down, self.state)
 
     def _fail(self, worker: _Worker, why: str, lost: Callable[[_Episode], bool]) -> None:
         for eid, episode in list(worker.episodes.items()):
@@ -301,6 +314,19 @@ class WorkerPool:
                 raise WorkerError(f"rollout worker {w.index} (pid {w.pid}) did not answer {method} within "
                                   f"{CONTROL_TIMEOUT_S:g} s") from None
         return out
+
+    def tell(self, method: str, *args: Any) -> None:
+        """`method(*args)` on every worker that is up, not waited for: Ray may run it after a later call, so what
+        it sends must be numbered (`ServedState.seq`). A worker found dead meanwhile is lost as in `control`."""
+        for w in self.workers:
+            if w.up:
+                self._spawn(self._told(w, getattr(w.handle, method).remote(*args), w.life))
+
+    async def _told(self, worker: _Worker, call: Any, life: int) -> None:
+        try:
+            await call
+        except RayActorError as e:
+            self._lost(worker, e, life)
 
     def idle_share(self, servers: int) -> float:
         """The servers' idle share since the last call, estimated from the workers' request-seconds: one minus

@@ -45,7 +45,7 @@ from agent_rl.core.types import (
     Turn,
 )
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
-from agent_rl.rollout.sampler import Sampler, SamplingParams
+from agent_rl.rollout.sampler import Sampler, SamplingParams, ServerLost
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,7 @@ class _Episode:
     messages: list[Message] = field(default_factory=list)
     stop: StopReason = StopReason.MAX_TURNS
     prompt_len: int = 0
+    server_lost: bool = False  # a request of its own met its server's death (`Trajectory.server_lost`)
 
 
 async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
@@ -139,8 +140,11 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         seed = None if limits.seed is None else request_seed(limits.seed, task_id, rollout_index, turn)
         params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
                                 stop_token_ids=tuple(renderer.stop_token_ids), seed=seed)
-        # the vLLM sampler also checks that the server echoed these ids unchanged
-        out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+        try:  # the vLLM sampler also checks that the server echoed these ids unchanged
+            out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+        except ServerLost:  # told apart here, where it is the episode's own request, not by the error's text
+            ep.server_lost = True
+            raise
         start = len(buf.ids)
         buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
         ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed),
@@ -212,7 +216,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
-        segments=tuple(buf.closed), versions=tuple(buf.versions),
+        segments=tuple(buf.closed), versions=tuple(buf.versions), server_lost=ep.server_lost,
     )
 
 

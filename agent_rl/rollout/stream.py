@@ -9,8 +9,9 @@ up to `algorithm.max_resample_batches` times); `batch(step)` (waits for what `Ad
 `pushed(version)`; where episodes play (here, or on rollout workers: `Players`, `remote_players`); the episode
 failure policy (`on_error`: a failed episode played again with its own seeds
 in a fresh environment, or its group kept out of the update) and the failures' counts by type (`error/<type>`);
-an episode whose server died under it (`ServerLost`) replayed the same way whatever `on_error` says, free of
-its retries and of the failure counts (`fault/replayed_episodes`);
+an episode whose server died under it (the sampler's `ServerLost`, marked `Trajectory.server_lost`, here or on
+a rollout worker) replayed the same way whatever `on_error` says, free of its retries and of the failure counts
+(`fault/replayed_episodes`);
 what a checkpoint keeps (`state`), and the stream's figures (time waited, the servers'
 idle share, episodes in flight).
 Does not own: one episode (`rollout.runner`), the staleness rule (`rollout.admission`), whether a group has
@@ -42,7 +43,7 @@ from agent_rl.core.types import Message, Trajectory, TrajectoryGroup
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, play_task, score_group, step_seed
-from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams, ServerLost
+from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams
 
 
 @dataclass
@@ -334,7 +335,7 @@ class RolloutStream:
             finally:
                 self.counts.running -= 1
             ROLLOUT_GC.collect_if_piling_up()
-            if traj.infra_error and self._retry(group, index, traj.error):
+            if traj.infra_error and self._retry(group, index, traj):
                 continue  # played again from the start, same seeds, a fresh environment; still counted busy
             group.trajs[index] = traj
             if all(t is not None for t in group.trajs):
@@ -342,15 +343,16 @@ class RolloutStream:
             else:
                 self._busy(-1)
 
-    def _retry(self, group: _Group, index: int, error: str | None) -> bool:
+    def _retry(self, group: _Group, index: int, traj: Trajectory) -> bool:
         """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left. An
-        episode whose server died under it is queued again in any case: not its failure (the supervisor restarts
-        the server, or the run stops: `rollout.supervisor`), so neither counted as one nor charged a retry."""
-        if error_type(error) == ServerLost.__name__:
+        episode whose server died under it (`Trajectory.server_lost`, here or on a rollout worker) is queued again
+        in any case: not its failure (the supervisor restarts the server, or the run stops: `rollout.supervisor`),
+        so neither counted as one nor charged a retry."""
+        if traj.server_lost:
             self.errors["fault/replayed_episodes"] += 1
             self.queue.put_nowait((group, index))
             return True
-        self.errors[f"error/{error_type(error)}"] += 1
+        self.errors[f"error/{error_type(traj.error)}"] += 1
         if self.episodes.on_error != "retry" or group.retries[index] >= self.episodes.max_retries:
             return False
         group.retries[index] += 1

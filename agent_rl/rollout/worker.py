@@ -2,10 +2,12 @@
 it plays with.
 
 Owns: `Kit` (what a worker plays with: environments, renderer, sampler, built in the worker's own process by a
-function the caller names, so nothing unpicklable travels), `ServedState` (the served policy and whether a push
-holds the sampler, numbered: what every worker's sampler must agree with), `RolloutWorker` (plays an episode
-with `rollout.runner.play_task` and sends its trajectory back, follows the newest `ServedState` it has seen,
-counts its requests, turns and CPU), `WorkerSettings`, `WorkerError`. Imports no Ray: Ray runs the class.
+function the caller names, so nothing unpicklable travels), `ServedState` (the served policy, whether a push
+holds the sampler, and which servers are up, numbered: what every worker's sampler must agree with),
+`RolloutWorker` (plays an episode with `rollout.runner.play_task` and sends its trajectory back, follows the newest
+`ServedState` it has seen, its sampler routed by a `rollout.remote_gate.MirrorGate` whose questions go back with
+the trajectories, counts its requests, turns and CPU), `WorkerSettings`, `WorkerError`. Imports no Ray: Ray runs
+the class.
 Does not own: starting workers, routing, deaths (`rollout.ray_pool`), the entry a run calls (`rollout.workers`),
 an episode (`rollout.runner`), what a kit holds for a run (the caller's kit function, `session.worker_kit`).
 
@@ -29,6 +31,7 @@ from agent_rl.core.env import Env
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.types import Message, Trajectory
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
+from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, play_task
 from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams, ServedSampler
 
@@ -49,13 +52,15 @@ class Kit:
 
 @dataclass(frozen=True)
 class ServedState:
-    """What rank 0's sampler serves: the policy (`model`, None for a sampler without one) and its version, and
-    whether a push holds new requests back (`ServedSampler.hold`). `seq` grows with every change."""
+    """What rank 0's sampler serves: the policy (`model`, None for a sampler without one) and its version,
+    whether a push holds new requests back (`ServedSampler.hold`), and which servers are up (`gate`: its
+    supervisor's state; None: no supervisor, every server takes requests). `seq` grows with every change."""
 
     seq: int = 0
     model: str | None = None
     version: int = 0
     held: bool = False
+    gate: GateState | None = None
 
 
 class _Meter:
@@ -99,7 +104,8 @@ class RolloutWorker:
         self.episodes = 0  # ended
         self.playing: dict[int, asyncio.Task[None]] = {}  # episode id (rank 0's) -> its task
         self.finished: list[tuple[int, Trajectory]] = []  # not yet collected by `results`
-        self.news = asyncio.Event()  # something finished
+        self.news = asyncio.Event()  # something finished, or the gate has a question for rank 0
+        self.gate = MirrorGate(self.news.set)  # the sampler's, while rank 0 has a supervisor (`_adopt`)
         self.last_results = 0.0
         self.gc, self.quiet = contextlib.ExitStack(), False
         try:
@@ -121,18 +127,25 @@ class RolloutWorker:
             self.playing[eid] = asyncio.ensure_future(self._play(eid, task, index, limits))
         return os.getpid()
 
-    async def results(self, wait_s: float, gap_s: float = 0.005) -> tuple[int, list[tuple[int, Trajectory]]]:
-        """(process id, the episodes that ended since the last call, by id), once one has, or after `wait_s`; at
-        most one answer every `gap_s`, so that each carries several episodes when many end (Ray's own cost is
-        per call)."""
-        if not self.finished:
+    async def results(self, wait_s: float, gap_s: float = 0.005
+                      ) -> tuple[int, list[tuple[int, Trajectory]], list[str]]:
+        """(process id, the episodes that ended since the last call by id, the servers whose calls failed at the
+        connection: rank 0 answers whether each is down, `answer`), once there is one, or after `wait_s`; at most
+        one reply every `gap_s`, so that each carries several episodes when many end (Ray's own cost is per call)."""
+        if not self.finished and not self.gate.asking:
             self.news.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.news.wait(), wait_s)
         await asyncio.sleep(max(0.0, self.last_results + gap_s - time.monotonic()))
         self.last_results = time.monotonic()
         out, self.finished = self.finished, []
-        return os.getpid(), out
+        return os.getpid(), out, self.gate.questions()
+
+    async def answer(self, url: str, down: bool, state: ServedState) -> None:
+        """Rank 0's answer to a question of the gate (`results`): whether the server `url` is down, with its state
+        then (which says so when it is)."""
+        self._adopt(state)
+        self.gate.answer(url, down)
 
     async def cancel(self, eids: list[int]) -> None:
         """Stop playing these episodes (rank 0 no longer waits for them)."""
@@ -176,6 +189,10 @@ class RolloutWorker:
         if state.seq <= self.state.seq:
             return
         self.state, sampler = state, self.kit.sampler
+        if state.gate is not None:
+            self.gate.adopt(state.gate)
+        if hasattr(sampler, "gate"):  # a `VLLMSampler`: it routes by rank 0's supervisor, if there is one
+            cast(ServedSampler, sampler).gate = None if state.gate is None else self.gate
         if not hasattr(sampler, "set_policy") or state.model is None:  # a scripted sampler: only the version it tags
             sampler.policy_version = state.version
             return

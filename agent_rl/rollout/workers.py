@@ -3,7 +3,8 @@ loop, environments and sampler, on a Ray cluster. The entry a run calls, importi
 
 Owns: `rollout_workers` (the sampler a run samples through: unchanged at N = 0, else `PooledSampler`, the same
 sampler with N workers behind it: a new policy, a hold, a release is true on every worker before the call
-returns, requests in flight are counted on every worker, and the stream plays its episodes on them);
+returns, requests in flight are counted on every worker, the servers its supervisor marks down or back are told
+to every worker as it happens, and the stream plays its episodes on them);
 `ray_cluster` (the cluster joined or started early, so that one that does not answer is one line before anything
 slow starts); `need_ray` (the line when Ray is not installed).
 Does not own: a worker's body (`rollout.worker`), the pool, routing and deaths (`rollout.ray_pool`), joining
@@ -16,10 +17,11 @@ import contextlib
 import importlib.util
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agent_rl.core.config import ConfigError, RayConfig
 from agent_rl.core.types import Message, Trajectory
+from agent_rl.rollout.remote_gate import WatchedGate
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler, ServerGate
 from agent_rl.rollout.worker import Kit, ServedState, WorkerSettings
@@ -65,9 +67,13 @@ async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedS
 
     with ray_connect.connected(settings.ray, workers):
         pool = await ray_pool.WorkerPool.start(workers, kit, settings)
+        pooled = None
         try:
-            yield PooledSampler(sampler, pool)
+            pooled = PooledSampler(sampler, pool)
+            yield pooled
         finally:
+            if pooled is not None:
+                pooled.close()
             pool.stop()
 
 
@@ -77,7 +83,14 @@ class PooledSampler:
 
     def __init__(self, local: ServedSampler, pool: WorkerPool):
         self.local, self.pool = local, pool
+        self._unlisten: Callable[[], None] = _nothing
         pool.state = ServedState(0, getattr(local, "model", None), local.policy_version)
+        self._watch(getattr(local, "gate", None))
+
+    def close(self) -> None:
+        """Stop following the gate (the workers are stopped next; a restart may still end after)."""
+        self._unlisten()
+        self._unlisten = _nothing
 
     # -- the served policy, as every weight sync sees it ------------------------------------------------------
 
@@ -110,6 +123,29 @@ class PooledSampler:
     @gate.setter
     def gate(self, gate: ServerGate | None) -> None:
         self.local.gate = gate
+        self._watch(gate)
+        self.pool.tell("adopt", self.pool.state)
+
+    def _watch(self, gate: ServerGate | None) -> None:
+        """Route every worker by `gate` (the supervisor `session.supervised_sampling` bound the sampler to): its
+        state goes out with the next episodes, and each change to every worker at once (`_gate_changed`). A gate
+        without a state to send (a test's stand-in) routes rank 0's own requests only; the workers' go anywhere."""
+        self.close()
+        self.pool.gate = gate
+        watched = gate if isinstance(gate, WatchedGate) else None
+        self.pool.state = replace(self.pool.state, seq=self.pool.state.seq + 1,
+                                  gate=None if watched is None else watched.state())
+        if watched is not None:
+            self._unlisten = watched.listen(self._gate_changed)
+
+    def _gate_changed(self) -> None:
+        """A server went down or came back (or the run cannot go on), as the supervisor marks it. Every worker is
+        told, not waited for (the supervisor calls this in the middle of its own work): a worker that has not yet
+        heard still sends to a server gone, and learns it from the answer to its question (`rollout.remote_gate`);
+        a server back has been restored before this call, so no worker sends it a request before its weights."""
+        gate = cast(WatchedGate, self.pool.gate)
+        state = self.pool.state = replace(self.pool.state, seq=self.pool.state.seq + 1, gate=gate.state())
+        self.pool.tell("adopt", state)
 
     def set_policy(self, model: str, version: int) -> None:
         self.local.set_policy(model, version)
@@ -147,3 +183,7 @@ class PooledSampler:
     def stats(self) -> dict[int, dict[str, float]]:
         """The figures of each worker that is up (`RolloutWorker.stats`), by its index."""
         return {w.index: s for w, s in self.pool.control("stats") if s is not None}
+
+
+def _nothing() -> None:
+    pass
