@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
 from agent_rl.rollout.sampler import Completion, SamplingParams, VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
-from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.full import FullWeightSync, save_pretrained
 
 pytestmark = pytest.mark.integration
 
@@ -75,8 +76,19 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
         for p in v2.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
     prompt = renderer.encode("<|im_start|>user\nCount to a thousand.<|im_end|>\n<|im_start|>assistant\n")
+    # v2's files are written before the requests start and the push links them: what lands mid-turn is then
+    # the pause / reload / resume alone (written during the push, a loaded CI disk took 22 s, past the turns)
+    staged = tmp_path / "v2-staged"
+    save_pretrained(v2, staged)
+
+    def write(model, folder):
+        if model is not v2:
+            return save_pretrained(model, folder)
+        for f in staged.iterdir():
+            os.link(f, folder / f.name)
+
     async with VLLMSampler([dev_server.url]) as sampler:
-        sync = FullWeightSync(tmp_path, sampler)
+        sync = FullWeightSync(tmp_path, sampler, write=write)
         await sync.push(v1, 1)  # the shared dev server may hold another test's weights
         await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
         runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
@@ -85,7 +97,9 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
         ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
         assert not ended, f"requests ended before the push: {ended}"
         await sync.push(v2, 2)
+        done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
         outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
+    print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
     print("\n(tokens, first tagged 2) per request:", [(len(o.token_ids), o.versions.index(2) if 2 in o.versions
                                                       else None) for o in outs], end="")
     for out in outs:
