@@ -112,7 +112,7 @@ def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
     each group a task of `run.tasks` played as the config says; with dynamic sampling, a group without signal
     gives its slot to the next task (`learn.advantages.has_signal`)."""
     cfg, algo, rollout = run.cfg, run.cfg.algorithm, run.cfg.rollout
-    shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps)
+    shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps, algo.slots_ahead(rollout.tasks_per_step))
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
     signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
     env = run.session.env
