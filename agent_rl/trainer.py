@@ -62,7 +62,7 @@ from agent_rl.preemption import Preempted, Preemption, watch
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.runner import EpisodeLimits, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
-from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state
+from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state, remote_players
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
@@ -117,7 +117,7 @@ def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
     signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
     env = run.session.env
     episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward,
-                        on_error=rollout.on_error, max_retries=rollout.max_retries)
+                        rollout.on_error, rollout.max_retries, remote_players(sampler))  # on workers, if any
     servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
     return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
                          max_rounds=algo.max_resample_batches, signal=signal, servers=servers)

@@ -2,7 +2,9 @@
 server SIGKILLed while a step's requests are in flight), the tiny model on a real vLLM server:
 
 - killed in the middle of step 2 of 3: the supervisor restarts it on its port with the current adapter, the
-  episodes that were in flight are replayed with their own seeds, and the run ends as a run nobody touched;
+  episodes that were in flight are replayed with their own seeds, and the run ends as a run nobody touched (in one
+  process); the same with the episodes on 2 Ray workers (`rollout.workers: 2`), against the untouched run in one
+  process;
 - killed again past `sampler.max_restarts`: one line, a checkpoint, exit status 1, nothing of either server left;
 - a server attached by URL that does not come back within `sampler.attach_wait_s`: the same kind of line.
 
@@ -80,11 +82,22 @@ def _killed(run_dir: Path) -> list[int]:
     return [int(x) for x in (run_dir / "killed.txt").read_text().split()]
 
 
-def test_a_server_killed_in_step_2_comes_back_and_the_run_ends_as_one_nobody_touched(tmp_path, tiny_dir):
-    untouched, killed = tmp_path / "untouched", tmp_path / "killed"
-    done = _train(untouched, tiny_dir)
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory, tiny_dir) -> Path:
+    """The 3-step run nobody touches, in one process: what each killed run must end as."""
+    run_dir = tmp_path_factory.mktemp("untouched")
+    done = _train(run_dir, tiny_dir)
     assert done.returncode == 0, done.stderr[-3000:]
-    done = _train(killed, tiny_dir, "1")  # step 2 samples under version 1
+    return run_dir
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-ray-workers"])
+def test_a_server_killed_in_step_2_comes_back_and_the_run_ends_as_one_nobody_touched(
+        workers, tmp_path, tiny_dir, untouched):
+    """With `rollout.workers: 2` the requests the kill meets are the workers' own: each worker routes by rank 0's
+    supervisor, asks it whether the server is down, and sends its lost episodes back to be replayed free."""
+    killed = tmp_path / "killed"
+    done = _train(killed, tiny_dir, "1", f"rollout.workers={workers}")  # step 2 samples under version 1
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert re.search(r"WARNING vLLM server http://127\.0\.0\.1:\d+ exited with status -9: restarting it \(restart 1 "

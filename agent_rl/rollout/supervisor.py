@@ -6,8 +6,8 @@ of every server (its process exited; no answer to /health for `sampler.health_ti
 server the run started (its whole process group stopped, the same command on the same port, then the weight
 sync's `restore`, and only then up again), the restart budget (`sampler.max_restarts` per server), the bounded
 wait for a server attached by URL (`sampler.attach_wait_s`; when it answers again it is restored the same way),
-the one line past either (`failure`, handed to `on_failure`), and the counts (`fault/restarts`, `fault/reattached`,
-`fault/down_s`).
+the one line past either (`failure`, handed to `on_failure`), the counts (`fault/restarts`, `fault/reattached`,
+`fault/down_s`), and which servers are down as rollout workers mirror it (`state`, `listen`).
 Does not own: the server process and its command (`rollout.server`), routing requests and ending the one whose
 server died (`rollout.sampler`: `ServerLost`), replaying its episode (`rollout.stream`), what the current
 weights are (`rollout.weight_sync`: `restore`), what the run does once a server cannot be mended (`trainer`:
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from agent_rl.core.config import SamplerConfig
+from agent_rl.rollout.remote_gate import GateState
 from agent_rl.rollout.sampler import SamplerError
 from agent_rl.rollout.server import ServerError
 from agent_rl.rollout.weight_sync.base import WeightSyncError
@@ -114,6 +115,7 @@ class Supervisor:
         self.failure: ServerError | None = None  # the line the run ends with, once a server cannot be mended
         self.counts: defaultdict[str, float] = defaultdict(float)  # since the last `metrics()`
         self._changed = asyncio.Event()  # replaced at each change: every waiter of the old one wakes
+        self._listeners: list[Callable[[], None]] = []  # told of each change (`listen`)
         self._tasks: set[asyncio.Future[Any]] = set()  # the watch, restarts and waits: cancelled on exit
         self._stops: set[asyncio.Future[Any]] = set()  # stops in their threads: waited for on exit, never cancelled
 
@@ -188,6 +190,22 @@ class Supervisor:
             return False
         self._down(s, "stopped answering")
         return True
+
+    def state(self) -> GateState:
+        """Which servers are down now, and the line the run stops with once one cannot be mended: what the rollout
+        workers' gates mirror (`rollout.remote_gate`)."""
+        return GateState(tuple(s.url for s in self.servers), frozenset(s.url for s in self.servers if not s.up),
+                         "" if self.failure is None else str(self.failure))
+
+    def listen(self, changed: Callable[[], None]) -> Callable[[], None]:
+        """`changed()` at each change of `state()` (a server down, back, or given up on), as it happens: a server
+        back is restored before; returns the call that stops it."""
+        self._listeners.append(changed)
+
+        def stop() -> None:
+            if changed in self._listeners:
+                self._listeners.remove(changed)
+        return stop
 
     # -- watching and mending -----------------------------------------------------------------------------------
 
@@ -300,6 +318,8 @@ class Supervisor:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        for changed in list(self._listeners):
+            changed()
 
     def metrics(self) -> dict[str, float]:
         """Since the last call: restarts (`fault/restarts`, each launch, a failed one included), attached servers
