@@ -81,6 +81,7 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
+        self.tails: dict[str, list[int]] = {}  # a reply's ending -> its ids: the server's work, so not timed
 
     def reply_plan(self, messages: Sequence[Message]) -> tuple[int, list[int]]:
         """How many filler tokens the reply starts with, and the ids that end it (call or answer, stop)."""
@@ -92,7 +93,9 @@ class SimSampler:
             tail = "\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
         else:
             tail = f"\n<answer>{messages[-1].content.strip()}</answer>"
-        return n, [*self.renderer.encode(tail), self.stop]
+        if tail not in self.tails:
+            self.tails[tail] = [*self.renderer.encode(tail), self.stop]
+        return n, self.tails[tail]
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:

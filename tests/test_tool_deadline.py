@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import threading
 import time
 
 import pytest
@@ -117,6 +118,22 @@ async def test_worker_failures_become_tool_messages():
     assert (await tool.call({"text": "refuse"})).content == "Error: refused 'refuse'"  # a fresh worker
     assert (await tool.call({"nope": 1})).content.startswith(
         "Error: invalid arguments for refuse: text: Field required")
+
+
+async def test_messages_larger_than_a_pipe_buffer_arrive_whole_and_no_call_starts_a_thread():
+    """The worker's pipes are read by the event loop (runners._Worker): a 300 KB request and a 1.2 MB reply
+    (the pipe holds 64 KiB) arrive whole, in order, call after call, with no thread started per call."""
+    tool = Tool(slow_tools.mirror, isolate=True)
+    text = "".join(chr(0x41 + i % 26) for i in range(300_000))
+    assert (await tool.call({"text": "ab", "times": 1})).content == "ba"  # the worker is up
+    threads = {t.ident for t in threading.enumerate()}
+    async with Ticker() as ticker:
+        big_request, big_reply, small = await asyncio.gather(
+            tool.call({"text": text, "times": 1}), tool.call({"text": "xyz", "times": 400_000}),
+            tool.call({"text": "12", "times": 3}))
+    assert big_request.content == text[::-1] and big_reply.content == "zyx" * 400_000 and small.content == "212121"
+    assert {t.ident for t in threading.enumerate()} == threads
+    assert ticker.max_gap < MAX_GAP_S
 
 
 def test_only_importable_sync_functions_can_be_isolated():

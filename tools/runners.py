@@ -187,18 +187,53 @@ def resolve(module: str, qualname: str) -> Any:
 
 
 class _Worker:
+    """One warm worker process and its pipes, serving one request at a time. The request is written
+    straight to the worker's stdin: the worker is idle and reading whenever one is sent, so the write
+    does not wait (one larger than the pipe's 64 KiB buffer waits only for the worker to read it). The
+    reply is read by the event loop as the worker's stdout becomes readable, not by a thread per call
+    (a thread's start and its hand-back to the loop cost more than the call: bench/tool_call.py)."""
+
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.loaded: set[tuple[str, str]] = set()
-
-    def request(self, message: tuple) -> tuple[str, Any]:
-        write_message(self.proc.stdin, message)
-        return read_message(self.proc.stdout)
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)  # our end only: the worker's reads and writes still block
+        self._received = bytearray()
 
     async def ask(self, message: tuple, timeout_s: float) -> tuple[str, Any]:
-        future, _ = _in_thread(self.request, message, name="tool worker pipe")
-        return await asyncio.wait_for(future, timeout_s)
+        """The reply to `message`; EOFError if the worker closes its pipe, TimeoutError past `timeout_s`.
+        The loop watches the pipe only during a call, so an idle worker holds no reference to the loop."""
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[tuple[str, Any]] = loop.create_future()
+        loop.add_reader(self._out, self._read, reply)
+        try:
+            write_message(self.proc.stdin, message)
+            async with asyncio.timeout(timeout_s):
+                return await reply
+        finally:
+            loop.remove_reader(self._out)
+
+    def _read(self, reply: asyncio.Future) -> None:
+        """What the worker wrote so far; `reply` gets the message once its length-prefixed bytes are all here."""
+        try:
+            chunk = os.read(self._out, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if reply.done():
+            return
+        if not chunk:
+            reply.set_exception(EOFError("the worker process closed its pipe"))
+            return
+        self._received += chunk
+        size = int.from_bytes(self._received[:4], "big") if len(self._received) >= 4 else -1
+        if 0 <= size <= len(self._received) - 4:
+            data = bytes(self._received[4:4 + size])
+            del self._received[:4 + size]
+            reply.set_result(pickle.loads(data))
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -147,7 +147,8 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
             ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
             return
-        result = await asyncio.wait_for(env.step(reply, turn), limits.env_timeout_s)
+        async with asyncio.timeout(limits.env_timeout_s):  # a deadline without wait_for's task per call
+            result = await env.step(reply, turn)
         ep.turns[-1] = rewarded(ep.turns[-1], result.reward)
         ep.records.extend(result.tool_calls)
         if result.done:
@@ -172,7 +173,10 @@ async def state_key(env: Env, observation: Sequence[int], timeout_s: float) -> s
     """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
     observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
     own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
-    key = None if own is None else await asyncio.wait_for(own(), timeout_s)
+    key = None
+    if own is not None and getattr(type(env), "state_key", None) is not Env.state_key:  # the default is None
+        async with asyncio.timeout(timeout_s):
+            key = await own()
     if key is not None:
         return str(key)
     return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
