@@ -81,21 +81,21 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
-        self.tails: dict[str, list[int]] = {}  # a reply's ending -> its ids: the server's work, so not timed
+        self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
+        # server's work, made once per text so that the client's CPU per turn does not count it
 
     def reply_plan(self, messages: Sequence[Message]) -> tuple[int, list[int]]:
         """How many filler tokens the reply starts with, and the ids that end it (call or answer, stop)."""
         turn = sum(1 for m in messages if m.role == "assistant")
         n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
-        if turn < self.work.turns - 1:
-            question = next(m.content for m in messages if m.role == "user")
-            expression = question.removeprefix("What is ").removesuffix("?")
-            tail = "\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
-        else:
-            tail = f"\n<answer>{messages[-1].content.strip()}</answer>"
-        if tail not in self.tails:
-            self.tails[tail] = [*self.renderer.encode(tail), self.stop]
-        return n, self.tails[tail]
+        call = turn < self.work.turns - 1
+        key = (call, next(m.content for m in messages if m.role == "user") if call else messages[-1].content)
+        if key not in self.tails:
+            expression = key[1].removeprefix("What is ").removesuffix("?")
+            tail = ("\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
+                    if call else f"\n<answer>{key[1].strip()}</answer>")
+            self.tails[key] = [*self.renderer.encode(tail), self.stop]
+        return n, self.tails[key]
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:

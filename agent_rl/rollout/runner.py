@@ -26,9 +26,9 @@ import asyncio
 import hashlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from agent_rl.core.config import RolloutConfig
 from agent_rl.core.env import Env, as_reward
@@ -46,6 +46,8 @@ from agent_rl.core.types import (
 )
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.sampler import Sampler, SamplingParams
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
             ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
             return
-        async with asyncio.timeout(limits.env_timeout_s):  # a deadline without wait_for's task per call
-            result = await env.step(reply, turn)
+        result = await bounded(env.step(reply, turn), limits.env_timeout_s)
         ep.turns[-1] = rewarded(ep.turns[-1], result.reward)
         ep.records.extend(result.tool_calls)
         if result.done:
@@ -173,13 +174,18 @@ async def state_key(env: Env, observation: Sequence[int], timeout_s: float) -> s
     """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
     observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
     own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
-    key = None
-    if own is not None and getattr(type(env), "state_key", None) is not Env.state_key:  # the default is None
-        async with asyncio.timeout(timeout_s):
-            key = await own()
+    default = own is None or getattr(type(env), "state_key", None) is Env.state_key  # the default says None
+    key = None if default else await bounded(own(), timeout_s)
     if key is not None:
         return str(key)
     return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
+
+
+async def bounded(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """`await awaitable` with a deadline (TimeoutError past it). `asyncio.timeout` rather than `wait_for`:
+    no task of its own per call, and a cancellation of the episode is never swallowed (3.11's wait_for can)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
 
 
 def rewarded(turn: Turn, reward: float | Reward | None) -> Turn:
@@ -196,12 +202,12 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
     ep = _Episode()
     error, reward, reward_s = None, Reward(0.0), 0.0
     try:
-        ep.messages = list(await asyncio.wait_for(env.initial_messages(), limits.env_timeout_s))
+        ep.messages = list(await bounded(env.initial_messages(), limits.env_timeout_s))
         ep.buffer.add_context(renderer.render(ep.messages, env.tool_schemas))
         ep.prompt_len = len(ep.buffer.ids)
         await _play_turns(env, sampler, renderer, limits, ep, task_id, rollout_index)
         t_reward = time.perf_counter()
-        reward = as_reward(await asyncio.wait_for(env.reward(ep.messages), limits.env_timeout_s))
+        reward = as_reward(await bounded(env.reward(ep.messages), limits.env_timeout_s))
         reward_s = time.perf_counter() - t_reward
     except Exception as e:  # infrastructure: sampler down, env bug, deadline
         ep.stop, error = StopReason.ERROR, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
