@@ -167,3 +167,26 @@ def test_a_finished_event_loop_takes_its_worker_processes_with_it():
     assert len(pids) == runners.POOL_SIZE
     gc.collect()
     assert all(gone(pid) for pid in pids)
+
+
+async def test_a_worker_that_dies_while_idle_is_replaced_and_the_loop_stops_watching_it():
+    """The loop watches a worker's stdout from its first call on (runners._Worker): when the worker dies
+    between calls, the loop reads its end and stops watching the pipe, and the next call gets a fresh worker."""
+    tool = Tool(slow_tools.big_power, isolate=True)
+    pid = int((await tool.call({"exponent": 10})).content.split()[1].rstrip(":"))
+    loop = asyncio.get_running_loop()
+    pool = runners._POOLS[loop]
+    [dead] = [w for w in pool._all if w.proc.pid == pid]
+    watched = lambda: {key.fd for key in loop._selector.get_map().values()}  # noqa: E731
+    assert dead._out in watched()
+    os.kill(pid, 9)
+    for _ in range(200):
+        if dead.ended:
+            break
+        await asyncio.sleep(0.01)
+    assert dead.ended and dead._out not in watched()
+    reply = (await tool.call({"exponent": 10})).content
+    fresh_pid = int(reply.split()[1].rstrip(":"))
+    assert reply.endswith(": 29 bits") and fresh_pid != pid and dead not in pool._all
+    [fresh] = [w for w in pool._all if w.proc.pid == fresh_pid]
+    assert fresh._out in watched()

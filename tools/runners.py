@@ -190,8 +190,10 @@ class _Worker:
     """One warm worker process and its pipes, serving one request at a time. The request is written
     straight to the worker's stdin: the worker is idle and reading whenever one is sent, so the write
     does not wait (one larger than the pipe's 64 KiB buffer waits only for the worker to read it). The
-    reply is read by the event loop as the worker's stdout becomes readable, not by a thread per call
-    (a thread's start and its hand-back to the loop cost more than the call: bench/tool_call.py)."""
+    reply is read by the event loop, which watches the worker's stdout from its first call until it is
+    killed or closes the pipe, not by a thread per call (a thread's start and its hand-back to the loop
+    cost more than the call: bench/tool_call.py). The worker refers to that loop weakly, so an idle pool
+    still holds no reference to its loop."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path])],
@@ -201,41 +203,59 @@ class _Worker:
         self._out = self.proc.stdout.fileno()
         os.set_blocking(self._out, False)  # our end only: the worker's reads and writes still block
         self._received = bytearray()
+        self._reply: asyncio.Future[tuple[str, Any]] | None = None  # the call waiting for its reply
+        self._watcher: weakref.ref[asyncio.AbstractEventLoop] | None = None  # the loop reading stdout
+        self.ended = False  # stdout reached its end: the worker exited
 
     async def ask(self, message: tuple, timeout_s: float) -> tuple[str, Any]:
-        """The reply to `message`; EOFError if the worker closes its pipe, TimeoutError past `timeout_s`.
-        The loop watches the pipe only during a call, so an idle worker holds no reference to the loop."""
+        """The reply to `message`; EOFError if the worker closes its pipe, TimeoutError past `timeout_s`."""
+        if self.ended:
+            raise EOFError("the worker process closed its pipe")
         loop = asyncio.get_running_loop()
-        reply: asyncio.Future[tuple[str, Any]] = loop.create_future()
-        loop.add_reader(self._out, self._read, reply)
+        if self._watcher is None:
+            loop.add_reader(self._out, self._read)
+            self._watcher = weakref.ref(loop)
+        self._reply = reply = loop.create_future()
         try:
             write_message(self.proc.stdin, message)
             async with asyncio.timeout(timeout_s):
                 return await reply
         finally:
-            loop.remove_reader(self._out)
+            self._reply = None
 
-    def _read(self, reply: asyncio.Future) -> None:
-        """What the worker wrote so far; `reply` gets the message once its length-prefixed bytes are all here."""
+    def _read(self) -> None:
+        """What the worker wrote so far; the waiting call gets the message once its length-prefixed bytes
+        are all here. A worker with no call waiting has nothing to say but its end (it is then killed)."""
         try:
             chunk = os.read(self._out, 1 << 16)
         except BlockingIOError:
             return
         except OSError:
             chunk = b""
-        if reply.done():
-            return
+        reply = self._reply if self._reply is not None and not self._reply.done() else None
         if not chunk:
-            reply.set_exception(EOFError("the worker process closed its pipe"))
+            self.ended = True
+            self._unwatch()
+            if reply is not None:
+                reply.set_exception(EOFError("the worker process closed its pipe"))
             return
         self._received += chunk
         size = int.from_bytes(self._received[:4], "big") if len(self._received) >= 4 else -1
         if 0 <= size <= len(self._received) - 4:
             data = bytes(self._received[4:4 + size])
             del self._received[:4 + size]
-            reply.set_result(pickle.loads(data))
+            if reply is not None:
+                reply.set_result(pickle.loads(data))
+
+    def _unwatch(self) -> None:
+        """The loop stops reading stdout: before the pipe closes, so that no reader of a closed fd is left."""
+        loop = None if self._watcher is None else self._watcher()
+        self._watcher = None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._out)
 
     def kill(self) -> None:
+        self._unwatch()
         if self.proc.poll() is None:
             self.proc.kill()
         try:  # reap it without blocking the loop
@@ -329,7 +349,7 @@ class WorkerPool:
         """An idle worker that is still alive, or a new one."""
         while self._idle:
             worker = self._idle.pop()
-            if worker.proc.poll() is None:
+            if worker.proc.poll() is None and not worker.ended:
                 return worker
             worker.kill()
             self._all.discard(worker)

@@ -23,6 +23,7 @@ A task's "id" names it; its "env", where a mixture of environments set one, goes
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import time
@@ -170,14 +171,19 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         observation = tuple(ids)
 
 
-async def state_key(env: Env, observation: Sequence[int], timeout_s: float) -> str:
+async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) -> str:
     """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
     observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
     own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
     default = own is None or getattr(type(env), "state_key", None) is Env.state_key  # the default says None
     key = None if default else await bounded(own(), timeout_s)
-    if key is not None:
-        return str(key)
+    return observation_key(observation) if key is None else str(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def observation_key(observation: tuple[int, ...]) -> str:
+    """A stable hash of token ids. Cached: every rollout of a task starts from the same rendered prompt (~30 us
+    to hash), and a group's tool results often repeat."""
     return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
 
 
