@@ -175,8 +175,9 @@ async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) ->
     """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
     observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
     own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
-    default = own is None or getattr(type(env), "state_key", None) is Env.state_key  # the default says None
-    key = None if default else await bounded(own(), timeout_s)
+    key = None
+    if own is not None and getattr(type(env), "state_key", None) is not Env.state_key:  # the default says None
+        key = await bounded(own(), timeout_s)
     return observation_key(observation) if key is None else str(key)
 
 
