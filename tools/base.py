@@ -106,7 +106,8 @@ class Tool:
         self.name = name or fn.__name__
         self.timeout_s = timeout_s if timeout_s is not None else options.get("timeout_s", 60.0)
         self.isolate = isolate if isolate is not None else options.get("isolate", False)
-        if self.isolate and inspect.iscoroutinefunction(fn):
+        self.is_async = inspect.iscoroutinefunction(fn)  # asked once: inspect's check costs more than a call's routing
+        if self.isolate and self.is_async:
             raise TypeError(f"tool {self.name}: isolate=True is for synchronous functions; this one is async")
         self._address = function_address(fn) if self.isolate else None
         self.description, self.params_model = _arguments_model(fn, self.name)
@@ -148,8 +149,9 @@ class Tool:
         return ToolResult(ok=True, content=tool_content(out))
 
     async def _run(self, kwargs: dict[str, Any]) -> Any:
-        if inspect.iscoroutinefunction(self.fn):
-            return await asyncio.wait_for(self.fn(**kwargs), self.timeout_s)
+        if self.is_async:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.fn(**kwargs)
         if self._address is None:
             return await run_in_thread(self.fn, kwargs, self.timeout_s, self.name)
         kind, text = await run_in_worker(self._address, kwargs, self.timeout_s)
