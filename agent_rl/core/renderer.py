@@ -5,7 +5,8 @@ schemas; the token delta appended after a sampled turn; parse sampled ids into a
 `Message` with its tool calls and parse errors; stop tokens; how a reply with tool calls is
 written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
 never forge a turn boundary; `encode_cached` tokenises a repeated system prompt once; both go
-straight to a fast tokenizer's Rust backend when that gives the same ids).
+straight to a fast tokenizer's Rust backend when that gives the same ids; `decode_raw` reads a byte-level
+tokenizer's ids through a table of their bytes, `core.bytelevel`).
 Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
@@ -25,6 +26,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
+from agent_rl.core.bytelevel import byte_table
 from agent_rl.core.types import Message, ToolCall
 
 
@@ -68,11 +70,14 @@ class Renderer(abc.ABC):
         return backend.encode(text, add_special_tokens=False).ids
 
     def decode_raw(self, ids: Sequence[int]) -> str:
-        """Ids to text exactly: special tokens shown, no clean-up of spaces."""
+        """Ids to text exactly: special tokens shown, no clean-up of spaces. A byte-level tokenizer's ids are
+        read through a table of their bytes (`core.bytelevel`: the same text, checked, at a fifth of the cost)."""
         backend = self._backend()
         if backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return backend.decode(list(ids), skip_special_tokens=False)
+        table = byte_table(self.tokenizer, backend)
+        text = None if table is None else table.decode(ids)
+        return backend.decode(list(ids), skip_special_tokens=False) if text is None else text
 
     def encode_cached(self, text: str) -> list[int]:
         """`encode` for text that every episode repeats (a system prompt with its tool schemas, ~1 ms
