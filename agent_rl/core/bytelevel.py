@@ -1,7 +1,8 @@
 """Byte-level BPE ids decoded through a table of each id's bytes: the tokenizer's own text at a fifth of its cost.
 
 Owns: `ByteTable` (each id's bytes, built from the tokenizer and checked id by id against its own decode
-before it is used; `decode`), and `byte_table`, one table per tokenizer object, rebuilt when tokens are added.
+before it is used; `decode`), and `byte_table`, one table per tokenizer object, made again when an id is past
+it (tokens added since).
 Does not own: when a renderer decodes or which tokenizer it has (`core.renderer`), encoding.
 
 Why: every sampled turn is decoded once to be parsed (~300 ids in a tool-calling turn). The Rust decoder
@@ -65,11 +66,14 @@ class ByteTable:
 _TABLES: weakref.WeakKeyDictionary[Any, tuple[int, ByteTable | None]] = weakref.WeakKeyDictionary()
 
 
-def byte_table(tokenizer: Any, backend: Any) -> ByteTable | None:
+def byte_table(tokenizer: Any, backend: Any, fresh: bool = False) -> ByteTable | None:
     """The table of `tokenizer` (whose Rust tokenizer is `backend`), or None where its decoder is not byte-level
-    or the table disagrees with it. Made once per tokenizer object, again after tokens are added."""
-    size = backend.get_vocab_size(with_added_tokens=True)
+    or the table disagrees with it. Made once per tokenizer object; `fresh`: made again if tokens were added
+    since (their ids come after the table's, so a table that reads an id never reads it wrong)."""
     known = _TABLES.get(tokenizer)
+    if known is not None and not fresh:
+        return known[1]
+    size = backend.get_vocab_size(with_added_tokens=True)
     if known is not None and known[0] == size:
         return known[1]
     from tokenizers import decoders
