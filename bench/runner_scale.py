@@ -51,8 +51,9 @@ from agent_rl.core.renderers import load_renderer
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.models import resolve_model
+from agent_rl.rollout.prompt_json import PromptJSON
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.sampler import Completion, SamplingParams, _completion
+from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion
 from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
@@ -81,6 +82,7 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
+        self.prompts = PromptJSON()  # as VLLMSampler writes the prompt's JSON
         self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
         # server's work, made once per text so that the client's CPU per turn does not count it
 
@@ -100,8 +102,8 @@ class SimSampler:
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         n, tail = self.reply_plan(messages)
-        json.dumps({"model": "sim", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-                    "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
+        prompt = self.prompts.text(list(prompt_ids), messages[0] if messages else None)
+        _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),

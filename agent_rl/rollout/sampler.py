@@ -5,7 +5,8 @@ whose served policy a weight sync switches, and whose requests a push that pause
 and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over replicas by least outstanding
 requests, with deadlines and retries, and continuing a request that a weight push aborted).
 Does not own: starting servers (`rollout.server`), loading adapters or pausing servers (`rollout.weight_sync`),
-chat rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`).
+chat rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`), writing a prompt's
+ids as JSON from the conversation's last prompt (`rollout.prompt_json`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced.
@@ -22,6 +23,7 @@ new one (`VLLMSampler.sample`). So each token's version (`Completion.versions`) 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +34,7 @@ import aiohttp
 
 from agent_rl.core.http import SessionOwner
 from agent_rl.core.types import Message
+from agent_rl.rollout.prompt_json import PromptJSON
 
 
 class SamplerError(Exception):
@@ -121,6 +124,7 @@ class VLLMSampler(SessionOwner):
         self._open = asyncio.Event()  # cleared while a push holds the sampler (`hold`)
         self._open.set()
         self._in_flight: Counter[tuple[str, str]] = Counter()  # (url, model) -> requests sent, not answered
+        self.prompts = PromptJSON()  # each conversation's prompt written from its last one's text
 
     @property
     def urls(self) -> list[str]:
@@ -162,7 +166,8 @@ class VLLMSampler(SessionOwner):
                 break
             seed = None if params.seed is None else (params.seed + 7919 * len(ids)) & 0x7FFFFFFF
             piece = await self._request([*prompt_ids, *ids],
-                                        replace(params, max_tokens=params.max_tokens - len(ids), seed=seed))
+                                        replace(params, max_tokens=params.max_tokens - len(ids), seed=seed),
+                                        messages[0] if messages else None)
             ids += piece.token_ids
             logprobs += piece.logprobs
             versions += piece.versions
@@ -183,9 +188,12 @@ class VLLMSampler(SessionOwner):
             raise SamplerError(f"the servers stayed paused for a weight push longer than {self.timeout.total:g} s "
                                f"(sampler.request_timeout_s)") from None
 
-    async def _request(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def _request(self, prompt_ids: list[int], params: SamplingParams, conversation: object | None = None
+                       ) -> Completion:
         """One request, retried on server errors and timeouts; each attempt waits while a push holds the
-        sampler, then reads the served policy and its version."""
+        sampler, then reads the served policy and its version. `conversation` (its first message) lets the
+        prompt's JSON be written from the conversation's last prompt (`rollout.prompt_json`)."""
+        prompt = self.prompts.text(prompt_ids, conversation)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             await self._wait_open()
@@ -194,8 +202,8 @@ class VLLMSampler(SessionOwner):
             replica.outstanding += 1
             self._in_flight[replica.url, model] += 1
             try:
-                async with self.http().post(replica.url + "/v1/completions", json=_body(model, prompt_ids, params)
-                                            ) as resp:
+                async with self.http().post(replica.url + "/v1/completions", data=_body(model, prompt, params),
+                                            headers=_JSON) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
                         if resp.status < 500:  # our request is wrong: retrying will not help
@@ -214,16 +222,20 @@ class VLLMSampler(SessionOwner):
                            f"{type(last).__name__}: {last}")
 
 
-def _body(model: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+_JSON = {"Content-Type": "application/json"}
+
+
+def _body(model: str, prompt: str, params: SamplingParams) -> str:
+    """The request's JSON text, around `prompt`, the prompt ids' JSON text (`PromptJSON`)."""
     body: dict[str, Any] = {
-        "model": model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+        "model": model, "max_tokens": params.max_tokens,
         "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
         "return_token_ids": True, "skip_special_tokens": False,
         "stop_token_ids": list(params.stop_token_ids),
     }
     if params.seed is not None:
         body["seed"] = params.seed
-    return body
+    return '{"prompt":' + prompt + "," + json.dumps(body)[1:]
 
 
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
