@@ -161,10 +161,7 @@ class Renderer(abc.ABC):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text of the turn (a trailing stop token dropped)."""
-        ids = list(ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.decode_raw(ids)
+        return self.decode_raw(ids[:-1] if ids and ids[-1] in self.stop_token_ids else ids)
 
     @abc.abstractmethod
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
