@@ -27,8 +27,8 @@ def ids_json(ids: list[int]) -> str:
 class PromptJSON:
     """The JSON text of prompts, each conversation's written from its last one's (module doc)."""
 
-    def __init__(self, max_ids: int = 4_000_000):
-        self.max_ids = max_ids  # ids kept in all (~13 bytes each with their text), least recently used out
+    def __init__(self, max_ids: int = 8_000_000):
+        self.max_ids = max_ids  # ids kept in all, least recently used out (~13 bytes an id with its text: 100 MB)
         self._kept: OrderedDict[int, tuple[list[int], str]] = OrderedDict()  # id(conversation) -> ids, text
         self._kept_ids = 0
 
