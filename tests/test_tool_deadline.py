@@ -120,19 +120,23 @@ async def test_worker_failures_become_tool_messages():
         "Error: invalid arguments for refuse: text: Field required")
 
 
-async def test_messages_larger_than_a_pipe_buffer_arrive_whole_and_no_call_starts_a_thread():
-    """The worker's pipes are read by the event loop (runners._Worker): a 300 KB request and a 1.2 MB reply
-    (the pipe holds 64 KiB) arrive whole, in order, call after call, with no thread started per call."""
+async def test_messages_larger_than_a_pipe_buffer_arrive_whole_and_small_calls_start_no_thread():
+    """The worker's pipes are served by the event loop (runners._Worker): a 300 KB request (written from a
+    thread: the pipe holds 64 KiB) and a 1.2 MB reply arrive whole, in order, beside small calls, and the loop
+    keeps ticking; calls with small requests start no thread at all."""
     tool = Tool(slow_tools.mirror, isolate=True)
-    text = "".join(chr(0x41 + i % 26) for i in range(300_000))
-    assert (await tool.call({"text": "ab", "times": 1})).content == "ba"  # the worker is up
+    assert (await tool.call({"text": "ab", "times": 1})).content == "ba"  # the workers are up
+    await asyncio.gather(*(tool.call({"text": "ab", "times": 1}) for _ in range(2 * runners.POOL_SIZE)))
     threads = {t.ident for t in threading.enumerate()}
+    small = await asyncio.gather(*(tool.call({"text": f"{i}x", "times": 2}) for i in range(20)))
+    assert [r.content for r in small] == [f"{i}x"[::-1] * 2 for i in range(20)]
+    assert {t.ident for t in threading.enumerate()} == threads
+    text = "".join(chr(0x41 + i % 26) for i in range(300_000))
     async with Ticker() as ticker:
-        big_request, big_reply, small = await asyncio.gather(
+        big_request, big_reply, tiny = await asyncio.gather(
             tool.call({"text": text, "times": 1}), tool.call({"text": "xyz", "times": 400_000}),
             tool.call({"text": "12", "times": 3}))
-    assert big_request.content == text[::-1] and big_reply.content == "zyx" * 400_000 and small.content == "212121"
-    assert {t.ident for t in threading.enumerate()} == threads
+    assert big_request.content == text[::-1] and big_reply.content == "zyx" * 400_000 and tiny.content == "212121"
     assert ticker.max_gap < MAX_GAP_S
 
 

@@ -30,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import fcntl
 import importlib
 import json
 import logging
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -146,10 +148,30 @@ def _warn_if_alive(thread: threading.Thread, name: str, timeout_s: float) -> Non
 
 # ---- worker processes ------------------------------------------------------------------------
 
-def write_message(stream: Any, message: Any) -> None:
+def frame(message: Any) -> bytes:
+    """`message` as the bytes on a pipe: its pickle's length, then the pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(len(data).to_bytes(4, "big") + data)
+    return len(data).to_bytes(4, "big") + data
+
+
+def write_all(stream: Any, data: bytes) -> None:
+    """Every byte of `data` to an unbuffered stream (one write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[stream.write(view):]
+
+
+def write_message(stream: Any, message: Any) -> None:
+    write_all(stream, frame(message))
     stream.flush()
+
+
+def pipe_size(stream: Any) -> int:
+    """The bytes a pipe holds (Linux: F_GETPIPE_SZ, 64 KiB by default; elsewhere the least POSIX promises)."""
+    try:
+        return int(fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ))
+    except (AttributeError, OSError):
+        return select.PIPE_BUF
 
 
 def read_message(stream: Any) -> Any:
@@ -188,9 +210,9 @@ def resolve(module: str, qualname: str) -> Any:
 
 class _Worker:
     """One warm worker process and its pipes, serving one request at a time. The request is written
-    straight to the worker's stdin: the worker is idle and reading whenever one is sent, so the write
-    does not wait (one larger than the pipe's 64 KiB buffer waits only for the worker to read it). The
-    reply is read by the event loop, which watches the worker's stdout from its first call until it is
+    straight to the worker's stdin when the pipe holds it whole (the worker is idle and has read every
+    earlier request, so the write does not wait); a larger one is written from a thread. The reply is
+    read by the event loop, which watches the worker's stdout from its first call until it is
     killed or closes the pipe, not by a thread per call (a thread's start and its hand-back to the loop
     cost more than the call: bench/tool_call.py). The worker refers to that loop weakly, so an idle pool
     still holds no reference to its loop."""
@@ -206,6 +228,8 @@ class _Worker:
         self._reply: asyncio.Future[tuple[str, Any]] | None = None  # the call waiting for its reply
         self._watcher: weakref.ref[asyncio.AbstractEventLoop] | None = None  # the loop reading stdout
         self.ended = False  # stdout reached its end: the worker exited
+        self._fits = pipe_size(self.proc.stdin)  # a request this small is written at once: the worker
+        # has read every earlier one, so the pipe is empty and takes it whole
 
     async def ask(self, message: tuple, timeout_s: float) -> tuple[str, Any]:
         """The reply to `message`; EOFError if the worker closes its pipe, TimeoutError past `timeout_s`."""
@@ -216,9 +240,13 @@ class _Worker:
             loop.add_reader(self._out, self._read)
             self._watcher = weakref.ref(loop)
         self._reply = reply = loop.create_future()
+        data = frame(message)
         try:
-            write_message(self.proc.stdin, message)
             async with asyncio.timeout(timeout_s):
+                if len(data) <= self._fits:
+                    write_all(self.proc.stdin, data)
+                else:  # a larger one waits for the worker to read it: never on the loop
+                    await asyncio.to_thread(write_all, self.proc.stdin, data)
                 return await reply
         finally:
             self._reply = None
