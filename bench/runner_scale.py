@@ -9,7 +9,8 @@ tool: those are the real ones (`rollout_groups`, the SmolLM2 ChatML renderer, `e
 What runs for real: every episode is a `CalculatorEnv` played by `rollout_groups`; each reply is
 real token ids (filler "thinking" + a `<tool_call>` or an `<answer>`) that the runner parses, the
 env dispatches to the real tool, and the renderer continues; the sampler also does VLLMSampler's
-client-side work (JSON body of the prompt ids, `_completion`'s checks), not the socket I/O.
+client-side work (the request body, written as VLLMSampler writes it, `_completion`'s checks), not the
+socket I/O. Making the replies is the servers' work: their endings are encoded once per text.
 
 Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
 no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
