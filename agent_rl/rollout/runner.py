@@ -8,7 +8,8 @@ the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its 
 renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced conversation,
 `StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call, env done,
 max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
-each request's (`request_seed`); the episode limits (`EpisodeLimits`).
+each request's (`request_seed`); the episode limits (`EpisodeLimits`); the deadline of every await on an
+environment (`bounded`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
 run's continuous stream of groups (`rollout.stream`).
@@ -181,7 +182,7 @@ async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) ->
     return observation_key(observation) if key is None else str(key)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def observation_key(observation: tuple[int, ...]) -> str:
     """A stable hash of token ids. Cached: every rollout of a task starts from the same rendered prompt (~30 us
     to hash), and a group's tool results often repeat."""
