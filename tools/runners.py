@@ -3,8 +3,8 @@
 Owns: `run_in_thread` (one thread per call, stopped at the deadline by `ToolOverrun` raised inside
 it), `run_in_worker` (warm worker processes, a pool per event loop; a call that overruns kills its
 worker and a fresh one takes its place later; an idle pool holds no reference to its loop, so a
-finished loop takes its workers with it) and the messages on their pipes; the worker's side is
-`tools.worker`.
+finished loop takes its workers with it); the messages on their pipes are `tools.pipes`, the
+worker's side is `tools.worker`.
 Does not own: which runner a tool uses, argument validation, or the tool message (`tools.base`).
 
 Why two runners. A thread shares the interpreter with the event loop. Pure-Python code in it lets
@@ -30,19 +30,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
-import fcntl
 import importlib
 import json
 import logging
 import os
 import pickle
-import select
 import subprocess
 import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from agent_rl.tools.pipes import frame, pipe_size, write_all
 
 log = logging.getLogger(__name__)
 POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # concurrent isolated calls per event loop
@@ -147,45 +147,6 @@ def _warn_if_alive(thread: threading.Thread, name: str, timeout_s: float) -> Non
 
 
 # ---- worker processes ------------------------------------------------------------------------
-
-def frame(message: Any) -> bytes:
-    """`message` as the bytes on a pipe: its pickle's length, then the pickle."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return len(data).to_bytes(4, "big") + data
-
-
-def write_all(stream: Any, data: bytes) -> None:
-    """Every byte of `data` to an unbuffered stream (one write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[stream.write(view):]
-
-
-def write_message(stream: Any, message: Any) -> None:
-    write_all(stream, frame(message))
-    stream.flush()
-
-
-def pipe_size(stream: Any) -> int:
-    """The bytes a pipe holds (Linux: F_GETPIPE_SZ, 64 KiB by default; elsewhere the least POSIX promises)."""
-    try:
-        return int(fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ))
-    except (AttributeError, OSError):
-        return select.PIPE_BUF
-
-
-def read_message(stream: Any) -> Any:
-    def exactly(n: int) -> bytes:
-        chunks = b""
-        while len(chunks) < n:
-            chunk = stream.read(n - len(chunks))
-            if not chunk:
-                raise EOFError("the worker process closed its pipe")
-            chunks += chunk
-        return chunks
-
-    return pickle.loads(exactly(int.from_bytes(exactly(4), "big")))
-
 
 def function_address(fn: Callable[..., Any]) -> tuple[str, str]:
     """(module, qualname) under which a worker imports `fn`; TypeError if it cannot."""
