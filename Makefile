@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "warning: bubblewrap (bwrap) is missing: install it (Debian: apt-get install bubblewrap) for sandboxed tools"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(BUILD),data,dev,openenv]"
+	$(PY) -m pip install -q -e ".[$(BUILD),data,dev,openenv,ray]"
 	@# verifiers without its mcp==2.0.0 / openai<3 pins (pyproject.toml says why), then its other requirements
 	$(PY) -m pip install -q --no-deps "verifiers>=0.4,<0.5"
 	$(PY) -c "import importlib.metadata as m; print('\n'.join(r.split(';')[0] for r in m.requires('verifiers') \

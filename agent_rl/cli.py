@@ -54,6 +54,8 @@ def _play_parsers(sub) -> None:
     r.add_argument("--max-total-tokens", type=int, default=1536)
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--request-timeout", type=float, default=300.0)
+    r.add_argument("--workers", type=int, default=0,
+                   help="play the episodes on this many Ray workers (rollout.workers; a local cluster, or RAY_ADDRESS)")
     r.set_defaults(func=commands.rollout)
 
     pa = sub.add_parser("play", help="play the policy's part of an environment yourself (stdin: scriptable)")

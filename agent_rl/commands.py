@@ -35,21 +35,23 @@ class CLIError(Exception):
 @contextlib.contextmanager
 def errors_as_lines() -> Iterator[None]:
     """Bad input (a config, model or environment the library refuses), server failures (at start, or a
-    server that stops answering requests or adapter loads), a checkpoint that could not be written, and a
-    training run stopped by SIGTERM / SIGUSR1 (exit status 128 + the signal number) as CLIError."""
+    server that stops answering requests or adapter loads), rollout workers that cannot go on, a checkpoint
+    that could not be written, and a training run stopped by SIGTERM / SIGUSR1 (exit status 128 + the signal
+    number) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
     from agent_rl.preemption import Preempted
     from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
+    from agent_rl.rollout.worker import WorkerError
     from agent_rl.runs.checkpoint import CheckpointError
 
     try:
         yield
     except (ConfigError, ModelError, ValueError) as e:
         raise CLIError(str(e), EXIT_BAD_INPUT) from None
-    except (ServerError, SamplerError, WeightSyncError, CheckpointError) as e:  # a server that died mid-run included
+    except (ServerError, SamplerError, WeightSyncError, CheckpointError, WorkerError) as e:  # died mid-run too
         raise CLIError(str(e)) from None
     except Preempted as e:  # SIGTERM / SIGUSR1 during training: checkpointed, servers stopped
         raise CLIError(str(e), e.code) from None
@@ -74,6 +76,7 @@ def _rounded(metrics: dict[str, float]) -> str:
 
 def rollout(args: argparse.Namespace) -> int:
     from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+    from agent_rl.rollout.stream import remote_players
     from agent_rl.runs.display import format_trajectory
     from agent_rl.runs.metrics import rollout_metrics
     from agent_rl.session import open_session, sampling
@@ -85,7 +88,7 @@ def rollout(args: argparse.Namespace) -> int:
         f"rollout.max_turns={args.max_turns}",
         f"rollout.max_tokens_per_turn={args.max_tokens}", f"rollout.max_total_tokens={args.max_total_tokens}",
         f"sampler.temperature={args.temperature}", f"sampler.request_timeout_s={args.request_timeout}",
-        f"sampler.server_urls={urls}"]))
+        f"sampler.server_urls={urls}", f"rollout.workers={args.workers}"]))
     with errors_as_lines():
         session = open_session(cfg)
     try:
@@ -97,8 +100,10 @@ def rollout(args: argparse.Namespace) -> int:
 
     async def run():
         async with sampling(cfg, session.model_dir) as sampler:
+            players = remote_players(sampler)  # --workers: the episodes play on Ray workers
             return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits, args.group_size,
-                                        group_reward=session.env.group_reward)
+                                        group_reward=session.env.group_reward,
+                                        play=None if players is None else players.play)
 
     announce_server(cfg)
     with errors_as_lines():

@@ -4,7 +4,8 @@ Owns: `eval_report` (a pure function from rollout groups to figures, and the sam
 environment, `env/<name>/...`, when the tasks came from a mixture of several), `pass_at_k` (the unbiased
 estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
 model, a LoRA adapter, or the full weights of a full fine-tune), and
-`play_policies` (serve each policy, play the tasks; also what the BFCL benchmark plays with),
+`play_policies` (serve each policy, play the tasks, on rollout workers with `rollout.workers`; also what the
+BFCL benchmark plays with),
 `evaluate` (play the held-out tasks, report; two adapters side by side) and
 `format_report` (the figures side by side as a table).
 Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
@@ -28,9 +29,11 @@ from typing import Any
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
+from agent_rl.rollout.workers import ray_cluster
 from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
-from agent_rl.session import Session
+from agent_rl.session import Session, with_workers
 
 BASE = "base"
 
@@ -139,11 +142,14 @@ async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequ
     """The held-out tasks on servers `urls`, with `adapter` loaded under a name unique to this process
     (a shared server may hold others), or with the served weights as they are."""
     cfg = session.cfg
-    async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
+    async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
+            with_workers(cfg, urls, local) as sampler:  # rollout.workers: the episodes play on Ray workers
         if adapter is not None:
             await AdapterSync(tmp, sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}").load_initial(adapter)
+        players = remote_players(sampler)
         return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits,
-                                    cfg.eval.samples, cfg.rollout.max_concurrent)
+                                    cfg.eval.samples, cfg.rollout.max_concurrent,
+                                    play=None if players is None else players.play)
 
 
 async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks: list, limits: EpisodeLimits,
@@ -181,7 +187,8 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
                          "drop the attached servers (got " + ", ".join(cfg.sampler.server_urls) + ")")
     tasks = session.env.load_tasks(settings.tasks, seed=settings.seed, split=settings.split)
     limits = EpisodeLimits.from_config(rollout, settings.temperature, seed=settings.seed)
-    groups = await play_policies(session, policies, tasks, limits, serve)
+    with ray_cluster(cfg.ray, rollout.workers):  # one cluster for every policy's workers
+        groups = await play_policies(session, policies, tasks, limits, serve)
     if groups_out is not None:
         groups_out.update({p.label: groups[p.label] for p in policies})
     results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}

@@ -1,6 +1,7 @@
 """Preemption: SIGTERM or SIGUSR1 during training asks the loop to stop at a clean point.
 
-Owns: `Preemption` (which signal came, and an event the loop can wait on beside its work), `watch` (the
+Owns: `Preemption` (which signal came, or which fault the run cannot mend: a server past its restart budget,
+`fail`; and an event the loop can wait on beside its work), `watch` (the
 signal handlers, installed in the event loop for the span of the training loop, the previous ones put back
 after), `Preempted` (the one line a stopped run ends with, and its exit status, 128 + the signal number, as
 a shell reports a process a signal ended).
@@ -28,19 +29,27 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class Preemption:
-    """Set once a stop signal came (`signal_name`); `event` wakes whoever waits on it."""
+    """Set once a stop signal came (`signal_name`), or a fault the run cannot mend (`error`: the loop stops the
+    same way, and the run ends with that error's line); `event` wakes whoever waits on it. The first one counts."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.error: Exception | None = None
         self.event = asyncio.Event()
 
     @property
     def requested(self) -> bool:
-        return self.signal_name is not None
+        return self.signal_name is not None or self.error is not None
 
     def request(self, signum: int) -> None:
-        if self.signal_name is None:
+        if not self.requested:
             self.signal_name = signal.Signals(signum).name
+            self.event.set()
+
+    def fail(self, error: Exception) -> None:
+        """A server that cannot be mended (`rollout.supervisor`): stop as for a signal, then end with `error`."""
+        if not self.requested:
+            self.error = error
             self.event.set()
 
 

@@ -2,8 +2,10 @@
 
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
-servers (started here or attached) with a sampler on them, as one async context; and `judging`: the
-session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
+servers (started here or attached) with a sampler on them, as one async context, and with `rollout.workers` the
+Ray workers behind it (`with_workers`; what each plays with: `worker_kit`); `supervised_sampling`, the same with
+the servers watched and mended (`rollout.supervisor`, what `train` uses; the workers route by it too); and
+`judging`: the session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
 `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
 a model spec, a renderer name or a server URL means the same everywhere.
 Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight_sync`), metrics.
@@ -12,6 +14,7 @@ Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -25,8 +28,11 @@ from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
-from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.server import serve_or_attach
+from agent_rl.rollout.sampler import ServedSampler, VLLMSampler
+from agent_rl.rollout.server import fleet, running, serve_or_attach
+from agent_rl.rollout.supervisor import Supervisor
+from agent_rl.rollout.worker import Kit, WorkerSettings
+from agent_rl.rollout.workers import ray_cluster, rollout_workers
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,43 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 
 @contextlib.asynccontextmanager
 async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
-                   ) -> AsyncIterator[VLLMSampler]:
-    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit."""
-    with serve_or_attach(cfg, model_dir, log_path) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler:
-            yield sampler
+                   ) -> AsyncIterator[ServedSampler]:
+    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit; with
+    `rollout.workers`, its episodes play on that many Ray workers (the cluster joined before any server starts)."""
+    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, model_dir, log_path) as urls:
+        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                with_workers(cfg, urls, sampler) as served:
+            yield served
+
+
+@contextlib.asynccontextmanager
+async def supervised_sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
+                              ) -> AsyncIterator[tuple[ServedSampler, Supervisor]]:
+    """`sampling`, and a supervisor of its servers that the sampler routes by: one started here is restarted when
+    it dies, one attached by URL waited for (`rollout.supervisor`; supervision begins at `Supervisor.start`).
+    With `rollout.workers`, the cluster is joined before any server starts, and the sampler is bound to the
+    supervisor before the workers wrap it, so that every worker routes by it too (`rollout.workers`). On exit the
+    workers stop first, then the supervisor, so that no restart outlives the servers' own stop."""
+    started = [] if cfg.sampler.server_urls else fleet(cfg, model_dir, log_path)
+    with ray_cluster(cfg.ray, cfg.rollout.workers), \
+            (running(started) if started else serve_or_attach(cfg, model_dir)) as urls:
+        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                Supervisor.from_config(cfg.sampler, urls, started or None) as supervisor:
+            supervisor.bind(sampler)
+            async with with_workers(cfg, urls, sampler) as served:
+                yield served, supervisor
+
+
+def with_workers(cfg: TrainConfig, urls: Sequence[str], sampler: ServedSampler
+                 ) -> contextlib.AbstractAsyncContextManager[ServedSampler]:
+    """`sampler`, with `rollout.workers` Ray workers behind it playing the episodes (`rollout.workers`)."""
+    settings = WorkerSettings(cfg.ray, cfg.sampler.request_timeout_s)
+    kit = functools.partial(worker_kit, cfg, tuple(urls))
+    return rollout_workers(cfg.rollout.workers, kit, sampler, settings)
+
+
+def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:
+    """What a rollout worker plays with, built in its own process: the run's environments (or mixture), the
+    renderer of `model.name` and a sampler over `urls` (each machine of a cluster resolves the model itself)."""
+    renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer, cfg.model.bare_tool_calls)
+    return Kit(env_of(cfg).make_env, renderer, VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s))

@@ -5,8 +5,8 @@ Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, tasks, resume
 `UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument); `open_stream`, the
 run's rollout stream on rank 0 as the config sets it (staleness, dynamic sampling's refills); under
 torchrun, what the other ranks do (`follow`) and the collectives every rank joins for a weight push and
-a checkpoint (`served_weights`, `checkpoint`); what a stop signal does to the loop (`stop`: the step being
-sampled abandoned, the last completed one checkpointed).
+a checkpoint (`served_weights`, `checkpoint`); what a stop signal, or a server past mending, does to the loop
+(`stop`: the step being sampled abandoned, the last completed one checkpointed).
 Does not own: the signal handlers (`preemption`), any of the maths (`learn.advantages`, `learn.loss`,
 `learn.update`), tokens (`rollout.runner`, `core.renderer`), which groups a step trains and when they are played
 (`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
@@ -34,7 +34,8 @@ import torch
 from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
-from agent_rl.core.types import Trajectory, TrajectoryGroup
+from agent_rl.core.types import TrajectoryGroup
+from agent_rl.faults import mended, server_gone
 from agent_rl.learn.advantages import (
     AdvantageFn,
     CreditRule,
@@ -61,7 +62,8 @@ from agent_rl.preemption import Preempted, Preemption, watch
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.runner import EpisodeLimits, step_seed
 from agent_rl.rollout.sampler import Sampler, ServedSampler
-from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state
+from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state, remote_players
+from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.checkpoint import CheckpointError, latest_step, load_checkpoint, save_checkpoint
@@ -69,10 +71,9 @@ from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
 from agent_rl.runs.traces import write_step as write_traces
-from agent_rl.session import Session, judging, open_session, sampling
+from agent_rl.session import Session, judging, open_session, supervised_sampling
 
 T = TypeVar("T")
-RETRY_COUNTS = ("error/retried", "error/dropped_groups")  # the stream's counts that are not failures themselves
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
@@ -111,12 +112,12 @@ def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
     each group a task of `run.tasks` played as the config says; with dynamic sampling, a group without signal
     gives its slot to the next task (`learn.advantages.has_signal`)."""
     cfg, algo, rollout = run.cfg, run.cfg.algorithm, run.cfg.rollout
-    shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps)
+    shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps, algo.slots_ahead(rollout.tasks_per_step))
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
     signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
     env = run.session.env
     episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward,
-                        on_error=rollout.on_error, max_retries=rollout.max_retries)
+                        rollout.on_error, rollout.max_retries, remote_players(sampler))  # on workers, if any
     servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
     return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
                          max_rounds=algo.max_resample_batches, signal=signal, servers=servers)
@@ -145,6 +146,7 @@ class Run:
     start: int = 0  # steps already done (resumed)
     saved: dict[str, Any] | None = None  # the rollout stream's state in the checkpoint resumed from
     stop: Preemption = field(default_factory=Preemption)  # set by SIGTERM / SIGUSR1 while the loop runs (`watch`)
+    supervisor: Supervisor | None = None  # of the servers (rank 0 of `train`): restarts counted each step
 
 
 def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
@@ -182,11 +184,14 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
         await follow(run, stages)
         return {}
     # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
-    async with sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as sampler, \
+    async with supervised_sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as (sampler, supervisor), \
             judging(run.session, sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
         sync = await stages.sync(cfg, run.run_dir, sampler, first, run.start)
         del first
+        # from here a server that dies comes back with the current weights; one that cannot stops the loop
+        run.supervisor = supervisor
+        supervisor.start(sync.restore, run.stop.fail)
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=cfg.run.tensorboard,
                        wandb_project=cfg.run.wandb_project, start_step=run.start,
                        collapse_drop=cfg.run.collapse_drop, entropy_floor=cfg.run.entropy_floor) as log:
@@ -252,6 +257,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     metrics["time/step_s"] = time.perf_counter() - t_step
     metrics["tokens_per_s"] = sum(t.num_sampled for t in trajs) / max(metrics["time/step_s"], 1e-9)
     metrics["lr"] = float(run.policy.scheduler.get_last_lr()[0])
+    metrics.update(run.supervisor.metrics() if run.supervisor is not None else {})  # fault/restarts, ...
     metrics.update(run.tasks.positions(stream.data_position()))
     final = log.log(step + 1, metrics)
     write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
@@ -259,7 +265,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     if saved:
         checkpoint(run, step + 1, stream.state())
     if failed is not None:
-        raise server_gone(run, failed, step + 1 if saved else None)
+        raise server_gone(run.run_dir, failed, step + 1 if saved else None)
     return final
 
 
@@ -272,21 +278,6 @@ async def push(run: Run, sync: WeightSync, stream: RolloutStream, version: int) 
         return e
     stream.pushed(version)
     return None
-
-
-def mended(metrics: dict[str, float], trajs: Sequence[Trajectory]) -> bool:
-    """The step trained what an unfaulted run would: no episode failed, or each failure was mended by a retry
-    (a server that died may have failed the step's episodes, whose tasks a checkpoint would count as trained)."""
-    failures = sum(v for k, v in metrics.items() if k.startswith("error/") and k not in RETRY_COUNTS)
-    return not any(t.infra_error for t in trajs) and failures == metrics.get("error/retried", 0.0)
-
-
-def server_gone(run: Run, error: WeightSyncError, saved: int | None) -> WeightSyncError:
-    """The push's error, with where the run can go on from: step `saved`, or the last checkpoint written."""
-    last = saved if saved is not None else latest_step(run.run_dir)
-    where = f"checkpoint of step {last} in {run.run_dir}/checkpoints" if last else "no checkpoint written"
-    return WeightSyncError(f"{error} ({where}; continue with the same command and --resume once the servers "
-                           f"answer)")
 
 
 async def unless_stopped(work: Awaitable[T], stop: Preemption) -> T | None:
@@ -304,10 +295,13 @@ async def unless_stopped(work: Awaitable[T], stop: Preemption) -> T | None:
 
 def stop(run: Run, done: int, stream_state: dict[str, Any]) -> None:
     """A stop signal came: checkpoint step `done` unless it is already (the slots not yet trained are the
-    stream's now, as no update happened since), then end the run with `Preempted`'s line."""
+    stream's now, as no update happened since), then end the run with `Preempted`'s line; or a server that
+    cannot be mended (`Preemption.fail`): the same, ending with its line."""
     saved = done > 0 and (done == run.start or checkpoint_due(run.cfg, done - 1))
     if done > 0 and not saved:
         checkpoint(run, done, stream_state)
+    if run.stop.error is not None:
+        raise server_gone(run.run_dir, run.stop.error, done or None)
     raise Preempted(run.stop.signal_name or "SIGTERM", done, run.cfg.run.steps, run.run_dir, checkpoint=done > 0)
 
 

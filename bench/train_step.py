@@ -130,8 +130,8 @@ class TimedSync:
         self.probe.step = version + 1
         return seconds
 
-    async def finish(self):
-        await self.sync.finish()
+    def __getattr__(self, name):  # restore, finish: the inner sync's
+        return getattr(self.sync, name)
 
 
 def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None, credit=None):

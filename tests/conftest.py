@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +230,29 @@ def deadline_slack_s(backend) -> float:
     """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
     Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
     return 5.0 if backend.name == "docker" else 1.5
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray cluster for every rollout-worker test of the session (`rollout.workers`; a run that finds
+    Ray initialised joins it instead of starting its own): 4 logical CPUs, two workers of one CPU each and room
+    for a restart. Its processes import tests/ray_kits.py: tests/ is on their path."""
+    import ray
+
+    tests = Path(__file__).resolve().parent
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(tests.parent), str(tests), *filter(None, [before])])
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init's own handler would replace `pytest_sessionstart`'s
+    try:  # the cluster's processes take the environment they start with
+        ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20,
+                 logging_level=logging.ERROR)
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        if before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = before
+    yield ray
+    with contextlib.suppress(Exception):
+        ray.shutdown()

@@ -1,5 +1,6 @@
 """bench/async_sim.py at a small scale: the simulated clock jumps over waits, the simulated servers count
-their busy seconds, and one run of the real loop per staleness keeps its lag within the bound."""
+their busy seconds, and one run of the real loop per staleness (and at k = 2 with one step sampled ahead) keeps its
+lag within the bound."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def _args(steps: int) -> argparse.Namespace:
 
 def test_one_server_runs_the_real_loop_within_the_bound(renderer):
     smol = resolve_model("smollm2-135m")
-    rows = {(k, drain): sim_clock.run(sim.measure(1, k, drain, _args(5), renderer, smol))
-            for k, drain in ((0, False), (2, False), (2, True))}
+    rows = {(k, drain, ahead): sim_clock.run(sim.measure(1, k, drain, _args(5), renderer, smol, ahead))
+            for k, drain, ahead in ((0, False, None), (2, False, None), (2, True, None), (2, False, 1.0))}
+    rows = {key[:2] if key[2] is None else key: row for key, row in rows.items()}
     sync = rows[0, False]
     assert sync["lag_mean"] == 0.0 and sync["lag_max"] == 0.0
     assert sync["episodes_in_flight_at_push"] == 0.0  # the synchronous loop pushes with nothing playing
@@ -67,3 +69,5 @@ def test_one_server_runs_the_real_loop_within_the_bound(renderer):
         assert 0.0 <= row["lag_mean"] <= row["lag_max"] <= 2.0
         assert row["trained_tok_s"] > 0 and 0.0 <= row["idle_share"] <= 1.0
     assert rows[2, True]["wait_s"] <= rows[2, False]["wait_s"]  # the drain is the push's time, not a wait
+    assert [rows[key]["sample_ahead"] for key in ((0, False), (2, False), (2, False, 1.0))] == [0.0, 2.0, 1.0]
+    assert 0.0 <= rows[2, False, 1.0]["lag_mean"] <= rows[2, False, 1.0]["lag_max"] <= 2.0

@@ -245,6 +245,8 @@ def load_config_text(text: str):
      "config error: algorithm.overlap_rollouts: retired; write algorithm.max_staleness: 1 for rollouts that run"),
     (["algorithm.overlap_rollouts=false"], "config error: algorithm.overlap_rollouts: retired; write"),
     (["algorithm.max_staleness=-1"], "config error: algorithm.max_staleness: Input should be greater than or equal"),
+    (["algorithm.max_staleness=1", "algorithm.sample_ahead=2"],
+     "config error: algorithm.sample_ahead: at most max_staleness (1), got 2.0: a group sampled further ahead"),
 ])
 def test_settings_that_cannot_work_together_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:

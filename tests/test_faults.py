@@ -1,4 +1,4 @@
-"""Faults a run meets, each ending in one line (`trainer.mended`, `trainer.server_gone`, `trainer.checkpoint`,
+"""Faults a run meets, each ending in one line (`faults.mended`, `faults.server_gone`, `trainer.checkpoint`,
 `commands.errors_as_lines`): whether a step can be checkpointed after its push failed, the line for a server
 gone, a disk that fills during a checkpoint (the last good one stays readable)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_stream import scripted_run, toy_tasks
 
-from agent_rl import trainer
+from agent_rl import faults, trainer
 from agent_rl.commands import CLIError, errors_as_lines
 from agent_rl.core.types import StopReason, Trajectory
 from agent_rl.preemption import Preempted
@@ -30,19 +30,20 @@ def traj(error: str | None = None) -> Trajectory:
     ({"error/ValueError": 2.0, "error/retried": 1.0}, [None], False),  # one failure not mended: a group refilled
     ({"error/dropped_groups": 1.0, "error/SamplerError": 1.0, "error/retried": 0.0}, [None], False),
     ({}, [None, "SamplerError: server down"], False),  # kept (on_error: keep) failures
+    ({"fault/replayed_episodes": 3.0, "error/retried": 0.0}, [None], True),  # a restart's replays: no failure
 ])
 def test_a_step_is_mended_when_it_trained_what_an_unfaulted_run_would(metrics, errors, expected):
-    assert trainer.mended(metrics, [traj(e) for e in errors]) is expected
+    assert faults.mended(metrics, [traj(e) for e in errors]) is expected
 
 
 def test_the_line_for_a_server_gone_says_where_to_go_on_from(tmp_path, smol_dir, renderer):
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(3))
     error = WeightSyncError("vLLM server http://h:1 did not answer")
-    assert str(trainer.server_gone(run, error, None)) == (
+    assert str(faults.server_gone(run.run_dir, error, None)) == (
         "vLLM server http://h:1 did not answer (no checkpoint written; continue with the same command and --resume "
         "once the servers answer)")
     trainer.checkpoint(run, 1, {"position": 0})
-    assert str(trainer.server_gone(run, error, None)).startswith(
+    assert str(faults.server_gone(run.run_dir, error, None)).startswith(
         f"vLLM server http://h:1 did not answer (checkpoint of step 1 in {tmp_path}/checkpoints; ")
 
 

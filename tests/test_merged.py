@@ -82,7 +82,7 @@ async def test_finish_removes_the_versions_folder_when_the_server_is_gone(tmp_pa
     from agent_rl.rollout.weight_sync.base import WeightSyncError
     from agent_rl.rollout.weight_sync.merged import MergedSync
 
-    sampler = type("Sampler", (), {"urls": [f"http://127.0.0.1:{free_port()}"]})()
+    sampler = type("Sampler", (), {"urls": [f"http://127.0.0.1:{free_port()}"], "gate": None})()
     model = tiny_lora(tied=False)
     model.get_base_model().config._name_or_path = str(tmp_path / "base")
     sync = MergedSync(tmp_path / "run", sampler, model, timeout_s=5.0, connect_timeout_s=1.0)

@@ -5,6 +5,7 @@ that the tag is true: the server's log-prob of every token equals the trainer's 
 the completed sequence, under the weights of the version it is tagged with (and not under the other one).
 - full weights (pause with abort, reload, resume): requests in flight are aborted and go on from their
   partial output, so one turn holds tokens of both versions; none is lost, and the ids stay one sequence;
+- merged weights (a LoRA policy served as plain weights, `MergedSync`): the same reload in place as full weights;
 - adapters: no pause; a request in flight finishes on its own adapter, kept loaded (k + 1 = 2 versions and
   any older one a request still runs on), while the next turn samples with the new one.
 Tolerance as in tests/test_weight_sync.py (fp32 CPU, observed ~1e-6 there on prompt log-probs); the two
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +29,8 @@ from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
 from agent_rl.rollout.sampler import Completion, SamplingParams, VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
-from agent_rl.rollout.weight_sync.full import FullWeightSync
+from agent_rl.rollout.weight_sync.full import FullWeightSync, save_pretrained
+from agent_rl.rollout.weight_sync.merged import MergedSync
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +46,25 @@ def sequence_logprobs(model, prompt: list[int], out: Completion) -> torch.Tensor
     with torch.no_grad():
         logp = token_logprobs(model.eval(), ids, torch.ones_like(ids)).logp_B_T[0]
     return logp[len(prompt) - 1: len(prompt) - 1 + len(out.token_ids)]
+
+
+def staged_writer(write, staged_model, staged: Path):
+    """`write`, except that `staged_model`'s files are written now, before the requests start, and a push of it
+    links (or copies) them: what lands mid-turn is then the pause / reload / resume alone (written during the push,
+    a loaded CI disk once took 22 s, past the end of every turn)."""
+    staged.mkdir()
+    write(staged_model, staged)
+
+    def staged_write(model, folder: Path) -> None:
+        if model is not staged_model:
+            return write(model, folder)
+        for f in staged.iterdir():
+            try:
+                os.link(f, folder / f.name)
+            except OSError:  # another file system (/dev/shm)
+                shutil.copyfile(f, folder / f.name)
+
+    return staged_write
 
 
 def check_tags(out: Completion, prompt: list[int], models: dict[int, torch.nn.Module]) -> None:
@@ -76,7 +100,7 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
     prompt = renderer.encode("<|im_start|>user\nCount to a thousand.<|im_end|>\n<|im_start|>assistant\n")
     async with VLLMSampler([dev_server.url]) as sampler:
-        sync = FullWeightSync(tmp_path, sampler)
+        sync = FullWeightSync(tmp_path, sampler, write=staged_writer(save_pretrained, v2, tmp_path / "v2-staged"))
         await sync.push(v1, 1)  # the shared dev server may hold another test's weights
         await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
         runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
@@ -85,7 +109,9 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
         ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
         assert not ended, f"requests ended before the push: {ended}"
         await sync.push(v2, 2)
+        done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
         outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
+    print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
     print("\n(tokens, first tagged 2) per request:", [(len(o.token_ids), o.versions.index(2) if 2 in o.versions
                                                       else None) for o in outs], end="")
     for out in outs:
@@ -135,6 +161,117 @@ async def test_an_adapter_push_mid_episode_leaves_the_turn_in_flight_on_its_vers
         trained[version] = copy_of
     check_tags(first, prompt, trained)
     check_tags(second, prompt2, trained)
+
+
+async def test_merged_weights_pushed_mid_turn_abort_and_continue_with_true_versions(dev_server, tiny_dir, renderer,
+                                                                                     tmp_path):
+    """`MergedSync` (a LoRA policy served as merged weights) with requests in flight: as the full-weight test above,
+    four requests of LONG tokens on version 1 and version 2 pushed 0.2 s after they are sent; each token's served
+    log-prob is the trainer's (the LoRA model's, unmerged) under its tagged version. `finish` then puts the server's
+    own base weights back (the first tokens sampled after it are the plain tiny model's)."""
+    model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8)
+    with torch.no_grad():
+        model.get_base_model().lm_head.weight[:, 0] = 0.0  # no turn end: long turns (the merged file holds lm_head)
+    versions = {}
+    for version in (1, 2):
+        randomize_lora_b(model, seed=version, std=0.2)
+        versions[version] = copy.deepcopy(model)
+    prompt = renderer.encode("<|im_start|>user\nCount to a thousand.<|im_end|>\n<|im_start|>assistant\n")
+    async with VLLMSampler([dev_server.url]) as sampler:
+        sync = MergedSync(tmp_path, sampler, versions[1])
+        sync.write = staged_writer(sync.write, versions[2], tmp_path / "v2-staged")
+        await sync.push(versions[1], 1)
+        await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
+        runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
+                for s in range(4)]
+        await asyncio.sleep(0.2)
+        ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
+        assert not ended, f"requests ended before the push: {ended}"
+        await sync.push(versions[2], 2)
+        done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
+        outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
+        print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
+        await sync.finish()
+        assert not sync.weights_dir.exists()  # the versions folder (in /dev/shm when it has room) is gone
+        sampler.set_policy("base", 3)
+        after = await sampler.sample(prompt, SamplingParams(max_tokens=8, seed=0))
+    for out in outs:
+        n = len(out.token_ids)
+        assert (n == LONG and out.finish_reason == "length") or out.finish_reason == "stop"
+        cut = out.versions.index(2) if 2 in out.versions else n
+        assert out.versions[0] == 1 and out.versions == (1,) * cut + (2,) * (n - cut)  # at most one switch
+        check_tags(out, prompt, versions)
+    assert sum(2 in out.versions and 1 in out.versions for out in outs) >= 3  # split by the push
+    check_tags(after, prompt, {3: load_causal_lm(str(tiny_dir)), 1: versions[1]})  # the base weights again
+
+
+async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version(vllm_server, dev_server, tiny_dir,
+                                                                                  tmp_path, monkeypatch):
+    """`trainer.train` at max_staleness 2 against two real servers, adapters pushed while three-turn episodes play
+    (tests/go_on_env.py): the run ends; both servers sampled trained turns; every trained token is at most 2
+    versions old and some episodes span a push; and each sampled token's log-prob, whichever server sampled it, is
+    the trainer's under the weights of the version it is tagged with (recorded at each push), not the next one's."""
+    from test_train_integration import config
+
+    from agent_rl import trainer
+    from agent_rl.learn.advantages import group_advantages
+    from agent_rl.rollout import sampler as sampler_module
+    from agent_rl.rollout.weight_sync.choose import start_weight_sync
+
+    server_of, weights, seen = {}, {}, []
+    completion = sampler_module._completion
+
+    def recording(data, prompt_ids, version, url):  # which server sampled each piece
+        out = completion(data, prompt_ids, version, url)
+        server_of[tuple(prompt_ids), out.token_ids] = url
+        return out
+
+    class Snapshots:  # each version's weights, as pushed
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def push(self, model, version):
+            weights[version] = copy.deepcopy(model)
+            return await self.inner.push(model, version)
+
+        async def finish(self):
+            await self.inner.finish()
+
+    async def sync(cfg, run_dir, sampler, model, version):
+        weights[version] = copy.deepcopy(model)
+        return Snapshots(await start_weight_sync(cfg, run_dir, sampler, model, version))
+
+    def advantages(groups, *args):
+        seen.append(groups)
+        return group_advantages(groups, *args)
+
+    monkeypatch.setattr(sampler_module, "_completion", recording)
+    cfg = config(vllm_server, tmp_path, steps=4, **{
+        "sampler.server_urls": f"[{vllm_server.url},{dev_server.url}]", "model.sync": "adapter",
+        "rollout.env": "go_on_env", "rollout.max_turns": "3", "rollout.max_total_tokens": "256",
+        "algorithm.max_staleness": "2", "optim.lr": "0.05", "run.trace_groups": "0"})
+    await trainer.train(cfg, stages=trainer.Stages(advantages=advantages, sync=sync))
+    assert len(seen) == 4 and sorted(weights) == [0, 1, 2, 3, 4]
+    servers, split, gaps, others = set(), 0, [], []
+    for step, groups in enumerate(seen):
+        for t in (t for g in groups for t in g.trajectories):
+            assert not t.infra_error, t.error
+            split += len({turn.policy_version for turn in t.turns}) > 1
+            for turn in t.turns:
+                assert set(t.versions[turn.start:turn.end]) == {turn.policy_version}  # adapters: one version a turn
+                assert step - 2 <= turn.policy_version <= step
+                servers.add(server_of[tuple(t.token_ids[:turn.start]), tuple(t.token_ids[turn.start:turn.end])])
+                out = Completion(tuple(t.token_ids[turn.start:turn.end]), t.logprobs[turn.start:turn.end], "stop",
+                                 turn.policy_version)
+                prompt = list(t.token_ids[:turn.start])
+                served = torch.tensor(out.logprobs)
+                gaps.append((served - sequence_logprobs(weights[turn.policy_version], prompt, out)).abs().max())
+                others.append((served - sequence_logprobs(weights[turn.policy_version + 1], prompt, out)).abs().mean())
+    print(f"\nturns {len(gaps)}, episodes across a push {split}, max gap {max(gaps):.2e}, smallest mean gap to the "
+          f"next version {min(others):.2e}", end="")
+    assert servers == {vllm_server.url, dev_server.url}
+    assert split >= 1  # a push came in the middle of an episode
+    assert max(gaps) < LOGPROB_TOL and min(others) > 10 * LOGPROB_TOL
 
 
 def randomize_lora_b(model, seed: int, std: float = 0.5) -> None:

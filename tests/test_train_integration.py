@@ -103,6 +103,9 @@ def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path,
         async def push(self, model, version):
             return await self.sync.push(model, version)
 
+        async def restore(self, url):
+            await self.sync.restore(url)
+
         async def finish(self):
             served_last.append(server_logprobs(dev_server.url, "base", ids))
             await self.sync.finish()

@@ -1,7 +1,7 @@
 """Run configuration: what to train, how to sample, which algorithm, and where to write.
 
 Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig` with its
-`EnvWeight`s, `AlgorithmConfig`, `OptimConfig`, `RunConfig`, `JudgeConfig`, and for the cold start and
+`EnvWeight`s, `AlgorithmConfig`, `OptimConfig`, `RunConfig`, `JudgeConfig`, `RayConfig`, and for the cold start and
 evaluation `SFTConfig`, `EvalConfig`) gathered in `TrainConfig`; their bounds and the combinations
 that cannot work together. `AlgorithmConfig` is written in `core.config_algorithm` and `ConfigError`, the one
 line naming the field that every mistake becomes, in `core.config_base`; both are imported from here.
@@ -91,6 +91,12 @@ class SamplerConfig(_Section):
         0.5, gt=0.0, lt=1.0, description="share of the GPU a server started here may take (GPU build): leave the "
                                          "trainer's weights, gradients and optimizer room on the same GPU")
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
+    max_restarts: int = Field(3, ge=0, description="restarts of each server `train` started (on exit or no /health) "
+                                                   "before the run checkpoints and stops")
+    health_timeout_s: float = Field(60.0, gt=0.0, description="seconds without an answer to /health after which a "
+                                                              "server counts as dead (restarted, or waited for)")
+    attach_wait_s: float = Field(300.0, ge=0.0, description="seconds `train` waits for a server of server_urls that "
+                                                            "stopped answering before the run checkpoints and stops")
 
 
 class EnvWeight(_Section):
@@ -117,6 +123,8 @@ class RolloutConfig(_Section):
     on_error: Literal["retry", "drop_group", "keep"] = Field("retry", description="an episode whose env or sampler "
         "failed: retry it (fresh env, same seed), then drop its group; drop its group; keep the group's other episodes")
     max_retries: int = Field(2, ge=0, description="retries of a failed episode under on_error: retry")
+    workers: int = Field(0, ge=0, description="rollout workers, each a Ray actor with its own event loop playing "
+                                              "episodes (pip install 'agent-rl[ray]'; ray section); 0: in this process")
 
     @model_validator(mode="before")
     @classmethod
@@ -175,6 +183,21 @@ class OptimConfig(_Section):
     logprob_chunk: int = Field(
         512, ge=1, description="tokens (rows x positions) per chunk of the output layer and log-softmax: bounds "
                                "the vocabulary-wide logits held at once")
+
+
+class RayConfig(_Section):
+    address: str | None = Field(
+        None, description="Ray cluster the rollout workers join: host:port of its head, ray://host:port, or auto "
+                          "(the one running on this machine); null: RAY_ADDRESS, else a cluster of this machine "
+                          "started for the run (also: local)")
+    num_cpus: float = Field(1.0, ge=0.0, description="CPUs each rollout worker reserves on its node")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources each rollout worker needs, e.g. {docker: 1}: it starts "
+                                          "only on a node that declares them (ray start --resources)")
+    max_restarts: int = Field(3, ge=-1, description="times Ray restarts a rollout worker that died (-1: always); its "
+                                                   "episodes meanwhile are infrastructure errors (rollout.on_error)")
+    start_timeout_s: float = Field(120.0, gt=0.0, description="seconds for the workers to start, or a dead one to "
+                                                              "come back, before the run fails")
 
 
 class RunConfig(_Section):
@@ -252,6 +275,7 @@ class TrainConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
     run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="an LLM judge as a group reward (off)")
+    ray: RayConfig = Field(default_factory=RayConfig, description="the Ray cluster of rollout.workers")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="cold-start demonstrations and SFT")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
 

@@ -55,6 +55,10 @@ class AlgorithmConfig(_Section):
         0, ge=0, description="policy versions a trained token may lag behind the trainer: 0 the synchronous loop; "
                              "k > 0 rollouts stream on while the trainer trains, a group starting only if it can be "
                              "trained within k versions (docs/async.md)")
+    sample_ahead: float | None = Field(
+        None, ge=0.0, description="steps' worth of groups the stream may play ahead of the step being trained, 0 .. "
+                                  "max_staleness (smaller: lower lag, fewer episodes playing); None: max_staleness "
+                                  "(docs/async.md)")
     constant_norm_tokens: int = Field(1024, ge=1, description="normaliser of the 'constant' aggregation (Dr. GRPO)")
     credit: Literal["trajectory", "turn", "gigpo"] = Field(
         "trajectory", description="which advantage a turn's tokens get: the episode's, the turn's own return against "
@@ -112,6 +116,17 @@ class AlgorithmConfig(_Section):
                 raise ValueError(f"{name}: read only with credit: {' or '.join(readers)}, so it would change "
                                  f"nothing (got credit: {self.credit})")
         return self
+
+    @model_validator(mode="after")
+    def _ahead_within_staleness(self) -> AlgorithmConfig:
+        if self.sample_ahead is not None and self.sample_ahead > self.max_staleness:
+            raise ValueError(f"sample_ahead: at most max_staleness ({self.max_staleness}), got {self.sample_ahead}: a "
+                             "group sampled further ahead could not be trained within max_staleness versions")
+        return self
+
+    def slots_ahead(self, tasks_per_step: int) -> int:
+        """Group slots the stream may open beyond those of the step being trained (`rollout.admission`)."""
+        return round((self.max_staleness if self.sample_ahead is None else self.sample_ahead) * tasks_per_step)
 
     @model_validator(mode="after")
     def _resampling_needs_rounds(self) -> AlgorithmConfig:

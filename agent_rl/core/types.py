@@ -174,6 +174,9 @@ class Trajectory:
     # the policy version that sampled each token of `token_ids`, -1 where not sampled; () on construction:
     # every sampled token is `policy_version`'s
     versions: tuple[int, ...] = ()
+    # an ERROR whose cause was the episode's server dying under one of its requests (the sampler's `ServerLost`):
+    # not the episode's failure, the stream plays it again; a field, so that it travels from a rollout worker
+    server_lost: bool = False
 
     def __post_init__(self) -> None:
         if not self.versions and self.token_ids:

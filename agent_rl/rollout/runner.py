@@ -47,7 +47,7 @@ from agent_rl.core.types import (
     Turn,
 )
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
-from agent_rl.rollout.sampler import Sampler, SamplingParams
+from agent_rl.rollout.sampler import Sampler, SamplingParams, ServerLost
 
 T = TypeVar("T")
 
@@ -68,6 +68,9 @@ class EpisodeLimits:
         """The limits a `RolloutConfig` sets, at a sampling temperature (training's or evaluation's)."""
         return cls(max_turns=rollout.max_turns, max_tokens_per_turn=rollout.max_tokens_per_turn,
                    max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
+
+
+Play = Callable[[dict[str, Any], int, EpisodeLimits], Awaitable[Trajectory]]  # (task, rollout index, limits)
 
 
 def step_seed(run_seed: int, step: int, batch: int | None = None) -> int:
@@ -124,6 +127,7 @@ class _Episode:
     messages: list[Message] = field(default_factory=list)
     stop: StopReason = StopReason.MAX_TURNS
     prompt_len: int = 0
+    server_lost: bool = False  # a request of its own met its server's death (`Trajectory.server_lost`)
 
 
 async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
@@ -140,8 +144,11 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         seed = None if limits.seed is None else request_seed(limits.seed, task_id, rollout_index, turn)
         params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
                                 stop_token_ids=tuple(renderer.stop_token_ids), seed=seed)
-        # the vLLM sampler also checks that the server echoed these ids unchanged
-        out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+        try:  # the vLLM sampler also checks that the server echoed these ids unchanged
+            out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+        except ServerLost:  # told apart here, where it is the episode's own request, not by the error's text
+            ep.server_lost = True
+            raise
         start = len(buf.ids)
         buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
         ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed),
@@ -227,16 +234,19 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
-        segments=tuple(buf.closed), versions=tuple(buf.versions),
+        segments=tuple(buf.closed), versions=tuple(buf.versions), server_lost=ep.server_lost,
     )
 
 
 async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
                          sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
                          group_size: int, max_concurrent: int = 64,
-                         group_reward: Callable[..., Any] | None = None) -> list[TrajectoryGroup]:
+                         group_reward: Callable[..., Any] | None = None,
+                         play: Play | None = None) -> list[TrajectoryGroup]:
     """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive; then
     `group_reward(task, trajectories)` (`core.registry`) on each task's group as soon as it has ended.
+    `play(task, index, limits)`, when given, plays each episode instead of `play_task` here: on rollout
+    workers (`rollout.workers`), with their own environments and sampler.
 
     `max_concurrent` workers take the episodes in order, so only the episodes in play exist as
     coroutines: 100k queued episodes cost 100k list slots, not 100k suspended tasks for every
@@ -255,7 +265,10 @@ async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[di
     async def worker() -> None:
         for k in order:
             i = k // group_size
-            flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
+            if play is not None:
+                flat[k] = await play(tasks[i], k % group_size, limits)
+            else:
+                flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
             ROLLOUT_GC.collect_if_piling_up()
             running[i] -= 1
             if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running

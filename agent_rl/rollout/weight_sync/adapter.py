@@ -2,7 +2,8 @@
 
 Owns: `AdapterSync`: writing each version of the adapter to `<run_dir>/adapters/v{version}`, loading it
 as `{prefix}-v{version}` on every server, retiring old versions on the servers and on disk, pointing the
-sampler at the new version; and loading a starting adapter (SFT's) as version 0.
+sampler at the new version; loading a starting adapter (SFT's) as version 0; and `restore`: a server back
+in service gets every version still loaded, under its own name.
 Does not own: the HTTP calls and version folders (`weight_sync.base`), merged weights (`weight_sync.merged`),
 starting servers (`rollout.server`), training checkpoints (`runs.checkpoint`).
 
@@ -26,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from agent_rl.rollout.sampler import ServedSampler
-from agent_rl.rollout.weight_sync.base import Servers, WeightSyncError, prune_version_dirs, write_version_dir
+from agent_rl.rollout.weight_sync.base import Gone, Servers, WeightSyncError, prune_version_dirs, write_version_dir
 
 
 class AdapterSync:
@@ -55,7 +56,7 @@ class AdapterSync:
             raise ValueError(f"keep must be >= 1 (got {keep})")
         self.adapters_dir = Path(run_dir) / "adapters"
         self.sampler, self.keep, self.prefix = sampler, keep, prefix
-        self.servers = Servers(sampler.urls, timeout_s, connect_timeout_s)
+        self.servers = Servers(sampler.urls, timeout_s, connect_timeout_s, sampler.gate)
         self.loaded: list[int] = []  # versions loaded on every server, oldest first
         self.last_timings: dict[str, float] = {}  # seconds of the last push: save, load, retire
 
@@ -84,21 +85,22 @@ class AdapterSync:
         path = await asyncio.to_thread(write_version_dir, self.adapters_dir, version, write)
         t1 = time.perf_counter()
         name = self.name(version)
-        async with self.servers.session() as http:
+        async with self.servers.lock, self.servers.session() as http:  # a restore waits for the push to end
+            urls = self.servers.live()  # a server down now gets this version from its restore
             results = await asyncio.gather(
                 *(self.servers.post(http, url, "/v1/load_lora_adapter", f"loading adapter {name!r} from {path}",
                                     {"lora_name": name, "lora_path": str(path.resolve())})
-                  for url in self.servers.urls), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
+                  for url in urls), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, Gone)]
             if failed:
                 # leave no server with a version the sampler will never use, then report
-                done = [u for u, r in zip(self.servers.urls, results) if not isinstance(r, BaseException)]
+                done = [u for u, r in zip(urls, results) if not isinstance(r, BaseException)]
                 try:
                     await self._unload(http, done, name)
                 except WeightSyncError:
                     pass  # the load failure below is the error worth reporting
                 raise failed[0] if len(failed) == 1 else WeightSyncError(
-                    f"{len(failed)} of {len(self.servers.urls)} servers refused adapter {name!r}: "
+                    f"{len(failed)} of {len(urls)} servers refused adapter {name!r}: "
                     + " | ".join(str(e) for e in failed))
             self.sampler.set_policy(name, version)
             self.loaded.append(version)
@@ -108,11 +110,23 @@ class AdapterSync:
             retired = [v for v in self.loaded[: -self.keep] if not self.sampler.in_flight(model=self.name(v))]
             self.loaded = [v for v in self.loaded if v not in retired]
             for old in retired:
-                await self._unload(http, self.servers.urls, self.name(old))
+                await self._unload(http, self.servers.live(), self.name(old))
         await asyncio.to_thread(prune_version_dirs, self.adapters_dir, set(self.loaded))
         t3 = time.perf_counter()
         self.last_timings = {"save_s": t1 - t0, "load_s": t2 - t1, "retire_s": t3 - t2}
         return t3 - t0
+
+    async def restore(self, url: str) -> None:
+        """The server at `url` is back: load every version still loaded on the others that it lacks (a restarted
+        one lacks all; an attached one that answers again may hold them still, and a name is never loaded twice),
+        from the version folders, which stay on disk while their version is loaded."""
+        async with self.servers.lock, self.servers.session() as http:
+            held = await self.servers.adapters(http, url)
+            for version in self.loaded:
+                if (name := self.name(version)) not in held:
+                    path = (self.adapters_dir / f"v{version}").resolve()
+                    await self.servers.post(http, url, "/v1/load_lora_adapter", f"loading adapter {name!r} from "
+                                            f"{path}", {"lora_name": name, "lora_path": str(path)})
 
     async def finish(self) -> None:
         """Nothing to restore: the servers' own weights were never touched (the run's last adapters stay
@@ -122,10 +136,10 @@ class AdapterSync:
         """Unload every version from the servers (the run switched to merged weights)."""
         async with self.servers.session() as http:
             for version in self.loaded:
-                await self._unload(http, self.servers.urls, self.name(version))
+                await self._unload(http, self.servers.live(), self.name(version))
         self.loaded = []
 
     async def _unload(self, http: aiohttp.ClientSession, urls: list[str], name: str) -> None:
         # 404: the server no longer has it (restarted, or unloaded by hand); that is the goal anyway
-        await asyncio.gather(*(self.servers.post(http, url, "/v1/unload_lora_adapter", f"unloading adapter {name!r}",
-                                                 {"lora_name": name}, ok=(404,)) for url in urls))
+        await self.servers.on_all(http, "/v1/unload_lora_adapter", f"unloading adapter {name!r}", {"lora_name": name},
+                                  urls=urls, ok=(404,))

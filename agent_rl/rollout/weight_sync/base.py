@@ -1,12 +1,15 @@
 """What every weight sync shares: the protocol the trainer calls, the calls to the servers, the version folders.
 
-Owns: `WeightSync` (the protocol: `push(model, version)` at any moment, episodes in flight or not; `finish()`
-at the end of a run), `WeightSyncError`, `Servers` (POST to every server of a sampler with a deadline, each
-error naming the server and quoting its reply; `reload_in_place`, the one place the push protocol of weights
-reloaded in place is written: hold the sampler, pause with abort, reload, reset the prefix cache, sweep,
-resume, release), and the version folders on disk (`write_version_dir`, `prune_version_dirs`).
+Owns: `WeightSync` (the protocol: `push(model, version)` at any moment, episodes in flight or not; `restore(url)`
+for a server back in service; `finish()` at the end of a run), `WeightSyncError` and `Gone`, `Servers` (POST to
+every server of a sampler that is up, with a deadline, each error naming the server and quoting its reply; a
+server that went down in the middle skipped, as its restore will bring it the weights; the lock that keeps a
+push and a restore apart; `reload_in_place`, the one place the push protocol of weights reloaded in place is
+written: hold the sampler, pause with abort, reload, reset the prefix cache, sweep, resume, release), and the
+version folders on disk (`write_version_dir`, `prune_version_dirs`).
 Does not own: what a version is (`adapter`, `full`, `merged`), which sync a run uses (`choose`),
-the sampler and how it goes on from an aborted request (`rollout.sampler`).
+the sampler and how it goes on from an aborted request (`rollout.sampler`), which servers are up and
+restarting them (`rollout.supervisor`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ from typing import Any, Protocol
 import aiohttp
 
 from agent_rl.core.files import atomic_dir
+from agent_rl.rollout.sampler import ServerGate
 
 
 class WeightSyncError(Exception):
     """A server did not take the new weights; the message names the server and quotes its reply."""
+
+
+class Gone(WeightSyncError):
+    """The server went down during the call (its gate says so): a push goes on without it, and its restart
+    restores the weights the others then serve (`WeightSync.restore`)."""
 
 
 class WeightSync(Protocol):
@@ -39,6 +48,12 @@ class WeightSync(Protocol):
     async def push(self, model: Any, version: int) -> float:
         """Publish `model` (a peft model, a full model, or weights gathered whole) as `version` on every
         server and point the sampler at it; returns the seconds it took."""
+        ...
+
+    async def restore(self, url: str) -> None:
+        """The server at `url` is back (restarted, or an attached one that answers again) and takes no request
+        yet: give it what the others serve, the current version and those requests may still name, under their
+        own names (`rollout.supervisor` calls it; never at the same time as a push)."""
         ...
 
     async def finish(self) -> None:
@@ -84,14 +99,23 @@ def _nothing() -> None:
 
 
 class Servers:
-    """The servers a sync talks to: every call has a deadline; every error names the server and quotes its reply."""
+    """The servers a sync talks to: every call has a deadline; every error names the server and quotes its reply.
+    With a gate (`rollout.supervisor`), calls go to the servers that are up, and a server that goes down during
+    one is left out of it (`Gone`): its restart restores what the others serve, under `lock`, which a push holds
+    too, so a restore reads the weights of a finished push."""
 
-    def __init__(self, urls: Sequence[str], timeout_s: float, connect_timeout_s: float):
+    def __init__(self, urls: Sequence[str], timeout_s: float, connect_timeout_s: float, gate: ServerGate | None = None):
         self.urls = list(urls)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.gate = gate
+        self.lock = asyncio.Lock()
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(timeout=self.timeout)
+
+    def live(self) -> list[str]:
+        """The servers that take calls now: all of them, without a gate."""
+        return [u for u in self.urls if self.gate is None or self.gate.is_up(u)]
 
     async def post(self, http: aiohttp.ClientSession, url: str, path: str, what: str,
                    body: dict[str, Any] | None = None, ok: tuple[int, ...] = ()) -> int:
@@ -99,8 +123,9 @@ class Servers:
             async with http.post(url + path, json=body if body is not None else {}) as resp:
                 status, text = resp.status, await resp.text()
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise WeightSyncError(f"vLLM server {url} did not answer POST {path} ({what}): "
-                                  f"{type(e).__name__}: {e or 'timed out'}") from None
+            error = WeightSyncError if self.gate is None or not await self.gate.lost(url) else Gone
+            raise error(f"vLLM server {url} did not answer POST {path} ({what}): "
+                        f"{type(e).__name__}: {e or 'timed out'}") from None
         if status >= 400 and status not in ok:
             hint = ""
             if status == 404 and "Not Found" in text[:40]:
@@ -110,9 +135,24 @@ class Servers:
         return status
 
     async def on_all(self, http: aiohttp.ClientSession, path: str, what: str,
-                     body: dict[str, Any] | None = None) -> None:
-        """The same POST to every server, concurrently; the first failure is raised."""
-        await asyncio.gather(*(self.post(http, url, path, what, body) for url in self.urls))
+                     body: dict[str, Any] | None = None, urls: Sequence[str] | None = None,
+                     ok: tuple[int, ...] = ()) -> None:
+        """The same POST to every server that is up (or to `urls`), concurrently; the first failure is raised,
+        a server gone in the middle (`Gone`) left out."""
+        results = await asyncio.gather(*(self.post(http, url, path, what, body, ok)
+                                         for url in (self.live() if urls is None else urls)), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, Gone):
+                raise r
+
+    async def adapters(self, http: aiohttp.ClientSession, url: str) -> set[str]:
+        """The names of the LoRA adapters the server at `url` holds (`GET /v1/models`)."""
+        try:
+            async with http.get(url + "/v1/models") as resp:
+                cards = (await resp.json())["data"]
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError) as e:
+            raise WeightSyncError(f"vLLM server {url} did not list its models: {type(e).__name__}: {e}") from None
+        return {c["id"] for c in cards if c.get("parent")}
 
     async def reload_in_place(self, folder: Path, what: str, switch: Callable[[], None] = _nothing,
                               sampler: Held | None = None) -> dict[str, float]:
@@ -164,10 +204,10 @@ class Servers:
         """Abort, on each paused server, the sampler's requests that reached it after the pause, until none is
         in flight; within the servers' deadline (`WeightSyncError` past it)."""
         deadline = time.monotonic() + (self.timeout.total or 60.0)
-        while waiting := [url for url in self.urls if sampler.in_flight(url)]:
+        while waiting := [url for url in self.live() if sampler.in_flight(url)]:
             if time.monotonic() > deadline:
                 raise WeightSyncError(f"vLLM server {waiting[0]} still holds {sampler.in_flight(waiting[0])} "
                                       f"request(s) after pausing and aborting (POST /abort_requests)")
-            await asyncio.gather(*(self.post(http, url, "/abort_requests", "aborting the requests that came "
-                                             "during the pause") for url in waiting))
+            await self.on_all(http, "/abort_requests", "aborting the requests that came during the pause",
+                              urls=waiting)
             await asyncio.sleep(every_s)

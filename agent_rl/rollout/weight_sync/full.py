@@ -2,7 +2,7 @@
 
 Owns: `FullWeightSync`: each version written to `<run_dir>/weights/v{version}` (or where and how a
 subclass says: `weight_sync.merged`), reloaded in place by every server (`Servers.reload_in_place`),
-older folders deleted.
+older folders deleted; `restore`: a server back in service reloads the newest version.
 Does not own: the pause / reload / reset / resume sequence (`weight_sync.base`), starting servers
 in dev mode (`rollout.server`), training checkpoints (`runs.checkpoint`).
 """
@@ -59,7 +59,7 @@ class FullWeightSync:
         self.weights_dir = Path(weights_dir) if weights_dir is not None else Path(run_dir) / "weights"
         self.write = write
         self.sampler, self.served_name, self.keep = sampler, served_name, keep
-        self.servers = Servers(sampler.urls, timeout_s, connect_timeout_s)
+        self.servers = Servers(sampler.urls, timeout_s, connect_timeout_s, sampler.gate)
         self.versions: list[int] = []
         self.last_timings: dict[str, float] = {}  # seconds of the last push: save, drain, reload, resume
 
@@ -70,14 +70,26 @@ class FullWeightSync:
         t0 = time.perf_counter()
         path = await asyncio.to_thread(write_version_dir, self.weights_dir, version, lambda d: self.write(model, d))
         t1 = time.perf_counter()
-        phases = await self.servers.reload_in_place(
-            path, "weights", lambda: self.sampler.set_policy(self.served_name, version), self.sampler)
+        async with self.servers.lock:  # a restore waits for the push to end, then reloads this version
+            phases = await self.servers.reload_in_place(
+                path, "weights", lambda: self.sampler.set_policy(self.served_name, version), self.sampler)
+            self.versions = [*self.versions, version][-self.keep :]
         t2 = time.perf_counter()
-        self.versions = [*self.versions, version][-self.keep :]
         await asyncio.to_thread(prune_version_dirs, self.weights_dir, set(self.versions))
         t3 = time.perf_counter()
         self.last_timings = {"save_s": t1 - t0, **phases, "resume_s": phases["resume_s"] + t3 - t2}
         return t3 - t0
+
+    async def restore(self, url: str) -> None:
+        """The server at `url` is back and takes no request yet: it reloads the newest version in place (nothing
+        pushed yet: its own weights are the ones to serve) and drops the blocks its cache holds."""
+        async with self.servers.lock, self.servers.session() as http:
+            if not self.versions:
+                return
+            folder = self.weights_dir / f"v{self.versions[-1]}"
+            await self.servers.post(http, url, "/collective_rpc", f"reloading weights from {folder}",
+                                    {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
+            await self.servers.post(http, url, "/reset_prefix_cache", "resetting the prefix cache")
 
     async def finish(self) -> None:
         """Nothing to restore: under full fine-tuning the servers keep serving the run's last weights."""

@@ -82,9 +82,12 @@ class MergedSync(FullWeightSync):
 
     async def finish(self) -> None:
         """The base weights back on every server (from the model folder), then the versions folder gone
-        (also when the reload failed: a RAM-backed folder would outlive the run)."""
+        (also when the reload failed: a RAM-backed folder would outlive the run). A server restarted after it
+        serves its own weights: no version is left to restore."""
         try:
-            await self.servers.reload_in_place(self.base_dir, "the base weights")
+            async with self.servers.lock:
+                self.versions = []
+                await self.servers.reload_in_place(self.base_dir, "the base weights")
         finally:
             self.close()
 

@@ -1,0 +1,102 @@
+"""`agent-rl train` for tests/test_restarts_integration.py, whose server is SIGKILLed at chosen points of the run.
+
+argv: KILLS [CLI ARGS...]. KILLS is a comma-separated list of policy versions ("" for none): when the first request
+sampled under version v goes out (step v + 1 of the run, as `agent-rl` counts steps, is sampling; with
+`rollout.workers`, once the workers have 2 requests in flight under it), the run's vLLM server is SIGKILLed 50 ms
+later, while that step's requests are in flight, as an out-of-memory kill would end it:
+its leader alone (the engine processes it started stay behind, for the supervisor to clean up). The server is the
+vLLM child of this process (started by the run, restarted by its supervisor), or the process whose pid is in the
+environment variable AGENT_RL_TEST_KILL_PID (a server the run attached to by URL; then its whole process group,
+so that it does not come back). Each killed process group is appended to RUN_DIR/killed.txt. Otherwise the command
+is exactly `agent-rl train` (`cli.main`: its lines and exit statuses), with the real loop, stream, supervisor and
+weight sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+from pathlib import Path
+
+from agent_rl import cli, trainer
+
+
+def vllm_children() -> list[int]:
+    """This process's children that run a vLLM server."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if ppid == os.getpid() and b"vllm.entrypoints" in cmd:
+            out.append(int(p))
+    return out
+
+
+class Killing:
+    """The run's sampler, which SIGKILLs the server once per version of `versions` (module doc)."""
+
+    def __init__(self, inner, versions: set[int], run_dir: Path):
+        self.inner, self.versions, self.run_dir = inner, set(versions), run_dir
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    async def sample(self, prompt_ids, params, messages=()):
+        if self.inner.policy_version in self.versions:
+            self.versions.discard(self.inner.policy_version)
+            asyncio.get_running_loop().call_later(0.05, self.kill)
+        return await self.inner.sample(prompt_ids, params, messages)
+
+    async def play(self, task, index, limits):
+        """An episode on a rollout worker (`rollout.workers`): the kill once the workers have requests in flight."""
+        if self.inner.policy_version in self.versions:
+            self.versions.discard(self.inner.policy_version)
+            self.killing = asyncio.ensure_future(self.kill_when_in_flight())
+        return await self.inner.play(task, index, limits)
+
+    async def kill_when_in_flight(self) -> None:
+        deadline = asyncio.get_running_loop().time() + 60
+        while self.inner.in_flight() < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        self.kill()
+
+    def kill(self) -> None:
+        attached = os.environ.get("AGENT_RL_TEST_KILL_PID")
+        [pid] = [int(attached)] if attached else vllm_children()
+        group = os.getpgid(pid)
+        with (self.run_dir / "killed.txt").open("a") as f:
+            f.write(f"{group}\n")
+        if attached:
+            os.killpg(group, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def main(kills: str, argv: list[str]) -> int:
+    versions = {int(v) for v in kills.split(",") if v}
+    run_dir = Path(next(a.split("=", 1)[1] for a in argv if a.startswith("run.run_dir=")))
+    train = trainer.train
+
+    async def killing_train(cfg, resume=False, stages=trainer.Stages()):
+        def stream(run, sampler):
+            return trainer.open_stream(run, Killing(sampler, versions, run_dir))
+
+        return await train(cfg, resume, dataclasses.replace(stages, stream=stream))
+
+    trainer.train = killing_train  # what `agent-rl train` (commands.train) calls
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))
