@@ -26,6 +26,7 @@ from agent_rl.core.renderers import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import cache_dir
 from agent_rl.rollout.sampler import Completion
+from agent_rl.rollout.supervisor import Supervisor
 
 STEPS, TASKS_PER_STEP, SNAILS = 6, 3, (1, 7)  # task positions 1 and 7 are slow (2 versions)
 SETTLE = 200  # event-loop turns a push lets pass first: every request that can end (each needs a few) ends
@@ -63,6 +64,9 @@ class Push:
         self.sampler.pushed = asyncio.Event()
         return 0.0
 
+    async def restore(self, url):
+        raise AssertionError(f"no server to restore ({url}): the sampler is a stand-in")
+
     async def finish(self):
         pass
 
@@ -77,9 +81,10 @@ def main(run_dir: Path) -> None:
     sampler: list[VersionPaced] = []
 
     @contextlib.asynccontextmanager
-    async def servers(cfg, model_dir, log_path=None):
+    async def servers(cfg, model_dir, log_path=None):  # `session.supervised_sampling` without a server to watch
         sampler.append(VersionPaced(load_renderer(model_dir)))
-        yield sampler[0]
+        async with Supervisor([], None, max_restarts=0, health_timeout_s=60.0, attach_wait_s=0.0) as supervisor:
+            yield sampler[0], supervisor
 
     async def sync(cfg, run_dir, served, model, version):
         return Push(served)
@@ -91,7 +96,7 @@ def main(run_dir: Path) -> None:
                 "snails": sum("snails" in t.messages[0].content for g in groups for t in g.trajectories)}) + "\n")
         return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
-    trainer.sampling = servers  # the one stand-in: no vLLM server
+    trainer.supervised_sampling = servers  # the one stand-in: no vLLM server
     prepare = trainer.prepare
 
     def prepare_with_snails(cfg, resume=False, dist=trainer.Dist()):

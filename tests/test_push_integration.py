@@ -234,6 +234,9 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
             weights[version] = copy.deepcopy(model)
             return await self.inner.push(model, version)
 
+        async def restore(self, url):
+            await self.inner.restore(url)
+
         async def finish(self):
             await self.inner.finish()
 
