@@ -3,22 +3,40 @@ against raw vLLM generation, and how much of each turn's prompt the prefix cache
 
 One vLLM server (LoRA and dev mode: what a training run starts), one rank-16 adapter (random B, or
 `--adapter` a trained one), one run, `--reps` alternations of five sides:
-- rollout_merged / raw_merged: `--episodes` concurrent multi-turn rollouts (a 100 ms tool after each
-  turn) with the policy pushed as merged weights (`model.sync: merged`), then raw generation of exactly
-  the tokens each episode sampled (one request per episode, ignore_eos + min_tokens, all at once);
+- rollout_merged / raw_merged: `--episodes` multi-turn rollouts (a 100 ms tool after each turn), at most
+  `--in-flight` at once, with the policy pushed as merged weights (`model.sync: merged`), then raw
+  generation of exactly the tokens each episode sampled (one request per episode, ignore_eos +
+  min_tokens, all sent at once);
 - rollout_adapter / raw_adapter: the same with the policy as a runtime adapter (`model.sync: adapter`);
 - raw_base: raw generation on the base weights, reloaded in place: the speed to match.
 Machines are noisy: medians of the reps, and ratios of sides measured in the same rep.
+
+What the two sides share, so that the ratio is fair: the same server, with at most `--server-seqs`
+sequences running at once (`--max-num-seqs`; the rest wait in its queue), and the same sampled tokens.
+The raw side keeps that batch full by sending every request at once. The rollout side plays more
+episodes at once than the server runs (`--in-flight` > `--server-seqs`), as a training run's
+`rollout.max_concurrent` does over its servers: while some episodes wait on their tools or between
+turns, others fill the batch. What the rollouts still pay is theirs: each turn's new prompt tokens
+(the tool's reply and the turn's scaffolding) prefilled, a request per turn, and their tail.
+`rollout_mean_batch` / `raw_mean_batch` are the requests in flight on average while each side ran.
+
+Before (`--episodes 32 --in-flight 32 --server-seqs 0`, the default until 2026-11-28): 32 episodes
+started together, no more than the server's batch and no queue. A turn cut by its budget ends its episode
+and the others wait on tools, so the batch thins out (23 of 32 requests in flight on average) and the
+episodes with the most turns finish alone at a small batch, which a CPU server runs at far fewer
+tokens/s; the raw side's 32 requests end when their tokens are done. `rollout_efficiency` measured that
+lockstep and tail, 0.82-0.92 (docs/performance.md).
 
 Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
 but the new tokens. The server's own counters (`vllm:prefix_cache_queries` / `_hits`, in tokens) are
 read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
 tokens served from the cache, `prefill_tokens_per_turn` what was computed per request.
 
-    python bench/rollout.py [--model smollm2-135m | --server-url URL (dev mode, LoRA)] [--adapter DIR]
+    python bench/rollout.py [--model smollm2-135m | --server-url URL (dev mode, LoRA; started with
+        --max-num-seqs equal to --server-seqs)] [--adapter DIR] [--episodes 96 --in-flight 48 --server-seqs 32]
 
 Prints one JSON line: trained_vs_base (raw_merged / raw_base, target >= 0.9), adapter_vs_base,
-rollout_efficiency (rollout_merged / raw_merged, target >= 0.90), rollout_efficiency_adapter, ...
+rollout_efficiency (rollout_merged / raw_merged, target >= 0.95), rollout_efficiency_adapter, ...
 """
 
 from __future__ import annotations
@@ -69,32 +87,72 @@ class SlowToolEnv(Env):
         return 0.0
 
 
-async def runner_side(sampler, renderer, args):
-    """Rollouts on the sampler's current policy: per-episode sampled tokens, prompts, seconds."""
-    tasks = [{"id": str(i), "n": i} for i in range(args.episodes)]
+class InFlight:
+    """Requests in flight over time: `mean` is their average number since `start`."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.n, self.area, self.requests = 0, 0.0, 0
+
+    def add(self, d: int) -> None:
+        now = time.perf_counter()
+        self.area += self.n * (now - self.last)
+        self.n, self.last, self.requests = self.n + d, now, self.requests + (d > 0)
+
+    @property
+    def mean(self) -> float:
+        self.add(0)
+        return self.area / max(self.last - self.start, 1e-9)
+
+
+class Counted:
+    """A sampler whose requests in flight an `InFlight` counts."""
+
+    def __init__(self, inner, meter: InFlight):
+        self.inner, self.meter, self.policy_version = inner, meter, inner.policy_version
+
+    async def sample(self, prompt_ids, params, messages=()):
+        self.meter.add(1)
+        try:
+            return await self.inner.sample(prompt_ids, params, messages)
+        finally:
+            self.meter.add(-1)
+
+
+async def runner_side(sampler, renderer, args, episodes: int):
+    """Rollouts on the sampler's current policy, `args.in_flight` episodes at once: per-episode sampled tokens,
+    prompts, seconds, mean requests in flight."""
+    tasks = [{"id": str(i), "n": i} for i in range(episodes)]
     limits = EpisodeLimits(max_turns=args.turns, max_tokens_per_turn=args.tokens_per_turn,
                            max_total_tokens=4096, temperature=1.0)
-    t0 = time.perf_counter()
+    meter = InFlight()
     groups = await rollout_groups(tasks, lambda t: SlowToolEnv(t, args.turns, args.tool_ms / 1000),
-                                  sampler, renderer, limits, group_size=1, max_concurrent=args.episodes)
-    dt = time.perf_counter() - t0
+                                  Counted(sampler, meter), renderer, limits, group_size=1,
+                                  max_concurrent=args.in_flight)
+    dt = time.perf_counter() - meter.start
     trajs = [g.trajectories[0] for g in groups]
     errors = [t.error for t in trajs if t.error]
     if errors:
         raise SystemExit(f"error: rollout failed: {errors[0]}")
-    return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt
+    return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt, meter
 
 
-async def raw_side(url, model, prompts, budgets):
-    """Tokens per second of one request per episode, all at once, each asking for its exact budget."""
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None) -> float:
+    """Tokens per second of one request per episode, all at once, each asking for its exact budget (the server
+    runs `--server-seqs` of them at a time, the rest wait in its queue)."""
+    timeout = aiohttp.ClientTimeout(total=1200)
+    meter = meter or InFlight()
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         async def one(prompt, n):
             body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                     "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
-            async with http.post(url + "/v1/completions", json=body) as r:
-                r.raise_for_status()
-                return len((await r.json())["choices"][0]["token_ids"])
+            meter.add(1)
+            try:
+                async with http.post(url + "/v1/completions", json=body) as r:
+                    r.raise_for_status()
+                    return len((await r.json())["choices"][0]["token_ids"])
+            finally:
+                meter.add(-1)
 
         t0 = time.perf_counter()
         got = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, budgets)))
@@ -113,27 +171,31 @@ async def cache_counters(url: str) -> dict[str, float]:
     return out
 
 
-async def rollouts(sampler, renderer, args, url, figures, side: str):
+async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: int):
     """One rollout side and its raw generation, with the prefix cache's share of the prompt tokens."""
     before = await cache_counters(url)
-    budgets, prompts, dt = await runner_side(sampler, renderer, args)
+    budgets, prompts, dt, meter = await runner_side(sampler, renderer, args, episodes)
     after = await cache_counters(url)
     figures[f"rollout_{side}"].append(sum(budgets) / dt)
-    figures[f"raw_{side}"].append(await raw_side(url, sampler.model, prompts, budgets))
+    raw_meter = InFlight()
+    figures[f"raw_{side}"].append(await raw_side(url, sampler.model, prompts, budgets, raw_meter))
+    figures[f"batch_rollout_{side}"].append(meter.mean)
+    figures[f"batch_raw_{side}"].append(raw_meter.mean)
     queries, hits = after["queries"] - before["queries"], after["hits"] - before["hits"]
     figures[f"cache_hit_{side}"].append(hits / queries if queries else float("nan"))
-    figures[f"prefill_{side}"].append((queries - hits) / (args.episodes * args.turns))
+    figures[f"prefill_{side}"].append((queries - hits) / meter.requests)
     return prompts, budgets
 
 
 async def one_rep(url, renderer, args, policy, base, figures, tmp: Path, rep: int):
+    episodes = args.episodes if rep else max(1, args.episodes // 4)  # rep 0 only warms the server up
     async with VLLMSampler([url]) as sampler:
         merged = MergedSync(tmp / f"m{rep}", sampler, policy)
         await merged.push(policy, 1)
-        prompts, budgets = await rollouts(sampler, renderer, args, url, figures, "merged")
+        prompts, budgets = await rollouts(sampler, renderer, args, url, figures, "merged", episodes)
         adapter = AdapterSync(tmp / f"a{rep}", sampler, prefix=f"bench-{rep}")
         await adapter.push(policy, 1)
-        await rollouts(sampler, renderer, args, url, figures, "adapter")
+        await rollouts(sampler, renderer, args, url, figures, "adapter", episodes)
         await adapter.retire_all()
         await FullWeightSync(tmp / f"b{rep}", sampler, keep=1).push(base, 1)  # the base weights back
         figures["raw_base"].append(await raw_side(url, "base", prompts, budgets))
@@ -149,7 +211,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--server-url")
     ap.add_argument("--adapter", help="a trained peft adapter (default: rank 16 with random B)")
-    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--episodes", type=int, default=96)
+    ap.add_argument("--in-flight", type=int, default=48, help="rollout episodes played at once")
+    ap.add_argument("--server-seqs", type=int, default=32,
+                    help="sequences the server runs at once (--max-num-seqs; 0: the server's default)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tokens-per-turn", type=int, default=48)
     ap.add_argument("--tool-ms", type=float, default=100.0)
@@ -172,12 +237,14 @@ def main() -> None:
     server = None
     url = attach(args.server_url) if args.server_url else None
     if url is None:
+        seqs = ("--max-num-seqs", str(args.server_seqs)) if args.server_seqs else ()
         server = VLLMServer(model_dir, kv_cache_gib=2, max_model_len=4096, dev_mode=True,
-                            block_size=args.block_size).start()
+                            block_size=args.block_size, extra_args=seqs).start()
         url = server.url
     figures: dict[str, list[float]] = {k: [] for k in (
         "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base",
-        "cache_hit_merged", "cache_hit_adapter", "prefill_merged", "prefill_adapter")}
+        "cache_hit_merged", "cache_hit_adapter", "prefill_merged", "prefill_adapter",
+        "batch_rollout_merged", "batch_raw_merged", "batch_rollout_adapter", "batch_raw_adapter")}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
             for rep in range(args.reps + 1):  # rep 0 warms up (compilation, first loads): not counted
@@ -195,7 +262,8 @@ def report(args, figures) -> None:
     print(json.dumps({
         "bench": "rollout", "model": args.model, "adapter": args.adapter or "random rank 16",
         "block_size": args.block_size or "server default",
-        "episodes": args.episodes, "turns": args.turns, "tool_ms": args.tool_ms, "reps": args.reps,
+        "episodes": args.episodes, "in_flight": args.in_flight, "server_seqs": args.server_seqs or "server default",
+        "turns": args.turns, "tool_ms": args.tool_ms, "reps": args.reps,
         "trained_vs_base": round(m["raw_merged"] / m["raw_base"], 3),
         "adapter_vs_base": round(m["raw_adapter"] / m["raw_base"], 3),
         "rollout_efficiency": round(m["rollout_merged"] / m["raw_merged"], 3),
@@ -203,9 +271,12 @@ def report(args, figures) -> None:
         "merged_vs_adapter_rollouts": round(m["rollout_merged"] / m["rollout_adapter"], 3),
         "prefix_cache_hit_rate": m["cache_hit_merged"], "prefix_cache_hit_rate_adapter": m["cache_hit_adapter"],
         "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
+        "rollout_mean_batch": m["batch_rollout_merged"], "raw_mean_batch": m["batch_raw_merged"],
+        "rollout_mean_batch_adapter": m["batch_rollout_adapter"], "raw_mean_batch_adapter": m["batch_raw_adapter"],
         **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
         "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items()
-                       if not k.startswith(("cache", "prefill"))},
+                       if not k.startswith(("cache", "prefill", "batch"))},
+        "reps_rollout_efficiency": [round(a / b, 3) for a, b in zip(figures["rollout_merged"], figures["raw_merged"])],
     }))
 
 

@@ -9,7 +9,8 @@ tool: those are the real ones (`rollout_groups`, the SmolLM2 ChatML renderer, `e
 What runs for real: every episode is a `CalculatorEnv` played by `rollout_groups`; each reply is
 real token ids (filler "thinking" + a `<tool_call>` or an `<answer>`) that the runner parses, the
 env dispatches to the real tool, and the renderer continues; the sampler also does VLLMSampler's
-client-side work (JSON body of the prompt ids, `_completion`'s checks), not the socket I/O.
+client-side work (the request body, written as VLLMSampler writes it, `_completion`'s checks), not the
+socket I/O. Making the replies is the servers' work: their endings are encoded once per text.
 
 Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
 no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
@@ -52,8 +53,9 @@ from agent_rl.core.renderers import load_renderer
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.models import resolve_model
+from agent_rl.rollout.prompt_json import PromptJSON
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.sampler import Completion, SamplingParams, _completion
+from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion
 from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
@@ -82,24 +84,28 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
+        self.prompts = PromptJSON()  # as VLLMSampler writes the prompt's JSON
+        self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
+        # server's work, made once per text so that the client's CPU per turn does not count it
 
     def reply_plan(self, messages: Sequence[Message]) -> tuple[int, list[int]]:
         """How many filler tokens the reply starts with, and the ids that end it (call or answer, stop)."""
         turn = sum(1 for m in messages if m.role == "assistant")
         n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
-        if turn < self.work.turns - 1:
-            question = next(m.content for m in messages if m.role == "user")
-            expression = question.removeprefix("What is ").removesuffix("?")
-            tail = "\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
-        else:
-            tail = f"\n<answer>{messages[-1].content.strip()}</answer>"
-        return n, [*self.renderer.encode(tail), self.stop]
+        call = turn < self.work.turns - 1
+        key = (call, next(m.content for m in messages if m.role == "user") if call else messages[-1].content)
+        if key not in self.tails:
+            expression = key[1].removeprefix("What is ").removesuffix("?")
+            tail = ("\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
+                    if call else f"\n<answer>{key[1].strip()}</answer>")
+            self.tails[key] = [*self.renderer.encode(tail), self.stop]
+        return n, self.tails[key]
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         n, tail = self.reply_plan(messages)
-        json.dumps({"model": "sim", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
-                    "stop_token_ids": list(params.stop_token_ids), "seed": params.seed})  # VLLMSampler's body
+        prompt = self.prompts.text(list(prompt_ids), messages[0] if messages else None)
+        _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),

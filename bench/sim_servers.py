@@ -69,7 +69,6 @@ class SimServer:
         self.running: list[tuple[float, int, asyncio.Future]] = []
         self.waiting: deque[tuple[int, int, asyncio.Future]] = deque()
         self.timer: asyncio.TimerHandle | None = None
-        self.outstanding = 0
         self.cache: OrderedDict[Any, tuple[int, int]] = OrderedDict()  # conversation -> (length, fingerprint)
         self.cached = 0
         self.seq = itertools.count()
@@ -136,22 +135,26 @@ class SimCluster:
     def __init__(self, n: int, gpu: GpuModel, routing: str = "sticky", shared: int = 0, seed: int = 0):
         loop = asyncio.get_running_loop()
         self.servers = [SimServer(gpu, loop) for _ in range(n)]
+        self.load = [0] * n  # outstanding requests of each server: a list, so that its minimum is one C call
         self.sticky, self.shared, self.rng = routing == "sticky", shared, random.Random(seed)
-        self.home: OrderedDict[Any, SimServer] = OrderedDict()  # conversation -> its last server
+        self.home: OrderedDict[Any, int] = OrderedDict()  # conversation -> its last server
         self.requests = self.tokens = self.prefill = self.prompt_tokens = 0
 
-    def pick(self, conv: Any) -> SimServer:
-        low = min(s.outstanding for s in self.servers)
+    def pick(self, conv: Any) -> int:
+        """The index of the server for the conversation's next request."""
+        load = self.load
+        low = min(load)
         home = self.home.get(conv) if self.sticky else None
-        if home is not None and home.outstanding <= low + 1 + low // 8:
+        if home is not None and load[home] <= low + 1 + low // 8:
             return home
-        return self.rng.choice([s for s in self.servers if s.outstanding == low])
+        return self.rng.choice([i for i, n in enumerate(load) if n == low])
 
     async def generate(self, conv: Any, prompt_len: int, out_len: int, check: Any = None, tail: int = 0) -> None:
         """Serve one request of conversation `conv`; its context (prompt + output, whose last ids
         fingerprint to `tail`) stays in that server's prefix cache for the conversation's next turn."""
-        server = self.pick(conv)
-        server.outstanding += 1
+        index = self.pick(conv)
+        server = self.servers[index]
+        self.load[index] += 1
         try:
             await asyncio.sleep(server.gpu.overhead_s)
             known = server.cached_prefix(conv, prompt_len, check) if conv is not None else 0
@@ -159,12 +162,12 @@ class SimCluster:
             await server.submit(prompt_len - known, out_len)
             if conv is not None:
                 server.remember(conv, prompt_len + out_len, tail)
-                self.home[conv] = server
+                self.home[conv] = index
                 self.home.move_to_end(conv)
                 if len(self.home) > 100_000:
                     self.home.popitem(last=False)
         finally:
-            server.outstanding -= 1
+            self.load[index] -= 1
         self.requests += 1
         self.tokens += out_len
         self.prefill += prompt_len - known

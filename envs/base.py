@@ -76,7 +76,11 @@ class ToolEnv(Env):
         if not calls:
             return StepResult(done=True, stop_reason=StopReason.NO_TOOL_CALL)
         limit = self.max_parallel_calls
-        results = await asyncio.gather(*(self._run(call) for call in calls[:limit]))
+        run = calls[:limit]
+        if len(run) == 1:  # the common case: one call needs no task of its own, nor a gather
+            results = [await self._run(run[0])]
+        else:
+            results = list(await asyncio.gather(*(self._run(call) for call in run)))
         results += [self._over_limit(call, k) for k, call in enumerate(calls[limit:], start=limit + 1)]
         messages = tuple(Message("tool", res.content, name=name) for name, res, _ in results)
         records = tuple(ToolCallRecord(name=name, ok=res.ok, error=res.error, latency_s=dt, turn=turn)

@@ -46,3 +46,13 @@ def refuse(text: str) -> str:
     if text == "fail":
         raise ValueError("a bug in the tool")
     os._exit(3)
+
+
+def mirror(text: str, times: int) -> str:
+    """`text` reversed, `times` times over: a reply far larger than the request, or the other way round.
+
+    Args:
+        text: What to mirror.
+        times: How often.
+    """
+    return text[::-1] * times

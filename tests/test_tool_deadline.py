@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import threading
 import time
 
 import pytest
@@ -119,6 +120,26 @@ async def test_worker_failures_become_tool_messages():
         "Error: invalid arguments for refuse: text: Field required")
 
 
+async def test_messages_larger_than_a_pipe_buffer_arrive_whole_and_small_calls_start_no_thread():
+    """The worker's pipes are served by the event loop (runners._Worker): a 300 KB request (written from a
+    thread: the pipe holds 64 KiB) and a 1.2 MB reply arrive whole, in order, beside small calls, and the loop
+    keeps ticking; calls with small requests start no thread at all."""
+    tool = Tool(slow_tools.mirror, isolate=True)
+    assert (await tool.call({"text": "ab", "times": 1})).content == "ba"  # the workers are up
+    await asyncio.gather(*(tool.call({"text": "ab", "times": 1}) for _ in range(2 * runners.POOL_SIZE)))
+    threads = {t.ident for t in threading.enumerate()}
+    small = await asyncio.gather(*(tool.call({"text": f"{i}x", "times": 2}) for i in range(20)))
+    assert [r.content for r in small] == [f"{i}x"[::-1] * 2 for i in range(20)]
+    assert {t.ident for t in threading.enumerate()} == threads
+    text = "".join(chr(0x41 + i % 26) for i in range(300_000))
+    async with Ticker() as ticker:
+        big_request, big_reply, tiny = await asyncio.gather(
+            tool.call({"text": text, "times": 1}), tool.call({"text": "xyz", "times": 400_000}),
+            tool.call({"text": "12", "times": 3}))
+    assert big_request.content == text[::-1] and big_reply.content == "zyx" * 400_000 and tiny.content == "212121"
+    assert ticker.max_gap < MAX_GAP_S
+
+
 def test_only_importable_sync_functions_can_be_isolated():
     def local(x: int) -> int:
         return x
@@ -150,3 +171,26 @@ def test_a_finished_event_loop_takes_its_worker_processes_with_it():
     assert len(pids) == runners.POOL_SIZE
     gc.collect()
     assert all(gone(pid) for pid in pids)
+
+
+async def test_a_worker_that_dies_while_idle_is_replaced_and_the_loop_stops_watching_it():
+    """The loop watches a worker's stdout from its first call on (runners._Worker): when the worker dies
+    between calls, the loop reads its end and stops watching the pipe, and the next call gets a fresh worker."""
+    tool = Tool(slow_tools.big_power, isolate=True)
+    pid = int((await tool.call({"exponent": 10})).content.split()[1].rstrip(":"))
+    loop = asyncio.get_running_loop()
+    pool = runners._POOLS[loop]
+    [dead] = [w for w in pool._all if w.proc.pid == pid]
+    watched = lambda: {key.fd for key in loop._selector.get_map().values()}  # noqa: E731
+    assert dead._out in watched()
+    os.kill(pid, 9)
+    for _ in range(200):
+        if dead.ended:
+            break
+        await asyncio.sleep(0.01)
+    assert dead.ended and dead._out not in watched()
+    reply = (await tool.call({"exponent": 10})).content
+    fresh_pid = int(reply.split()[1].rstrip(":"))
+    assert reply.endswith(": 29 bits") and fresh_pid != pid and dead not in pool._all
+    [fresh] = [w for w in pool._all if w.proc.pid == fresh_pid]
+    assert fresh._out in watched()

@@ -3,8 +3,8 @@
 Owns: `run_in_thread` (one thread per call, stopped at the deadline by `ToolOverrun` raised inside
 it), `run_in_worker` (warm worker processes, a pool per event loop; a call that overruns kills its
 worker and a fresh one takes its place later; an idle pool holds no reference to its loop, so a
-finished loop takes its workers with it) and the messages on their pipes; the worker's side is
-`tools.worker`.
+finished loop takes its workers with it); the messages on their pipes are `tools.pipes`, the
+worker's side is `tools.worker`.
 Does not own: which runner a tool uses, argument validation, or the tool message (`tools.base`).
 
 Why two runners. A thread shares the interpreter with the event loop. Pure-Python code in it lets
@@ -41,6 +41,8 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from agent_rl.tools.pipes import frame, pipe_size, write_all
 
 log = logging.getLogger(__name__)
 POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # concurrent isolated calls per event loop
@@ -146,25 +148,6 @@ def _warn_if_alive(thread: threading.Thread, name: str, timeout_s: float) -> Non
 
 # ---- worker processes ------------------------------------------------------------------------
 
-def write_message(stream: Any, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(len(data).to_bytes(4, "big") + data)
-    stream.flush()
-
-
-def read_message(stream: Any) -> Any:
-    def exactly(n: int) -> bytes:
-        chunks = b""
-        while len(chunks) < n:
-            chunk = stream.read(n - len(chunks))
-            if not chunk:
-                raise EOFError("the worker process closed its pipe")
-            chunks += chunk
-        return chunks
-
-    return pickle.loads(exactly(int.from_bytes(exactly(4), "big")))
-
-
 def function_address(fn: Callable[..., Any]) -> tuple[str, str]:
     """(module, qualname) under which a worker imports `fn`; TypeError if it cannot."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
@@ -187,20 +170,81 @@ def resolve(module: str, qualname: str) -> Any:
 
 
 class _Worker:
+    """One warm worker process and its pipes, serving one request at a time. The request is written
+    straight to the worker's stdin when the pipe holds it whole (the worker is idle and has read every
+    earlier request, so the write does not wait); a larger one is written from a thread. The reply is
+    read by the event loop, which watches the worker's stdout from its first call until it is
+    killed or closes the pipe, not by a thread per call (a thread's start and its hand-back to the loop
+    cost more than the call: bench/tool_call.py). The worker refers to that loop weakly, so an idle pool
+    still holds no reference to its loop."""
+
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps([str(p) for p in sys.path])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.loaded: set[tuple[str, str]] = set()
-
-    def request(self, message: tuple) -> tuple[str, Any]:
-        write_message(self.proc.stdin, message)
-        return read_message(self.proc.stdout)
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)  # our end only: the worker's reads and writes still block
+        self._received = bytearray()
+        self._reply: asyncio.Future[tuple[str, Any]] | None = None  # the call waiting for its reply
+        self._watcher: weakref.ref[asyncio.AbstractEventLoop] | None = None  # the loop reading stdout
+        self.ended = False  # stdout reached its end: the worker exited
+        self._fits = pipe_size(self.proc.stdin)  # a request this small is written at once: the worker
+        # has read every earlier one, so the pipe is empty and takes it whole
 
     async def ask(self, message: tuple, timeout_s: float) -> tuple[str, Any]:
-        future, _ = _in_thread(self.request, message, name="tool worker pipe")
-        return await asyncio.wait_for(future, timeout_s)
+        """The reply to `message`; EOFError if the worker closes its pipe, TimeoutError past `timeout_s`."""
+        if self.ended:
+            raise EOFError("the worker process closed its pipe")
+        loop = asyncio.get_running_loop()
+        if self._watcher is None:
+            loop.add_reader(self._out, self._read)
+            self._watcher = weakref.ref(loop)
+        self._reply = reply = loop.create_future()
+        data = frame(message)
+        try:
+            async with asyncio.timeout(timeout_s):
+                if len(data) <= self._fits:
+                    write_all(self.proc.stdin, data)
+                else:  # a larger one waits for the worker to read it: never on the loop
+                    await asyncio.to_thread(write_all, self.proc.stdin, data)
+                return await reply
+        finally:
+            self._reply = None
+
+    def _read(self) -> None:
+        """What the worker wrote so far; the waiting call gets the message once its length-prefixed bytes
+        are all here. A worker with no call waiting has nothing to say but its end (it is then killed)."""
+        try:
+            chunk = os.read(self._out, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        reply = self._reply if self._reply is not None and not self._reply.done() else None
+        if not chunk:
+            self.ended = True
+            self._unwatch()
+            if reply is not None:
+                reply.set_exception(EOFError("the worker process closed its pipe"))
+            return
+        self._received += chunk
+        size = int.from_bytes(self._received[:4], "big") if len(self._received) >= 4 else -1
+        if 0 <= size <= len(self._received) - 4:
+            data = bytes(self._received[4:4 + size])
+            del self._received[:4 + size]
+            if reply is not None:
+                reply.set_result(pickle.loads(data))
+
+    def _unwatch(self) -> None:
+        """The loop stops reading stdout: before the pipe closes, so that no reader of a closed fd is left."""
+        loop = None if self._watcher is None else self._watcher()
+        self._watcher = None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._out)
 
     def kill(self) -> None:
+        self._unwatch()
         if self.proc.poll() is None:
             self.proc.kill()
         try:  # reap it without blocking the loop
@@ -294,7 +338,7 @@ class WorkerPool:
         """An idle worker that is still alive, or a new one."""
         while self._idle:
             worker = self._idle.pop()
-            if worker.proc.poll() is None:
+            if worker.proc.poll() is None and not worker.ended:
                 return worker
             worker.kill()
             self._all.discard(worker)

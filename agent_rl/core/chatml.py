@@ -81,9 +81,10 @@ class ChatMLRenderer(Renderer):
         calls = "\n".join(format_tool_call(c.name, c.arguments) for c in tool_calls)
         return "\n".join(part for part in (content, calls) if part)
 
-    def _turn(self, role: str, text: str, cached: bool = False) -> list[int]:
-        body = (self.encode_cached if cached else self.encode)(f"{role}\n{text}")
-        return [self.im_start, *body, self.im_end]
+    def _turn(self, role: str, text: str) -> list[int]:
+        # cached: the system turn is the same in every episode, a group's rollouts share the question and often
+        # a tool's result (`Renderer.encode_cached`)
+        return [self.im_start, *self.encode_cached(f"{role}\n{text}"), self.im_end]
 
     # -- messages ----------------------------------------------------------------------------
     def system_text(self, system: str | None, tools: Sequence[dict[str, Any]]) -> str | None:
@@ -124,7 +125,7 @@ class ChatMLRenderer(Renderer):
         if messages and messages[0].role == "system":
             system, messages = messages[0].content, messages[1:]
         text = self.system_text(system, tools)
-        ids = [] if text is None else self._turn("system", text, cached=True) + self.newline
+        ids = [] if text is None else self._turn("system", text) + self.newline
         ids += self._render_messages(messages)
         return ids + self.generation_prompt if add_generation_prompt else ids
 

@@ -4,8 +4,9 @@ Owns: `Renderer`, the base every family's renderer implements (render a conversa
 schemas; the token delta appended after a sampled turn; parse sampled ids into an assistant
 `Message` with its tool calls and parse errors; stop tokens; how a reply with tool calls is
 written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
-never forge a turn boundary; `encode_cached` tokenises a repeated system prompt once; both go
-straight to a fast tokenizer's Rust backend when that gives the same ids).
+never forge a turn boundary; `encode_cached` tokenises a repeated text once while it is recent; both go
+straight to a fast tokenizer's Rust backend when that gives the same ids; `decode_raw` reads a byte-level
+tokenizer's ids through a table of their bytes, `core.bytelevel`).
 Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
@@ -22,9 +23,11 @@ place that decides between the two for a whole render.
 from __future__ import annotations
 
 import abc
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from agent_rl.core.bytelevel import byte_table
 from agent_rl.core.types import Message, ToolCall
 
 
@@ -33,10 +36,12 @@ class Renderer(abc.ABC):
 
     name: str = ""
     bare_calls: bool | None = None  # reading tag-less JSON calls: None where the family has no such switch
+    cache_ids = 1_000_000  # ids `encode_cached` keeps (~40 MB at most), the texts used least recently dropped first
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self._encoded: dict[str, list[int]] = {}  # encode_cached's texts, oldest first
+        self._encoded: OrderedDict[str, list[int]] = OrderedDict()  # encode_cached's texts, least recently used first
+        self._encoded_ids = 0  # ids held in `_encoded`
 
     # -- tokens ----------------------------------------------------------------------------------
     def special_id(self, token: str) -> int:
@@ -68,20 +73,31 @@ class Renderer(abc.ABC):
         return backend.encode(text, add_special_tokens=False).ids
 
     def decode_raw(self, ids: Sequence[int]) -> str:
-        """Ids to text exactly: special tokens shown, no clean-up of spaces."""
+        """Ids to text exactly: special tokens shown, no clean-up of spaces. A byte-level tokenizer's ids are
+        read through a table of their bytes (`core.bytelevel`: the same text, checked, at a fifth of the cost)."""
         backend = self._backend()
         if backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return backend.decode(list(ids), skip_special_tokens=False)
+        table = byte_table(self.tokenizer, backend)
+        text = None if table is None else table.decode(ids)
+        if text is None and table is not None:  # an id past the table: made again if tokens were added since
+            table = byte_table(self.tokenizer, backend, fresh=True)
+            text = None if table is None else table.decode(ids)
+        return backend.decode(list(ids), skip_special_tokens=False) if text is None else text
 
     def encode_cached(self, text: str) -> list[int]:
-        """`encode` for text that every episode repeats (a system prompt with its tool schemas, ~1 ms
-        to tokenise): tokenised once; the 256 texts added last are kept."""
+        """`encode` for text that episodes repeat: a system prompt with its tool schemas (~1 ms to tokenise),
+        and the turns the G rollouts of a group share (the question, often a tool's result), where the
+        tokenizer's ~25-60 us for a short text is the largest cost of a turn. Tokenised once while it is
+        among the texts used last (`cache_ids` ids in all); each caller gets its own copy."""
         ids = self._encoded.get(text)
-        if ids is None:
-            ids = self._encoded[text] = self.encode(text)
-            if len(self._encoded) > 256:
-                del self._encoded[next(iter(self._encoded))]
+        if ids is not None:
+            self._encoded.move_to_end(text)
+            return list(ids)
+        ids = self._encoded[text] = self.encode(text)
+        self._encoded_ids += len(ids)
+        while self._encoded_ids > self.cache_ids and len(self._encoded) > 1:
+            self._encoded_ids -= len(self._encoded.popitem(last=False)[1])
         return list(ids)
 
     def encode_reply(self, text: str) -> list[int]:
@@ -145,10 +161,7 @@ class Renderer(abc.ABC):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Sampled ids to the text of the turn (a trailing stop token dropped)."""
-        ids = list(ids)
-        if ids and ids[-1] in self.stop_token_ids:
-            ids = ids[:-1]
-        return self.decode_raw(ids)
+        return self.decode_raw(ids[:-1] if ids and ids[-1] in self.stop_token_ids else ids)
 
     @abc.abstractmethod
     def parse_tool_calls(self, text: str) -> list[ToolCall]:

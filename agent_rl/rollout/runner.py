@@ -8,7 +8,8 @@ the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its 
 renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced conversation,
 `StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call, env done,
 max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
-each request's (`request_seed`); the episode limits (`EpisodeLimits`).
+each request's (`request_seed`); the episode limits (`EpisodeLimits`); the deadline of every await on an
+environment (`bounded`).
 Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
 run's continuous stream of groups (`rollout.stream`).
@@ -23,12 +24,13 @@ A task's "id" names it; its "env", where a mixture of environments set one, goes
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from agent_rl.core.config import RolloutConfig
 from agent_rl.core.env import Env, as_reward
@@ -46,6 +48,8 @@ from agent_rl.core.types import (
 )
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.sampler import Sampler, SamplingParams, ServerLost
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
             ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
             return
-        result = await asyncio.wait_for(env.step(reply, turn), limits.env_timeout_s)
+        result = await bounded(env.step(reply, turn), limits.env_timeout_s)
         ep.turns[-1] = rewarded(ep.turns[-1], result.reward)
         ep.records.extend(result.tool_calls)
         if result.done:
@@ -175,14 +179,28 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         observation = tuple(ids)
 
 
-async def state_key(env: Env, observation: Sequence[int], timeout_s: float) -> str:
+async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) -> str:
     """The state a turn starts from: the environment's own key (`Env.state_key`), else a hash of the
     observation's token ids (the context rendered since the last sampled turn, the prompt before the first)."""
     own = getattr(env, "state_key", None)  # an object that only quacks like an `Env` may lack it
-    key = None if own is None else await asyncio.wait_for(own(), timeout_s)
-    if key is not None:
-        return str(key)
+    key = None
+    if own is not None and getattr(type(env), "state_key", None) is not Env.state_key:  # the default says None
+        key = await bounded(own(), timeout_s)
+    return observation_key(observation) if key is None else str(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def observation_key(observation: tuple[int, ...]) -> str:
+    """A stable hash of token ids. Cached: every rollout of a task starts from the same rendered prompt (~30 us
+    to hash), and a group's tool results often repeat."""
     return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
+
+
+async def bounded(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """`await awaitable` with a deadline (TimeoutError past it). `asyncio.timeout` rather than `wait_for`:
+    no task of its own per call, and a cancellation of the episode is never swallowed (3.11's wait_for can)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
 
 
 def rewarded(turn: Turn, reward: float | Reward | None) -> Turn:
@@ -199,12 +217,12 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
     ep = _Episode()
     error, reward, reward_s = None, Reward(0.0), 0.0
     try:
-        ep.messages = list(await asyncio.wait_for(env.initial_messages(), limits.env_timeout_s))
+        ep.messages = list(await bounded(env.initial_messages(), limits.env_timeout_s))
         ep.buffer.add_context(renderer.render(ep.messages, env.tool_schemas))
         ep.prompt_len = len(ep.buffer.ids)
         await _play_turns(env, sampler, renderer, limits, ep, task_id, rollout_index)
         t_reward = time.perf_counter()
-        reward = as_reward(await asyncio.wait_for(env.reward(ep.messages), limits.env_timeout_s))
+        reward = as_reward(await bounded(env.reward(ep.messages), limits.env_timeout_s))
         reward_s = time.perf_counter() - t_reward
     except Exception as e:  # infrastructure: sampler down, env bug, deadline
         ep.stop, error = StopReason.ERROR, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

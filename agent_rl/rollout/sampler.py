@@ -7,7 +7,8 @@ requests, with deadlines and retries, and continuing a request that a weight pus
 what it asks of a supervisor (which servers take requests), and `ServerLost`, a request whose server died.
 Does not own: starting, watching and restarting servers (`rollout.server`, `rollout.supervisor`), loading
 adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.renderer`), scripted and human
-samplers (`rollout.scripted`, `play`).
+samplers (`rollout.scripted`, `play`), writing a prompt's ids as JSON from the conversation's last prompt
+(`rollout.prompt_json`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced.
@@ -29,6 +30,7 @@ with its own seeds, on the restarted server or another (`rollout.stream`).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ import aiohttp
 
 from agent_rl.core.http import SessionOwner
 from agent_rl.core.types import Message
+from agent_rl.rollout.prompt_json import PromptJSON
 
 
 class SamplerError(Exception):
@@ -150,6 +153,7 @@ class VLLMSampler(SessionOwner):
         self._open = asyncio.Event()  # cleared while a push holds the sampler (`hold`)
         self._open.set()
         self._in_flight: Counter[tuple[str, str]] = Counter()  # (url, model) -> requests sent, not answered
+        self.prompts = PromptJSON()  # each conversation's prompt written from its last one's text
         self.gate: ServerGate | None = None  # set by a supervisor: requests go only to servers that are up
 
     @property
@@ -196,7 +200,8 @@ class VLLMSampler(SessionOwner):
                 break
             seed = None if params.seed is None else (params.seed + 7919 * len(ids)) & 0x7FFFFFFF
             piece = await self._request([*prompt_ids, *ids],
-                                        replace(params, max_tokens=params.max_tokens - len(ids), seed=seed))
+                                        replace(params, max_tokens=params.max_tokens - len(ids), seed=seed),
+                                        messages[0] if messages else None)
             ids += piece.token_ids
             logprobs += piece.logprobs
             versions += piece.versions
@@ -226,10 +231,13 @@ class VLLMSampler(SessionOwner):
             await self._wait_open()
         return self._pick()
 
-    async def _request(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def _request(self, prompt_ids: list[int], params: SamplingParams, conversation: object | None = None
+                       ) -> Completion:
         """One request, retried on server errors and timeouts; each attempt waits while a push holds the
         sampler (and while no server is up), then reads the served policy and its version. A server that died
-        under it ends it with `ServerLost` (module doc)."""
+        under it ends it with `ServerLost` (module doc). `conversation` (its first message) lets the prompt's JSON
+        be written from the conversation's last prompt (`rollout.prompt_json`)."""
+        prompt = self.prompts.text(prompt_ids, conversation)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             replica = await self._ready()
@@ -237,8 +245,8 @@ class VLLMSampler(SessionOwner):
             replica.outstanding += 1
             self._in_flight[replica.url, model] += 1
             try:
-                async with self.http().post(replica.url + "/v1/completions", json=_body(model, prompt_ids, params)
-                                            ) as resp:
+                async with self.http().post(replica.url + "/v1/completions", data=_body(model, prompt, params),
+                                            headers=_JSON) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
                         if resp.status < 500:  # our request is wrong: retrying will not help
@@ -262,16 +270,20 @@ class VLLMSampler(SessionOwner):
                            f"{type(last).__name__}: {last}")
 
 
-def _body(model: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+_JSON = {"Content-Type": "application/json"}
+
+
+def _body(model: str, prompt: str, params: SamplingParams) -> str:
+    """The request's JSON text, around `prompt`, the prompt ids' JSON text (`PromptJSON`)."""
     body: dict[str, Any] = {
-        "model": model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+        "model": model, "max_tokens": params.max_tokens,
         "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
         "return_token_ids": True, "skip_special_tokens": False,
         "stop_token_ids": list(params.stop_token_ids),
     }
     if params.seed is not None:
         body["seed"] = params.seed
-    return body
+    return '{"prompt":' + prompt + "," + json.dumps(body)[1:]
 
 
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
