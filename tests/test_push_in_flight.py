@@ -94,10 +94,14 @@ class StandInVLLM:
             self.adapters.discard(body["lora_name"])
         return web.json_response({})
 
-    async def __aenter__(self) -> StandInVLLM:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
+        """What the stand-in answers (a subclass adds its own before these: the last is a catch-all)."""
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/{path:.*}", self.control)
+
+    async def __aenter__(self) -> StandInVLLM:
+        app = web.Application()
+        self.routes(app)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -84,6 +84,21 @@ def check_tags(out: Completion, prompt: list[int], models: dict[int, torch.nn.Mo
             assert (served - sequence_logprobs(other, prompt, out))[mine].abs().mean() > MIN_EFFECT
 
 
+async def pushed_mid_turn(sampler: VLLMSampler, sync: FullWeightSync, prompt: list[int], v2) -> list[Completion]:
+    """Four requests of LONG tokens on the version served now (1), `v2` pushed as version 2 0.2 s after they are
+    sent; their completions. The push's phases are printed, with how many requests had ended by its end."""
+    await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
+    runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s))) for s in range(4)]
+    await asyncio.sleep(0.2)
+    ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
+    assert not ended, f"requests ended before the push: {ended}"
+    await sync.push(v2, 2)
+    done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
+    outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
+    print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
+    return list(outs)
+
+
 async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_versions(dev_server, tiny_dir, renderer,
                                                                                    tmp_path):
     """Four requests of LONG tokens on version 1 (the tiny model without its turn end); version 2 (every weight
@@ -102,16 +117,7 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
     async with VLLMSampler([dev_server.url]) as sampler:
         sync = FullWeightSync(tmp_path, sampler, write=staged_writer(save_pretrained, v2, tmp_path / "v2-staged"))
         await sync.push(v1, 1)  # the shared dev server may hold another test's weights
-        await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
-        runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
-                for s in range(4)]
-        await asyncio.sleep(0.2)
-        ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
-        assert not ended, f"requests ended before the push: {ended}"
-        await sync.push(v2, 2)
-        done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
-        outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
-    print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
+        outs = await pushed_mid_turn(sampler, sync, prompt, v2)
     print("\n(tokens, first tagged 2) per request:", [(len(o.token_ids), o.versions.index(2) if 2 in o.versions
                                                       else None) for o in outs], end="")
     for out in outs:
@@ -181,16 +187,7 @@ async def test_merged_weights_pushed_mid_turn_abort_and_continue_with_true_versi
         sync = MergedSync(tmp_path, sampler, versions[1])
         sync.write = staged_writer(sync.write, versions[2], tmp_path / "v2-staged")
         await sync.push(versions[1], 1)
-        await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
-        runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s)))
-                for s in range(4)]
-        await asyncio.sleep(0.2)
-        ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
-        assert not ended, f"requests ended before the push: {ended}"
-        await sync.push(versions[2], 2)
-        done_by_push = sum(r.done() for r in runs)  # landed mid-turn unless the requests had ended by the reload
-        outs = await asyncio.wait_for(asyncio.gather(*runs), 300)
-        print(f"\npush: {sync.last_timings}; requests ended by its end: {done_by_push}", end="")
+        outs = await pushed_mid_turn(sampler, sync, prompt, versions[2])
         await sync.finish()
         assert not sync.weights_dir.exists()  # the versions folder (in /dev/shm when it has room) is gone
         sampler.set_policy("base", 3)

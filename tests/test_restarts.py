@@ -63,17 +63,9 @@ class Listing(StandInVLLM):
         cards = [{"id": "base", "parent": None}, *({"id": a, "parent": "base"} for a in sorted(self.adapters))]
         return web.json_response({"data": cards})
 
-    async def __aenter__(self) -> Listing:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/{path:.*}", self.control)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        return self
+        super().routes(app)
 
 
 PARAMS = SamplingParams(max_tokens=3, seed=1)
