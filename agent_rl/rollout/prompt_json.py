@@ -19,9 +19,33 @@ import json
 from collections import OrderedDict
 
 
+_DECIMAL: list[str] = []  # str(i) at index i, for every id seen so far and those below it: ids_json's table
+_DECIMAL_LIMIT = 1 << 19  # ids from here on (past any vocabulary: Gemma 3 has 262k) go to json.dumps; the table holds
+# at most ~30 MB
+
+
 def ids_json(ids: list[int]) -> str:
-    """`ids` as a compact JSON array."""
+    """`ids` (token ids: ints) as a compact JSON array, the text `json.dumps(ids, separators=(",", ":"))` gives.
+
+    Each id's decimal text is looked up in a table rather than written (~25 ns an id against json's ~65 ns:
+    ~8 us of a turn's ~280 new ids); `min` first, because a negative index would read the table from its
+    end. A value that is no id (a float, a string) fails the lookup and goes to json.dumps, which writes it
+    or says why not; a bool, which no tokenizer or server gives, would be written as 0 or 1."""
+    try:
+        if ids and min(ids) >= 0:
+            return _looked_up(ids)
+    except IndexError:  # an id past the table: the table grows up to it, then writes them all
+        top = max(ids)
+        if isinstance(top, int) and top < _DECIMAL_LIMIT:
+            _DECIMAL.extend(map(str, range(len(_DECIMAL), top + 1)))
+            return _looked_up(ids)
+    except TypeError:  # not all ints: min could not compare them, or one could not index the table
+        pass
     return json.dumps(ids, separators=(",", ":"))
+
+
+def _looked_up(ids: list[int]) -> str:
+    return "[" + ",".join(map(_DECIMAL.__getitem__, ids)) + "]"
 
 
 class PromptJSON:
