@@ -1,15 +1,16 @@
 """The JSON text of a request's prompt ids, made from the text of the conversation's last prompt.
 
-Owns: `ids_json` (ids as a JSON array, each id's text from a table) and `PromptJSON`, which keeps, for each conversation (the identity of its first message, which the runner
-passes with every request), the ids and JSON text of its last prompt, the least recently used dropped past
-`max_ids` ids in all; a prompt that starts with the kept ids costs only its new ids.
+Owns: `ids_json` (ids as a JSON array, each id's text from a table) and `PromptJSON`, which keeps, for each
+conversation (the identity of its first message, which the runner passes with every request), the ids and JSON
+text of its last prompt, the least recently used dropped past `max_ids` ids in all; a prompt that starts with the
+kept ids costs only its new ids.
 Does not own: the rest of the request body, or the request (`rollout.sampler`); the ids themselves.
 
 Why: a multi-turn episode's prompt is its last prompt, the turn's sampled ids and the environment's reply, and
 the whole context is sent again every turn. `json.dumps` writes each id as decimal text, ~55 ns an id here: the
 largest client-side cost of a turn at ~650 ids, and 0.45 ms a request at an 8k context. Written this way each
-id is written once per episode, and `ids_json` looks each id's text up in a table (~25 ns an id). The kept ids are compared with the new prompt's first ids (a C comparison,
-~2 us at 1k ids), so a key that matches the wrong thing (an object freed and its id given to another, first
+id is written once per episode, and `ids_json` looks each id's text up in a table (~25 ns an id). The kept ids
+are compared with the new prompt's first ids (a C comparison, ~2 us at 1k ids), so a key that matches the wrong thing (an object freed and its id given to another, first
 messages shared between episodes, a history the environment replaced) costs a full write, never a wrong prompt.
 """
 
