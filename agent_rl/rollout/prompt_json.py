@@ -10,8 +10,9 @@ Why: a multi-turn episode's prompt is its last prompt, the turn's sampled ids an
 the whole context is sent again every turn. `json.dumps` writes each id as decimal text, ~55 ns an id here: the
 largest client-side cost of a turn at ~650 ids, and 0.45 ms a request at an 8k context. Written this way each
 id is written once per episode, and `ids_json` looks each id's text up in a table (~25 ns an id). The kept ids
-are compared with the new prompt's first ids (a C comparison, ~2 us at 1k ids), so a key that matches the wrong thing (an object freed and its id given to another, first
-messages shared between episodes, a history the environment replaced) costs a full write, never a wrong prompt.
+are compared with the new prompt's first ids (a C comparison, ~2 us at 1k ids), so a key that matches the wrong
+thing (an object freed and its id given to another, first messages shared between episodes, a history the
+environment replaced) costs a full write, never a wrong prompt.
 """
 
 from __future__ import annotations
