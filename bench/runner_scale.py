@@ -27,6 +27,7 @@ cancelled; in training once per step, when no episode of the step is left in fli
 
     python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
     python bench/runner_scale.py --workers 1 2 4 --servers 64 128 --concurrency 8192 16384  (Ray rollout workers)
+    python bench/runner_scale.py --runner-only --servers 64 --concurrency 4096 8192  (the runner's CPU per turn alone)
 (progress on stderr, one JSON line on stdout)
 """
 
@@ -288,6 +289,19 @@ async def measure_ceiling(work: Workload, renderer: Renderer, seconds: float = 8
             "ideal_cpu_ms_per_turn": round(ideal["cpu_ms_per_turn"], 3), "cpu_wait": round(runner["cpu_wait"], 3)}
 
 
+def runner_only(args: argparse.Namespace, gpu: GpuModel, work: Workload, renderer: Renderer) -> dict[str, Any]:
+    """The runner's side alone at each scale (`--runner-only`): its CPU per turn and turns/s, in half the time."""
+    rows = []
+    for servers in args.servers:
+        for concurrency in args.concurrency:
+            side = asyncio.run(measure_side("runner", servers, concurrency, gpu, work, renderer, args.warmup,
+                                            args.window, args.routing))
+            gc.collect()
+            rows.append({"servers": servers, "concurrency": concurrency, **{k: round(v, 3) for k, v in side.items()}})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return {"bench": "runner_scale", "runner_only": True, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--servers", type=int, nargs="+", default=[8, 64])
@@ -298,6 +312,9 @@ def main() -> None:
     ap.add_argument("--routing", choices=["sticky", "least"], default="sticky")
     ap.add_argument("--workers", type=int, nargs="+", help="the runner on this many Ray rollout workers each, against "
                                                           "one shared simulation (bench/runner_workers.py)")
+    ap.add_argument("--runner-only", action="store_true",
+                    help="only the runner's side at each scale (its CPU per turn, for comparing two trees): no ideal "
+                         "client, no ceiling")
     for name, value in asdict(GpuModel()).items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = ap.parse_args()
@@ -309,6 +326,9 @@ def main() -> None:
         print(json.dumps(workers_bench(args, gpu, work)))
         return
     renderer = load_renderer(resolve_model(args.model))
+    if args.runner_only:
+        print(json.dumps(runner_only(args, gpu, work, renderer)))
+        return
     ceiling = asyncio.run(measure_ceiling(work, renderer))
     print(json.dumps({"ceiling": ceiling}), file=sys.stderr, flush=True)
     rows = []

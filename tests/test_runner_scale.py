@@ -72,3 +72,14 @@ async def test_a_measurement_pair_gives_share_and_lag(renderer):
     assert 0.3 < row["share"] < 1.5
     assert 0 <= row["p99_lag_ms"] <= row["max_lag_ms"] < 5000
     assert row["cpu_ms_per_turn"] > 0 and 0 <= row["prefix_hit"] <= 1 and row["window_s"] >= 2.0
+
+
+def test_the_runner_side_alone_gives_its_cpu_per_turn_at_each_scale(renderer):
+    import argparse
+
+    args = argparse.Namespace(servers=[2], concurrency=[16, 32], warmup=0.5, window=1.0, routing="sticky")
+    out = rs.runner_only(args, FAST, SHORT, renderer)
+    assert out["runner_only"] and [(r["servers"], r["concurrency"]) for r in out["rows"]] == [(2, 16), (2, 32)]
+    for row in out["rows"]:
+        assert row["cpu_ms_per_turn"] > 0 and row["turns_s"] > 0 and row["window_s"] >= 1.0
+        assert "share" not in row  # no ideal client was run
