@@ -1,13 +1,13 @@
 """`agent-rl train` for tests/test_restarts_integration.py, whose server is SIGKILLed at chosen points of the run.
 
 argv: KILLS [CLI ARGS...]. KILLS is a comma-separated list of policy versions ("" for none): when the first request
-sampled under version v goes out (step v + 1 of the run, as `agent-rl` counts steps, is sampling; with
-`rollout.workers`, once the workers have 2 requests in flight under it), the run's vLLM server is SIGKILLed 50 ms
-later, while that step's requests are in flight, as an out-of-memory kill would end it:
+sampled under version v goes out (step v + 1 of the run, as `agent-rl` counts steps, is sampling), the run's vLLM
+server is SIGKILLed 50 ms later, while that step's requests are in flight, as an out-of-memory kill would end it:
 its leader alone (the engine processes it started stay behind, for the supervisor to clean up). The server is the
 vLLM child of this process (started by the run, restarted by its supervisor), or the process whose pid is in the
 environment variable AGENT_RL_TEST_KILL_PID (a server the run attached to by URL; then its whole process group,
-so that it does not come back). Each killed process group is appended to RUN_DIR/killed.txt. Otherwise the command
+so that it does not come back). Each killed process group is appended to RUN_DIR/killed.txt, and the groups of the
+servers it started as each version's first request goes out to RUN_DIR/servers.txt. Otherwise the command
 is exactly `agent-rl train` (`cli.main`: its lines and exit statuses), with the real loop, stream, supervisor and
 weight sync.
 """
@@ -43,6 +43,7 @@ class Killing:
 
     def __init__(self, inner, versions: set[int], run_dir: Path):
         self.inner, self.versions, self.run_dir = inner, set(versions), run_dir
+        self.seen: set[int] = set()  # versions whose first request went out
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -52,24 +53,15 @@ class Killing:
         return self.inner.policy_version
 
     async def sample(self, prompt_ids, params, messages=()):
-        if self.inner.policy_version in self.versions:
-            self.versions.discard(self.inner.policy_version)
+        version = self.inner.policy_version
+        if version not in self.seen:
+            self.seen.add(version)
+            with (self.run_dir / "servers.txt").open("a") as f:
+                f.writelines(f"{os.getpgid(pid)}\n" for pid in vllm_children())
+        if version in self.versions:
+            self.versions.discard(version)
             asyncio.get_running_loop().call_later(0.05, self.kill)
         return await self.inner.sample(prompt_ids, params, messages)
-
-    async def play(self, task, index, limits):
-        """An episode on a rollout worker (`rollout.workers`): the kill once the workers have requests in flight."""
-        if self.inner.policy_version in self.versions:
-            self.versions.discard(self.inner.policy_version)
-            self.killing = asyncio.ensure_future(self.kill_when_in_flight())
-        return await self.inner.play(task, index, limits)
-
-    async def kill_when_in_flight(self) -> None:
-        deadline = asyncio.get_running_loop().time() + 60
-        while self.inner.in_flight() < 2 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        self.kill()
 
     def kill(self) -> None:
         attached = os.environ.get("AGENT_RL_TEST_KILL_PID")

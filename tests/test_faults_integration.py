@@ -1,8 +1,7 @@
-"""A real `agent-rl train` (a process of its own, the tiny model, its own vLLM server): its server SIGKILLed in the
-middle of the run is restarted and the run finishes, exit status 0, no traceback, nothing of the killed server's
-process group left behind (its engine processes outlive a killed leader: the restart stops them) nor of the
-restarted one after the run; a SIGTERM ends it with a checkpoint, 143 and one line, its server stopped. Past the
-restart budget, and an attached server that does not come back: tests/test_restarts_integration.py."""
+"""A real `agent-rl train` (a process of its own, the tiny model, its own vLLM server): a SIGTERM ends it with a
+checkpoint, 143 and one line, its server stopped. Its server SIGKILLed mid-run (restarted, the run as one nobody
+touched, no orphan of either server), past the restart budget, and an attached server that does not come back:
+tests/test_restarts_integration.py."""
 
 from __future__ import annotations
 
@@ -77,24 +76,3 @@ def test_a_sigterm_checkpoints_the_last_step_and_stops_the_server(tmp_path, tiny
     assert "Traceback" not in err and "never retrieved" not in err
     assert (run_dir / "checkpoints" / "latest").is_file()
     assert _left_of(server) == [], "the run's server outlived it"
-
-
-@pytest.mark.timeout(900)  # a run of 4 steps, its server started twice
-def test_the_runs_server_killed_mid_run_is_restarted_and_leaves_no_orphan(tmp_path, tiny_dir):
-    run_dir = tmp_path / "run"
-    proc, server = _train_until_step_1(run_dir, tiny_dir, save_every=1)
-    try:
-        os.kill(server, signal.SIGKILL)  # the server's own process, as an OOM kill would: its children stay
-        deadline = time.monotonic() + 600
-        while not (restarted := [p for p in _pids() if p != server and (_stat(p) or (0,))[0] == proc.pid]):
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended without a restart"
-            time.sleep(0.05)
-        _, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert re.search(r"vLLM server http://127\.0\.0\.1:\d+ exited with status -9: restarting it", err), err
-    assert "Traceback" not in err and "never retrieved" not in err
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4  # every step
-    assert _left_of(server) == [], "processes of the killed server's group outlived its restart"
-    assert _left_of(restarted[0]) == [], "the restarted server outlived the run"  # its own group, as every server
