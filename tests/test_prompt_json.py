@@ -82,6 +82,8 @@ def test_ids_json_writes_what_json_dumps_writes_whatever_the_values():
         ([0], "[0]"),
         ([3, 10, 0, 49151], "[3,10,0,49151]"),
         ([300_001, 7], "[300001,7]"),  # past the table as it was: it grows, then looks them up
+        ([400_000, 2.5], "[400000,2.5]"),  # it grows, then meets a value that is no id
+        ([1 << 20, 1.5], "[1048576,1.5]"),  # past the limit, and no id
         ([-1, 5], "[-1,5]"),  # a negative index would read the table from its end
         ([5, 1 << 19], "[5,524288]"),  # past the table's limit: json.dumps
         ([10**30], "[1000000000000000000000000000000]"),

@@ -34,19 +34,23 @@ def ids_json(ids: list[int]) -> str:
     or says why not; a bool, which no tokenizer or server gives, would be written as 0 or 1."""
     try:
         if ids and min(ids) >= 0:
-            return _looked_up(ids)
-    except IndexError:  # an id past the table: the table grows up to it, then writes them all
-        top = max(ids)
-        if isinstance(top, int) and top < _DECIMAL_LIMIT:
-            _DECIMAL.extend(map(str, range(len(_DECIMAL), top + 1)))
-            return _looked_up(ids)
-    except TypeError:  # not all ints: min could not compare them, or one could not index the table
-        pass
+            try:
+                return _looked_up(ids)
+            except IndexError:  # an id past the table: the table grows up to it (within its limit), then again
+                _grow(max(ids))
+                return _looked_up(ids)
+    except (IndexError, TypeError):  # an id past the limit; not all ints (min could not compare them, or one
+        pass  # could not index the table)
     return json.dumps(ids, separators=(",", ":"))
 
 
 def _looked_up(ids: list[int]) -> str:
     return "[" + ",".join(map(_DECIMAL.__getitem__, ids)) + "]"
+
+
+def _grow(top: object) -> None:
+    if isinstance(top, int) and top < _DECIMAL_LIMIT:
+        _DECIMAL.extend(map(str, range(len(_DECIMAL), top + 1)))
 
 
 class PromptJSON:
