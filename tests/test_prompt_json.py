@@ -71,27 +71,3 @@ async def test_the_sampler_sends_each_turns_prompt_exactly():
             prompt = [*prompt, *out.token_ids, 11, 12]  # the next turn: samples and the env's reply
         other = await sampler.sample([5, 6, 9], SamplingParams(max_tokens=2), messages=conversation)
         assert server.served[-1][0] == (5, 6, 9) and len(other.token_ids) == 2  # same key, unrelated ids
-
-
-def test_ids_json_writes_what_json_dumps_writes_whatever_the_values():
-    """The table's text, id for id, and json.dumps's wherever the table cannot say (module doc of ids_json)."""
-    from agent_rl.rollout import prompt_json
-
-    cases = [
-        ([], "[]"),
-        ([0], "[0]"),
-        ([3, 10, 0, 49151], "[3,10,0,49151]"),
-        ([300_001, 7], "[300001,7]"),  # past the table as it was: it grows, then looks them up
-        ([400_000, 2.5], "[400000,2.5]"),  # it grows, then meets a value that is no id
-        ([1 << 20, 1.5], "[1048576,1.5]"),  # past the limit, and no id
-        ([-1, 5], "[-1,5]"),  # a negative index would read the table from its end
-        ([5, 1 << 19], "[5,524288]"),  # past the table's limit: json.dumps
-        ([10**30], "[1000000000000000000000000000000]"),
-        ([2, 5.5], "[2,5.5]"),
-        ([1.0, 2], "[1.0,2]"),
-        ([7, None], "[7,null]"),
-        (["a"], '["a"]'),
-    ]
-    for ids, text in cases:
-        assert prompt_json.ids_json(ids) == text == json.dumps(ids, separators=(",", ":"))
-    assert len(prompt_json._DECIMAL) <= 1 << 19  # the limit's id was not added

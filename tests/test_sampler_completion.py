@@ -37,15 +37,3 @@ def test_a_completion_comes_back_as_sent(prompt):
 def test_anything_else_is_one_clear_error(data, message):
     with pytest.raises(SamplerError, match=message):
         _completion(data, [1, 2, 3], 0, "http://x")
-
-
-def test_ids_that_are_not_ints_are_read_through_int_as_before():
-    """Ints pass as they came (json's are); anything else goes through int() as it always did: 5.0 -> 5,
-    "6" -> 6, True -> 1, each an exact int."""
-    out = _completion(choice(ids=[5, 6, 7]), [1, 2, 3], 0, "u")
-    assert out.token_ids == (5, 6, 7) and {type(i) for i in out.token_ids} == {int}
-    out = _completion(choice(ids=[5.0, "6", True]), [1, 2, 3], 0, "u")
-    assert out.token_ids == (5, 6, 1) and [type(i) for i in out.token_ids] == [int, int, int]
-    with pytest.raises(SamplerError, match="unexpected completion"):
-        _completion({"choices": [{"token_ids": None, "logprobs": {"token_logprobs": []}, "finish_reason": "stop"}]},
-                    [1], 0, "u")

@@ -1,18 +1,16 @@
 """The JSON text of a request's prompt ids, made from the text of the conversation's last prompt.
 
-Owns: `ids_json` (ids as a JSON array, each id's text from a table) and `PromptJSON`, which keeps, for each
-conversation (the identity of its first message, which the runner passes with every request), the ids and JSON
-text of its last prompt, the least recently used dropped past `max_ids` ids in all; a prompt that starts with the
-kept ids costs only its new ids.
+Owns: `PromptJSON`, which keeps, for each conversation (the identity of its first message, which the runner
+passes with every request), the ids and JSON text of its last prompt, the least recently used dropped past
+`max_ids` ids in all; a prompt that starts with the kept ids costs only its new ids.
 Does not own: the rest of the request body, or the request (`rollout.sampler`); the ids themselves.
 
 Why: a multi-turn episode's prompt is its last prompt, the turn's sampled ids and the environment's reply, and
 the whole context is sent again every turn. `json.dumps` writes each id as decimal text, ~55 ns an id here: the
 largest client-side cost of a turn at ~650 ids, and 0.45 ms a request at an 8k context. Written this way each
-id is written once per episode, and `ids_json` looks each id's text up in a table (~25 ns an id). The kept ids
-are compared with the new prompt's first ids (a C comparison, ~2 us at 1k ids), so a key that matches the wrong
-thing (an object freed and its id given to another, first messages shared between episodes, a history the
-environment replaced) costs a full write, never a wrong prompt.
+id is written once per episode. The kept ids are compared with the new prompt's first ids (a C comparison,
+~2 us at 1k ids), so a key that matches the wrong thing (an object freed and its id given to another, first
+messages shared between episodes, a history the environment replaced) costs a full write, never a wrong prompt.
 """
 
 from __future__ import annotations
@@ -20,37 +18,10 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 
-_DECIMAL: list[str] = []  # str(i) at index i, for every id seen so far and those below it: ids_json's table
-_DECIMAL_LIMIT = 1 << 19  # ids from here on (past any vocabulary: Gemma 3 has 262k) go to json.dumps; the table holds
-# at most ~30 MB
-
 
 def ids_json(ids: list[int]) -> str:
-    """`ids` (token ids: ints) as a compact JSON array, the text `json.dumps(ids, separators=(",", ":"))` gives.
-
-    Each id's decimal text is looked up in a table rather than written (~25 ns an id against json's ~65 ns:
-    ~8 us of a turn's ~280 new ids); `min` first, because a negative index would read the table from its
-    end. A value that is no id (a float, a string) fails the lookup and goes to json.dumps, which writes it
-    or says why not; a bool, which no tokenizer or server gives, would be written as 0 or 1."""
-    try:
-        if ids and min(ids) >= 0:
-            try:
-                return _looked_up(ids)
-            except IndexError:  # an id past the table: the table grows up to it (within its limit), then again
-                _grow(max(ids))
-                return _looked_up(ids)
-    except (IndexError, TypeError):  # an id past the limit; not all ints (min could not compare them, or one
-        pass  # could not index the table)
+    """`ids` as a compact JSON array."""
     return json.dumps(ids, separators=(",", ":"))
-
-
-def _looked_up(ids: list[int]) -> str:
-    return "[" + ",".join(map(_DECIMAL.__getitem__, ids)) + "]"
-
-
-def _grow(top: object) -> None:
-    if isinstance(top, int) and top < _DECIMAL_LIMIT:
-        _DECIMAL.extend(map(str, range(len(_DECIMAL), top + 1)))
 
 
 class PromptJSON:

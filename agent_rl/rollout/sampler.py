@@ -289,7 +289,7 @@ def _body(model: str, prompt: str, params: SamplingParams) -> str:
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
     try:
         choice = data["choices"][0]
-        ids = _ints(choice["token_ids"])
+        ids = tuple(map(int, choice["token_ids"]))
         logprobs = tuple(map(float, choice["logprobs"]["token_logprobs"]))
         finish = choice["finish_reason"]
         echoed = choice.get("prompt_token_ids")
@@ -301,13 +301,6 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
     if echoed is not None and _as_list(echoed) != _as_list(prompt_ids):
         raise SamplerError(f"{url} changed the prompt tokens: the sampler must see exactly the ids sent")
     return Completion(ids, logprobs, finish if finish in ("length", "abort") else "stop", version)
-
-
-def _ints(values: Any) -> tuple[int, ...]:
-    """The server's token ids as ints: as they came when they are ints already (json's are), else through int()
-    as before. Asking each value's type costs half of calling int() on it (~5 vs ~10 us for 256 ids)."""
-    ids = tuple(values)
-    return ids if {*map(type, ids)} <= {int} else tuple(map(int, ids))
 
 
 def _as_list(ids: Sequence[int]) -> list[int]:
