@@ -22,6 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 
@@ -84,11 +85,31 @@ def check_tags(out: Completion, prompt: list[int], models: dict[int, torch.nn.Mo
             assert (served - sequence_logprobs(other, prompt, out))[mine].abs().mean() > MIN_EFFECT
 
 
+async def running(url: str, n: int, within_s: float = 60.0) -> float:
+    """Seconds until the server says (its Prometheus gauge) that `n` requests are running. A fixed sleep was not
+    enough: on a machine at load 10, three of four requests had not been scheduled 0.2 s after they were sent,
+    so the push found them waiting and all their tokens were version 2's."""
+    start = asyncio.get_running_loop().time()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        while True:
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            gauge = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vllm:num_requests_running")]
+            waited = asyncio.get_running_loop().time() - start
+            if gauge and sum(gauge) >= n:
+                return waited
+            assert waited < within_s, f"{n} requests not running after {within_s} s (gauge: {gauge})"
+            await asyncio.sleep(0.02)
+
+
 async def pushed_mid_turn(sampler: VLLMSampler, sync: FullWeightSync, prompt: list[int], v2) -> list[Completion]:
-    """Four requests of LONG tokens on the version served now (1), `v2` pushed as version 2 0.2 s after they are
-    sent; their completions. The push's phases are printed, with how many requests had ended by its end."""
+    """Four requests of LONG tokens on the version served now (1), `v2` pushed as version 2 once all four run on
+    the server and 0.2 s more (their first tokens); their completions. The push's phases are printed, with how
+    many requests had ended by its end."""
     await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
     runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s))) for s in range(4)]
+    print(f"\nall 4 running after {await running(sampler.urls[0], 4):.2f} s", end="")
     await asyncio.sleep(0.2)
     ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
     assert not ended, f"requests ended before the push: {ended}"
@@ -147,10 +168,16 @@ async def test_an_adapter_push_mid_episode_leaves_the_turn_in_flight_on_its_vers
         model.load_state_dict(weights[1])
         await sync.push(model, 1)
         turn1 = asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=0)))
-        await asyncio.sleep(1.0)
+        await running(dev_server.url, 1)
+        await asyncio.sleep(0.5)
+        timings = []
         for version in (2, 3):
             model.load_state_dict(weights[version])
             await sync.push(model, version)
+            timings.append({k: round(v, 2) for k, v in sync.last_timings.items()})
+        print(f"\npushes of 2 and 3: {timings}; turn 1 ended by then: {turn1.done()}", end="")
+        if turn1.done():
+            print(f" ({len(turn1.result().token_ids)} tokens, {turn1.result().finish_reason})", end="")
         assert not turn1.done() and sync.loaded == [1, 2, 3]  # 1 runs a request: kept past keep = 2
         first = await asyncio.wait_for(turn1, 300)
         prompt2 = [*prompt, *first.token_ids[:20]]
