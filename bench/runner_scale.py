@@ -42,7 +42,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -289,17 +289,25 @@ async def measure_ceiling(work: Workload, renderer: Renderer, seconds: float = 8
             "ideal_cpu_ms_per_turn": round(ideal["cpu_ms_per_turn"], 3), "cpu_wait": round(runner["cpu_wait"], 3)}
 
 
-def runner_only(args: argparse.Namespace, gpu: GpuModel, work: Workload, renderer: Renderer) -> dict[str, Any]:
-    """The runner's side alone at each scale (`--runner-only`): its CPU per turn and turns/s, in half the time."""
+def each_scale(args: argparse.Namespace, measure: Callable[[int, int], Awaitable[dict[str, Any]]]) -> list[dict]:
+    """`measure(servers, concurrency)` at every scale asked for, each row printed to stderr as it comes."""
     rows = []
     for servers in args.servers:
         for concurrency in args.concurrency:
-            side = asyncio.run(measure_side("runner", servers, concurrency, gpu, work, renderer, args.warmup,
-                                            args.window, args.routing))
+            rows.append(asyncio.run(measure(servers, concurrency)))
             gc.collect()
-            rows.append({"servers": servers, "concurrency": concurrency, **{k: round(v, 3) for k, v in side.items()}})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    return {"bench": "runner_scale", "runner_only": True, "rows": rows}
+    return rows
+
+
+def runner_only(args: argparse.Namespace, gpu: GpuModel, work: Workload, renderer: Renderer) -> dict[str, Any]:
+    """The runner's side alone at each scale (`--runner-only`): its CPU per turn and turns/s, in half the time."""
+    async def side(servers: int, concurrency: int) -> dict[str, Any]:
+        got = await measure_side("runner", servers, concurrency, gpu, work, renderer, args.warmup, args.window,
+                                 args.routing)
+        return {"servers": servers, "concurrency": concurrency, **{k: round(v, 3) for k, v in got.items()}}
+
+    return {"bench": "runner_scale", "runner_only": True, "rows": each_scale(args, side)}
 
 
 def main() -> None:
@@ -331,13 +339,8 @@ def main() -> None:
         return
     ceiling = asyncio.run(measure_ceiling(work, renderer))
     print(json.dumps({"ceiling": ceiling}), file=sys.stderr, flush=True)
-    rows = []
-    for servers in args.servers:
-        for concurrency in args.concurrency:
-            row = asyncio.run(measure_pair(servers, concurrency, gpu, work, renderer, args.warmup, args.window,
-                                                  args.routing))
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            rows.append(row)
+    rows = each_scale(args, lambda servers, concurrency: measure_pair(
+        servers, concurrency, gpu, work, renderer, args.warmup, args.window, args.routing))
     at_target = [row for row in rows if row["concurrency"] == 4096]
     print(json.dumps({
         "bench": "runner_scale", "gpu": asdict(gpu), "peak_tok_s_per_server": round(gpu.peak_tok_s),

@@ -31,12 +31,12 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _train_until_step_1(run_dir: Path, tiny_dir: Path, save_every: int) -> tuple[subprocess.Popen, int]:
+def _train_until_step_1(run_dir: Path, tiny_dir: Path) -> tuple[subprocess.Popen, int]:
     """`agent-rl train` of 4 steps, returned once step 1 is logged, with the pid of its server."""
     sets = [f"model.name={tiny_dir}", "model.lora_rank=4", "sampler.kv_cache_gib=1", "sampler.max_model_len=2048",
             "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_turns=1",
             "rollout.max_tokens_per_turn=16", "rollout.max_total_tokens=128", "run.steps=4",
-            f"run.save_every={save_every}", f"run.run_dir={run_dir}", "run.tensorboard=false"]
+            "run.save_every=10", f"run.run_dir={run_dir}", "run.tensorboard=false"]
     proc = subprocess.Popen([sys.executable, "-m", "agent_rl.cli", "train", "--no-plot",
                              *[x for s in sets for x in ("--set", s)]], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
@@ -62,7 +62,7 @@ def _left_of(group: int) -> list[int]:
 
 def test_a_sigterm_checkpoints_the_last_step_and_stops_the_server(tmp_path, tiny_dir):
     run_dir = tmp_path / "run"
-    proc, server = _train_until_step_1(run_dir, tiny_dir, save_every=10)
+    proc, server = _train_until_step_1(run_dir, tiny_dir)
     try:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=600)
