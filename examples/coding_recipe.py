@@ -20,7 +20,9 @@ exists is skipped (delete RUN to start over).
 Definitions. pass@1: rollouts whose submission passed every hidden test / rollouts (`agent-rl eval`'s
 accuracy at success threshold 1: the reward is 0.5 x all pass + 0.5 x the share, so 1 only when all
 pass); pass@2 per problem, the unbiased estimator. Hidden-test share: the mean share of hidden tests
-passed. Tool-use rate: episodes that ran the visible tests (`run_tests`, the one tool) before submitting.
+passed. Tool-use rate: episodes that ran the visible tests (`run_tests`, the one tool) before submitting;
+any-tool-call rate: episodes with any tool call (a call to an unknown tool, such as the function to be written
+called as if it were a tool, counts there and not above). Compiled: submissions that loaded and ran.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ from recipe_steps import (
 CONFIG = str(Path(__file__).with_name("coding_recipe.yaml"))
 SCRIPT = "examples/coding_recipe.py"
 MODEL = "qwen2.5-coder-0.5b"
-FIGURES = ("pass@1", "pass@2", "tests_passed", "tool_use_rate", "turns_mean", "sampled_tokens_mean",
-           "submitted", "truncation_rate")
+FIGURES = ("pass@1", "pass@2", "tests_passed", "tool_use_rate", "any_tool_call_rate", "turns_mean",
+           "sampled_tokens_mean", "submitted", "compiled", "truncation_rate")
 CURVES = (("pass@1: all hidden tests pass (training rollouts)", "reward/solved"),
           ("share of hidden tests passed", "reward/tests_passed"),
-          ("visible tests run before submitting (tool-use rate)", "tool_use_rate"),
+          ("visible tests run before submitting (tool-use rate)", "reward/ran_tests"),
           ("zero-variance groups (share)", "zero_variance_group_share"),
           ("submitted a code block", "reward/submitted"),
           ("truncation rate", "truncation_rate"))
@@ -60,18 +62,20 @@ CURVES = (("pass@1: all hidden tests pass (training rollouts)", "reward/solved")
 def figures(result: dict) -> dict[str, float | None]:
     """The recipe's figures of one policy from its `agent-rl eval` result."""
     return {"pass@1": result["accuracy"], "pass@2": result.get("pass@2"),
-            "tests_passed": result.get("reward/tests_passed"), "tool_use_rate": result["tool_use_rate"],
-            "turns_mean": result["turns_mean"], "sampled_tokens_mean": result["sampled_tokens_mean"],
-            "submitted": result.get("reward/submitted"), "truncation_rate": result["truncation_rate"]}
+            "tests_passed": result.get("reward/tests_passed"), "tool_use_rate": result.get("reward/ran_tests"),
+            "any_tool_call_rate": result["tool_use_rate"], "turns_mean": result["turns_mean"],
+            "sampled_tokens_mean": result["sampled_tokens_mean"], "submitted": result.get("reward/submitted"),
+            "compiled": result.get("reward/compiled"), "truncation_rate": result["truncation_rate"]}
 
 
 def diagnostics(run_dir: Path) -> dict:
     """Why a run did or did not learn, from its training curves."""
     curves = {name: per_step(run_dir, key) for name, key in
               (("solved", "reward/solved"), ("tests_passed", "reward/tests_passed"),
-               ("tool_use_rate", "tool_use_rate"), ("zero_variance_group_share", "zero_variance_group_share"),
+               ("tool_use_rate", "reward/ran_tests"), ("any_tool_call_rate", "tool_use_rate"),
+               ("zero_variance_group_share", "zero_variance_group_share"),
                ("truncation_rate", "truncation_rate"), ("entropy", "entropy"), ("step_s", "time/step_s"),
-               ("rollout_s", "time/rollout_s"), ("train_s", "time/train_s"), ("sync_s", "time/sync_s"))}
+               ("rollout_wait_s", "time/wait_s"), ("train_s", "time/train_s"), ("sync_s", "time/sync_s"))}
     return {"per_step": curves, **{f"{k}_mean": mean(v) for k, v in curves.items()},
             "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
             "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}

@@ -130,21 +130,29 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
     recipe = _example("coding_recipe", monkeypatch)
 
     def result(pass1, tools):
-        return {"accuracy": pass1, "pass@2": pass1 + 0.125, "reward/tests_passed": 0.5, "tool_use_rate": tools,
-                "turns_mean": 1.5, "sampled_tokens_mean": 200.0, "reward/submitted": 1.0, "truncation_rate": 0.0}
+        # tool_use_rate: episodes with any tool call; reward/ran_tests: those that ran the visible tests
+        return {"accuracy": pass1, "pass@2": pass1 + 0.125, "reward/tests_passed": 0.5, "reward/ran_tests": tools,
+                "tool_use_rate": tools + 0.125, "turns_mean": 1.5, "sampled_tokens_mean": 200.0,
+                "reward/submitted": 1.0, "reward/compiled": 0.75, "truncation_rate": 0.0}
 
     runs = {}
     for seed, solved in ((0, [0.25, 0.5]), (1, [0.125, 0.25])):
         runs[seed] = tmp_path / f"grpo-seed{seed}"
         runs[seed].mkdir()
         (runs[seed] / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": i + 1, "reward/solved": s, "time/step_s": 300.0}) + "\n" for i, s in enumerate(solved)))
+            json.dumps({"step": i + 1, "reward/solved": s, "reward/ran_tests": s / 2, "tool_use_rate": s,
+                        "time/step_s": 300.0, "time/wait_s": 100.0}) + "\n" for i, s in enumerate(solved)))
     merged = {s: str(d / "merged") for s, d in runs.items()}  # how the recipe evaluates each run's policy
     report = {"results": {"base": result(0.25, 0.0), merged[0]: result(0.5, 0.75), merged[1]: result(0.375, 0.25)}}
     out = recipe.summarise(report, merged, {"eval": 60.0})
     assert out["gain"][0]["pass@1"] == 0.25 and out["gain"][1]["pass@1"] == 0.125
     assert out["pass@1_min_gain"] == 0.125 and out["pass@1_seed_spread"] == 0.125
     assert out["tool_use_rate_min_gain"] == 0.25 and out["tool_use_rate_seed_spread"] == 0.5
+    assert out["before"]["tool_use_rate"] == 0.0 and out["before"]["any_tool_call_rate"] == 0.125
+    assert out["after"][0]["compiled"] == 0.75
+    assert out["diagnostics"][0]["per_step"]["tool_use_rate"] == [0.125, 0.25]
+    assert out["diagnostics"][0]["per_step"]["any_tool_call_rate"] == [0.25, 0.5]
+    assert out["diagnostics"][1]["rollout_wait_s_mean"] == 100.0
     assert out["before"]["pass@2"] == 0.375 and out["wall_s"] == {"eval": 60.0}
     assert out["diagnostics"][0]["per_step"]["solved"] == [0.25, 0.5] and out["diagnostics"][1]["solved_mean"] == 0.1875
     assert out["diagnostics"][0]["step_s_mean"] == 300.0 and out["diagnostics"][0]["entropy_mean"] is None
