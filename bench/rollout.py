@@ -27,6 +27,16 @@ episodes with the most turns finish alone at a small batch, which a CPU server r
 tokens/s; the raw side's 32 requests end when their tokens are done. `rollout_efficiency` measured that
 lockstep and tail, 0.82-0.92 (docs/performance.md).
 
+Steady state (`steady_*`, a diagnosis beside the target): the same ratio over each side's steady window
+alone, by the server's own count of generated tokens (`vllm:generation_tokens_total`) read at its two
+ends: the rollout side from the first episode that waited for a slot (`--in-flight` + 1) to the last one
+admitted, while the stream still had episodes to start (as a training run's stream at
+`algorithm.max_staleness` >= 1 always has); the raw side from its first request done to the moment its
+queue empties (`--server-seqs` requests left). The windows leave out both sides' start and drain, which
+`rollout_efficiency` keeps, so what `steady_rollout_efficiency` measures is what a turn costs the server
+beyond its sampled tokens (each turn's new prompt tokens prefilled, the gap between turns) while the batch
+is full on both sides; `steady_*_mean_batch` says whether it was.
+
 Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
 but the new tokens. The server's own counters (`vllm:prefix_cache_queries` / `_hits`, in tokens) are
 read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
@@ -36,7 +46,8 @@ tokens served from the cache, `prefill_tokens_per_turn` what was computed per re
         --max-num-seqs equal to --server-seqs)] [--adapter DIR] [--episodes 96 --in-flight 48 --server-seqs 32]
 
 Prints one JSON line: trained_vs_base (raw_merged / raw_base, target >= 0.9), adapter_vs_base,
-rollout_efficiency (rollout_merged / raw_merged, target >= 0.95), rollout_efficiency_adapter, ...
+rollout_efficiency (rollout_merged / raw_merged, target >= 0.95), rollout_efficiency_adapter,
+steady_rollout_efficiency (the same over the steady windows), steady_rollout_efficiency_adapter, ...
 """
 
 from __future__ import annotations
@@ -119,31 +130,45 @@ class Counted:
             self.meter.add(-1)
 
 
-async def runner_side(sampler, renderer, args, episodes: int):
+async def runner_side(sampler, renderer, args, episodes: int, url: str):
     """Rollouts on the sampler's current policy, `args.in_flight` episodes at once: per-episode sampled tokens,
-    prompts, seconds, mean requests in flight."""
+    prompts, seconds, mean requests in flight, and the steady window (`Window`: from the first episode that
+    waited for a slot to the last one admitted, while the stream still had episodes to admit)."""
     tasks = [{"id": str(i), "n": i} for i in range(episodes)]
     limits = EpisodeLimits(max_turns=args.turns, max_tokens_per_turn=args.tokens_per_turn,
                            max_total_tokens=4096, temperature=1.0)
     meter = InFlight()
-    groups = await rollout_groups(tasks, lambda t: SlowToolEnv(t, args.turns, args.tool_ms / 1000),
-                                  Counted(sampler, meter), renderer, limits, group_size=1,
+    window = Window(url, meter, opens_at=args.in_flight + 1, closes_at=episodes)
+    admitted = 0
+
+    def make_env(task):  # called as each episode starts
+        nonlocal admitted
+        admitted += 1
+        window.at(admitted)
+        return SlowToolEnv(task, args.turns, args.tool_ms / 1000)
+
+    groups = await rollout_groups(tasks, make_env, Counted(sampler, meter), renderer, limits, group_size=1,
                                   max_concurrent=args.in_flight)
     dt = time.perf_counter() - meter.start
     trajs = [g.trajectories[0] for g in groups]
     errors = [t.error for t in trajs if t.error]
     if errors:
         raise SystemExit(f"error: rollout failed: {errors[0]}")
-    return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt, meter
+    return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt, meter, \
+        await window.result()
 
 
-async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None) -> float:
+async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, server_seqs: int = 0):
     """Tokens per second of one request per episode, all at once, each asking for its exact budget (the server
-    runs `--server-seqs` of them at a time, the rest wait in its queue)."""
+    runs `--server-seqs` of them at a time, the rest wait in its queue); and the steady window (`Window`: from
+    the first request done to the moment the queue empties, `server_seqs` requests left)."""
     timeout = aiohttp.ClientTimeout(total=1200)
     meter = meter or InFlight()
+    window = Window(url, meter, opens_at=1, closes_at=len(prompts) - server_seqs if server_seqs else 0)
+    done = 0
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         async def one(prompt, n):
+            nonlocal done
             body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                     "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
             meter.add(1)
@@ -153,35 +178,72 @@ async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None) 
                     return len((await r.json())["choices"][0]["token_ids"])
             finally:
                 meter.add(-1)
+                done += 1
+                window.at(done)
 
         t0 = time.perf_counter()
         got = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, budgets)))
-        return sum(got) / (time.perf_counter() - t0)
+        return sum(got) / (time.perf_counter() - t0), await window.result()
 
 
-async def cache_counters(url: str) -> dict[str, float]:
-    """The server's prefix-cache counters (tokens): queries and hits, summed over engines."""
+class Window:
+    """A side's steady state: the server's own count of generated tokens (`vllm:generation_tokens_total`) and
+    the requests in flight, read when event number `opens_at` and `closes_at` happen (episodes admitted, or
+    requests done). Tokens/s and mean batch between the two; None when the side never gets there (`closes_at`
+    <= `opens_at`: fewer episodes than the stream holds at once)."""
+
+    def __init__(self, url: str, meter: InFlight, opens_at: int, closes_at: int):
+        self.url, self.meter, self.opens_at, self.closes_at = url, meter, opens_at, closes_at
+        self.reads: dict[int, asyncio.Task] = {}
+
+    def at(self, event: int) -> None:
+        if self.opens_at < self.closes_at and event in (self.opens_at, self.closes_at):
+            self.meter.add(0)
+            self.reads[event] = asyncio.ensure_future(self._read(self.meter.last, self.meter.area))
+
+    async def _read(self, t: float, area: float) -> tuple[float, float, float, float]:
+        """(the read's mid time, generated tokens so far, requests-in-flight area at t, t)"""
+        tokens = (await counters(self.url, "generation_tokens"))["generation_tokens"]
+        return (t + time.perf_counter()) / 2, tokens, area, t
+
+    async def result(self) -> tuple[float, float] | None:
+        """(generated tokens/s, mean requests in flight) over the window."""
+        if len(self.reads) < 2:
+            return None
+        (t0, n0, a0, ta0), (t1, n1, a1, ta1) = await self.reads[self.opens_at], await self.reads[self.closes_at]
+        return (n1 - n0) / (t1 - t0), (a1 - a0) / (ta1 - ta0)
+
+
+async def counters(url: str, *names: str) -> dict[str, float]:
+    """The server's counters `vllm:<name>_total` (tokens), summed over engines."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         async with http.get(url + "/metrics") as r:
             text = await r.text()
     out = {}
-    for name in ("queries", "hits"):
-        values = re.findall(rf"^vllm:prefix_cache_{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    for name in names:
+        values = re.findall(rf"^vllm:{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
         out[name] = sum(float(v) for v in values)
     return out
 
 
 async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: int):
     """One rollout side and its raw generation, with the prefix cache's share of the prompt tokens."""
-    before = await cache_counters(url)
-    budgets, prompts, dt, meter = await runner_side(sampler, renderer, args, episodes)
-    after = await cache_counters(url)
+    cache = ("prefix_cache_queries", "prefix_cache_hits")
+    before = await counters(url, *cache)
+    budgets, prompts, dt, meter, steady = await runner_side(sampler, renderer, args, episodes, url)
+    after = await counters(url, *cache)
     figures[f"rollout_{side}"].append(sum(budgets) / dt)
     raw_meter = InFlight()
-    figures[f"raw_{side}"].append(await raw_side(url, sampler.model, prompts, budgets, raw_meter))
+    raw, raw_steady = await raw_side(url, sampler.model, prompts, budgets, raw_meter, args.server_seqs)
+    figures[f"raw_{side}"].append(raw)
     figures[f"batch_rollout_{side}"].append(meter.mean)
     figures[f"batch_raw_{side}"].append(raw_meter.mean)
-    queries, hits = after["queries"] - before["queries"], after["hits"] - before["hits"]
+    if steady and raw_steady:
+        figures[f"steady_rollout_{side}"].append(steady[0])
+        figures[f"steady_raw_{side}"].append(raw_steady[0])
+        figures[f"steady_batch_rollout_{side}"].append(steady[1])
+        figures[f"steady_batch_raw_{side}"].append(raw_steady[1])
+    queries, hits = (after[k] - before[k] for k in cache)
     figures[f"cache_hit_{side}"].append(hits / queries if queries else float("nan"))
     figures[f"prefill_{side}"].append((queries - hits) / meter.requests)
     return prompts, budgets
@@ -198,12 +260,16 @@ async def one_rep(url, renderer, args, policy, base, figures, tmp: Path, rep: in
         await rollouts(sampler, renderer, args, url, figures, "adapter", episodes)
         await adapter.retire_all()
         await FullWeightSync(tmp / f"b{rep}", sampler, keep=1).push(base, 1)  # the base weights back
-        figures["raw_base"].append(await raw_side(url, "base", prompts, budgets))
+        figures["raw_base"].append((await raw_side(url, "base", prompts, budgets))[0])
         merged.close()
 
 
 def median(xs):
-    return round(statistics.median(xs), 3)
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
 
 
 def main() -> None:
@@ -244,7 +310,9 @@ def main() -> None:
     figures: dict[str, list[float]] = {k: [] for k in (
         "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base",
         "cache_hit_merged", "cache_hit_adapter", "prefill_merged", "prefill_adapter",
-        "batch_rollout_merged", "batch_raw_merged", "batch_rollout_adapter", "batch_raw_adapter")}
+        "batch_rollout_merged", "batch_raw_merged", "batch_rollout_adapter", "batch_raw_adapter",
+        *(f"steady_{k}_{side}" for k in ("rollout", "raw", "batch_rollout", "batch_raw")
+          for side in ("merged", "adapter")))}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
             for rep in range(args.reps + 1):  # rep 0 warms up (compilation, first loads): not counted
@@ -273,9 +341,17 @@ def report(args, figures) -> None:
         "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
         "rollout_mean_batch": m["batch_rollout_merged"], "raw_mean_batch": m["batch_raw_merged"],
         "rollout_mean_batch_adapter": m["batch_rollout_adapter"], "raw_mean_batch_adapter": m["batch_raw_adapter"],
+        "steady_rollout_efficiency": ratio(m["steady_rollout_merged"], m["steady_raw_merged"]),
+        "steady_rollout_efficiency_adapter": ratio(m["steady_rollout_adapter"], m["steady_raw_adapter"]),
+        "steady_rollout_mean_batch": m["steady_batch_rollout_merged"],
+        "steady_raw_mean_batch": m["steady_batch_raw_merged"],
+        **{f"{k}_tok_s": m[k] for k in ("steady_rollout_merged", "steady_raw_merged", "steady_rollout_adapter",
+                                        "steady_raw_adapter")},
+        "reps_steady_rollout_efficiency": [ratio(a, b) for a, b in zip(figures["steady_rollout_merged"],
+                                                                       figures["steady_raw_merged"])],
         **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
         "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items()
-                       if not k.startswith(("cache", "prefill", "batch"))},
+                       if not k.startswith(("cache", "prefill", "batch", "steady"))},
         "reps_rollout_efficiency": [round(a / b, 3) for a, b in zip(figures["rollout_merged"], figures["raw_merged"])],
     }))
 
