@@ -332,11 +332,11 @@ def report(args, figures) -> None:
         "block_size": args.block_size or "server default",
         "episodes": args.episodes, "in_flight": args.in_flight, "server_seqs": args.server_seqs or "server default",
         "turns": args.turns, "tool_ms": args.tool_ms, "reps": args.reps,
-        "trained_vs_base": round(m["raw_merged"] / m["raw_base"], 3),
-        "adapter_vs_base": round(m["raw_adapter"] / m["raw_base"], 3),
-        "rollout_efficiency": round(m["rollout_merged"] / m["raw_merged"], 3),
-        "rollout_efficiency_adapter": round(m["rollout_adapter"] / m["raw_adapter"], 3),
-        "merged_vs_adapter_rollouts": round(m["rollout_merged"] / m["rollout_adapter"], 3),
+        "trained_vs_base": ratio(m["raw_merged"], m["raw_base"]),
+        "adapter_vs_base": ratio(m["raw_adapter"], m["raw_base"]),
+        "rollout_efficiency": ratio(m["rollout_merged"], m["raw_merged"]),
+        "rollout_efficiency_adapter": ratio(m["rollout_adapter"], m["raw_adapter"]),
+        "merged_vs_adapter_rollouts": ratio(m["rollout_merged"], m["rollout_adapter"]),
         "prefix_cache_hit_rate": m["cache_hit_merged"], "prefix_cache_hit_rate_adapter": m["cache_hit_adapter"],
         "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
         "rollout_mean_batch": m["batch_rollout_merged"], "raw_mean_batch": m["batch_raw_merged"],
@@ -352,7 +352,7 @@ def report(args, figures) -> None:
         **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
         "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items()
                        if not k.startswith(("cache", "prefill", "batch", "steady"))},
-        "reps_rollout_efficiency": [round(a / b, 3) for a, b in zip(figures["rollout_merged"], figures["raw_merged"])],
+        "reps_rollout_efficiency": [ratio(a, b) for a, b in zip(figures["rollout_merged"], figures["raw_merged"])],
     }))
 
 

@@ -46,6 +46,8 @@ from recipe_steps import (
     step,
 )
 
+from agent_rl.runs.runlog import read_metrics
+
 CONFIG = str(Path(__file__).with_name("coding_recipe.yaml"))
 SCRIPT = "examples/coding_recipe.py"
 MODEL = "qwen2.5-coder-0.5b"
@@ -68,6 +70,36 @@ def figures(result: dict) -> dict[str, float | None]:
             "compiled": result.get("reward/compiled"), "truncation_rate": result["truncation_rate"]}
 
 
+def inline_asserts(run_dir: Path) -> dict:
+    """The traced submissions (`run.trace_groups`) that carry the visible tests as `assert` statements, which
+    fail as a wrong program loads: their share per step, and how often a submission loaded with and without."""
+    from agent_rl.runs.traces import TraceError, read_traces
+
+    try:
+        traced = read_traces(run_dir)
+    except TraceError:  # run.trace_groups: 0
+        return {}
+    per_step, loaded = [], {True: [], False: []}
+    for step_records in (traced[s] for s in sorted(traced)):
+        subs = [("assert " in (t["messages"][-1].get("content") or ""), t["reward_parts"].get("compiled", 0.0))
+                for t in step_records if t["reward_parts"].get("submitted")]
+        per_step.append(mean([float(a) for a, _ in subs]))
+        for has, compiled in subs:
+            loaded[has].append(compiled)
+    return {"share_per_step": per_step, "submissions": len(loaded[True]) + len(loaded[False]),
+            "loaded_with": mean(loaded[True]), "loaded_without": mean(loaded[False])}
+
+
+def rates(run_dir: Path) -> dict[str, float | None]:
+    """Tokens per second over the run: trained per second of the update, sampled per second of rollout wait."""
+    steps = read_metrics(run_dir)
+    train_s, wait_s = sum(r.get("time/train_s", 0.0) for r in steps), sum(r.get("time/wait_s", 0.0) for r in steps)
+    trained = sum(r.get("train_tokens", 0.0) for r in steps)
+    sampled = sum(r.get("rollouts", 0.0) * r.get("sampled_tokens_mean", 0.0) for r in steps)
+    return {"trainer_tok_s": trained / train_s if train_s else None,
+            "sampled_tok_per_wait_s": sampled / wait_s if wait_s else None}
+
+
 def diagnostics(run_dir: Path) -> dict:
     """Why a run did or did not learn, from its training curves."""
     curves = {name: per_step(run_dir, key) for name, key in
@@ -76,7 +108,8 @@ def diagnostics(run_dir: Path) -> dict:
                ("zero_variance_group_share", "zero_variance_group_share"),
                ("truncation_rate", "truncation_rate"), ("entropy", "entropy"), ("step_s", "time/step_s"),
                ("rollout_wait_s", "time/wait_s"), ("train_s", "time/train_s"), ("sync_s", "time/sync_s"))}
-    return {"per_step": curves, **{f"{k}_mean": mean(v) for k, v in curves.items()},
+    return {"per_step": curves, **{f"{k}_mean": mean(v) for k, v in curves.items()}, **rates(run_dir),
+            "inline_asserts": inline_asserts(run_dir),
             "tool_collapse_alarm_steps": alarm_steps(run_dir, "alarm/tool_collapse"),
             "entropy_collapse_alarm_steps": alarm_steps(run_dir, "alarm/entropy_collapse")}
 

@@ -141,7 +141,19 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
         runs[seed].mkdir()
         (runs[seed] / "metrics.jsonl").write_text("".join(
             json.dumps({"step": i + 1, "reward/solved": s, "reward/ran_tests": s / 2, "tool_use_rate": s,
-                        "time/step_s": 300.0, "time/wait_s": 100.0}) + "\n" for i, s in enumerate(solved)))
+                        "time/step_s": 300.0, "time/wait_s": 100.0, "time/train_s": 50.0, "train_tokens": 1000.0,
+                        "rollouts": 16.0, "sampled_tokens_mean": 250.0}) + "\n" for i, s in enumerate(solved)))
+    # seed 0's traced submissions: step 1 one with inline asserts that did not load, one without that did;
+    # step 2 one with asserts that loaded, and an episode that submitted nothing (not counted)
+    episodes = {1: [("x = 1\nassert f(1) == 2", 1.0, 0.0), ("def f(x): return 2", 1.0, 1.0)],
+                2: [("assert f(1) == 2", 1.0, 1.0), ("no code", 0.0, 0.0)]}
+    traces = runs[0] / "traces"
+    traces.mkdir()
+    for step, records in episodes.items():
+        (traces / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}],
+             "reward_parts": {"submitted": submitted, "compiled": compiled}}) + "\n"
+            for text, submitted, compiled in records))
     merged = {s: str(d / "merged") for s, d in runs.items()}  # how the recipe evaluates each run's policy
     report = {"results": {"base": result(0.25, 0.0), merged[0]: result(0.5, 0.75), merged[1]: result(0.375, 0.25)}}
     out = recipe.summarise(report, merged, {"eval": 60.0})
@@ -153,6 +165,11 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
     assert out["diagnostics"][0]["per_step"]["tool_use_rate"] == [0.125, 0.25]
     assert out["diagnostics"][0]["per_step"]["any_tool_call_rate"] == [0.25, 0.5]
     assert out["diagnostics"][1]["rollout_wait_s_mean"] == 100.0
+    # 2,000 tokens trained in 100 s of update; 2 x 16 x 250 sampled in 200 s of waiting for rollouts
+    assert out["diagnostics"][0]["trainer_tok_s"] == 20.0 and out["diagnostics"][0]["sampled_tok_per_wait_s"] == 40.0
+    assert out["diagnostics"][0]["inline_asserts"] == {"share_per_step": [0.5, 1.0], "submissions": 3,
+                                                       "loaded_with": 0.5, "loaded_without": 1.0}
+    assert out["diagnostics"][1]["inline_asserts"] == {}  # no traces
     assert out["before"]["pass@2"] == 0.375 and out["wall_s"] == {"eval": 60.0}
     assert out["diagnostics"][0]["per_step"]["solved"] == [0.25, 0.5] and out["diagnostics"][1]["solved_mean"] == 0.1875
     assert out["diagnostics"][0]["step_s_mean"] == 300.0 and out["diagnostics"][0]["entropy_mean"] is None
