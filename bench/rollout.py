@@ -37,6 +37,17 @@ queue empties (`--server-seqs` requests left). The windows leave out both sides'
 beyond its sampled tokens (each turn's new prompt tokens prefilled, the gap between turns) while the batch
 is full on both sides; `steady_*_mean_batch` says whether it was.
 
+Where the rest goes (`replay_*`, a diagnosis beside the target): the rollouts' own requests replayed by a client
+with no runner and no tools: every episode at once (as the raw side), each a lane sending its turns one after the
+other with no wait between them: turn t's prompt is the last prompt, the ids the server just generated for it
+(exactly as many as the rollout sampled, ignore_eos + min_tokens) and the same context ids the rollout added after
+that turn (the tool's reply and the template's scaffolding). So the replay makes the server do the rollouts' work,
+request for request and prefill for prefill (`replay_prefill_tokens_per_turn` says it did), and nothing else.
+`stream_efficiency` (rollout / replay) is what the runner and the stream lose to tool waits, their own CPU and
+their tail; `turn_efficiency` (replay / raw) is what the server pays for serving the same tokens as turns (each
+turn's new prompt tokens prefilled, a request per turn), which no client can save. rollout_efficiency is their
+product.
+
 Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
 but the new tokens. The server's own counters (`vllm:prefix_cache_queries` / `_hits`, in tokens) are
 read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
@@ -47,7 +58,8 @@ tokens served from the cache, `prefill_tokens_per_turn` what was computed per re
 
 Prints one JSON line: trained_vs_base (raw_merged / raw_base, target >= 0.9), adapter_vs_base,
 rollout_efficiency (rollout_merged / raw_merged, target >= 0.95), rollout_efficiency_adapter,
-steady_rollout_efficiency (the same over the steady windows), steady_rollout_efficiency_adapter, ...
+steady_rollout_efficiency (the same over the steady windows), steady_rollout_efficiency_adapter,
+stream_efficiency (rollout_merged / replay_merged), turn_efficiency (replay_merged / raw_merged), ...
 """
 
 from __future__ import annotations
@@ -155,7 +167,16 @@ async def runner_side(sampler, renderer, args, episodes: int, url: str):
     if errors:
         raise SystemExit(f"error: rollout failed: {errors[0]}")
     return [t.num_sampled for t in trajs], [list(t.token_ids[: t.prompt_len]) for t in trajs], dt, meter, \
-        await window.result()
+        await window.result(), [turn_plan(t) for t in trajs]
+
+
+def turn_plan(traj) -> list[tuple[int, list[int]]]:
+    """An episode's turns as (tokens sampled, the context ids added after it), in order."""
+    if traj.segments:
+        raise SystemExit("error: a rollout restarted its context; the replay assumes one segment")
+    turns, ids = traj.turns, traj.token_ids
+    return [(t.end - t.start, list(ids[t.end: turns[k + 1].start] if k + 1 < len(turns) else ()))
+            for k, t in enumerate(turns)]
 
 
 async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, server_seqs: int = 0):
@@ -184,6 +205,32 @@ async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, 
         t0 = time.perf_counter()
         got = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, budgets)))
         return sum(got) / (time.perf_counter() - t0), await window.result()
+
+
+async def replay_side(url, model, prompts, plans) -> tuple[float, int]:
+    """The rollouts' requests with no runner and no tools (module doc): every episode at once, each sending its
+    turns back to back, turn t's prompt grown by the ids just generated and the context the rollout added after
+    turn t. Sampled tokens/s, and the requests sent."""
+    timeout = aiohttp.ClientTimeout(total=1200)
+    sent = 0
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def lane(prompt, plan):
+            nonlocal sent
+            made = 0
+            for n, context in plan:
+                body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+                        "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
+                sent += 1
+                async with http.post(url + "/v1/completions", json=body) as r:
+                    r.raise_for_status()
+                    got = (await r.json())["choices"][0]["token_ids"]
+                made += len(got)
+                prompt = [*prompt, *got, *context]
+            return made
+
+        t0 = time.perf_counter()
+        made = await asyncio.gather(*(lane(p, plan) for p, plan in zip(prompts, plans)))
+        return sum(made) / (time.perf_counter() - t0), sent
 
 
 class Window:
@@ -230,7 +277,7 @@ async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: i
     """One rollout side and its raw generation, with the prefix cache's share of the prompt tokens."""
     cache = ("prefix_cache_queries", "prefix_cache_hits")
     before = await counters(url, *cache)
-    budgets, prompts, dt, meter, steady = await runner_side(sampler, renderer, args, episodes, url)
+    budgets, prompts, dt, meter, steady, plans = await runner_side(sampler, renderer, args, episodes, url)
     after = await counters(url, *cache)
     figures[f"rollout_{side}"].append(sum(budgets) / dt)
     raw_meter = InFlight()
@@ -246,6 +293,13 @@ async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: i
     queries, hits = (after[k] - before[k] for k in cache)
     figures[f"cache_hit_{side}"].append(hits / queries if queries else float("nan"))
     figures[f"prefill_{side}"].append((queries - hits) / meter.requests)
+    if side == "merged":  # where the rest goes (module doc); the adapter's sides say the same at ~2.5x the time
+        before = await counters(url, *cache)
+        replay, sent = await replay_side(url, sampler.model, prompts, plans)
+        after = await counters(url, *cache)
+        figures["replay_merged"].append(replay)
+        figures["prefill_replay"].append((after[cache[0]] - before[cache[0]] - after[cache[1]] + before[cache[1]])
+                                         / sent)
     return prompts, budgets
 
 
@@ -308,7 +362,7 @@ def main() -> None:
                             block_size=args.block_size, extra_args=seqs).start()
         url = server.url
     figures: dict[str, list[float]] = {k: [] for k in (
-        "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base",
+        "rollout_merged", "raw_merged", "rollout_adapter", "raw_adapter", "raw_base", "replay_merged", "prefill_replay",
         "cache_hit_merged", "cache_hit_adapter", "prefill_merged", "prefill_adapter",
         "batch_rollout_merged", "batch_raw_merged", "batch_rollout_adapter", "batch_raw_adapter",
         *(f"steady_{k}_{side}" for k in ("rollout", "raw", "batch_rollout", "batch_raw")
@@ -341,6 +395,11 @@ def report(args, figures) -> None:
         "prefill_tokens_per_turn": m["prefill_merged"], "prefill_tokens_per_turn_adapter": m["prefill_adapter"],
         "rollout_mean_batch": m["batch_rollout_merged"], "raw_mean_batch": m["batch_raw_merged"],
         "rollout_mean_batch_adapter": m["batch_rollout_adapter"], "raw_mean_batch_adapter": m["batch_raw_adapter"],
+        "stream_efficiency": ratio(m["rollout_merged"], m["replay_merged"]),
+        "turn_efficiency": ratio(m["replay_merged"], m["raw_merged"]),
+        "replay_prefill_tokens_per_turn": m["prefill_replay"],
+        "reps_stream_efficiency": [ratio(a, b) for a, b in zip(figures["rollout_merged"], figures["replay_merged"])],
+        "reps_turn_efficiency": [ratio(a, b) for a, b in zip(figures["replay_merged"], figures["raw_merged"])],
         "steady_rollout_efficiency": ratio(m["steady_rollout_merged"], m["steady_raw_merged"]),
         "steady_rollout_efficiency_adapter": ratio(m["steady_rollout_adapter"], m["steady_raw_adapter"]),
         "steady_rollout_mean_batch": m["steady_batch_rollout_merged"],
@@ -349,7 +408,8 @@ def report(args, figures) -> None:
                                         "steady_raw_adapter")},
         "reps_steady_rollout_efficiency": [ratio(a, b) for a, b in zip(figures["steady_rollout_merged"],
                                                                        figures["steady_raw_merged"])],
-        **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter")},
+        **{f"{k}_tok_s": m[k] for k in ("raw_base", "raw_merged", "raw_adapter", "rollout_merged", "rollout_adapter",
+                                        "replay_merged")},
         "reps_tok_s": {k: [round(x, 1) for x in v] for k, v in figures.items()
                        if not k.startswith(("cache", "prefill", "batch", "steady"))},
         "reps_rollout_efficiency": [ratio(a, b) for a, b in zip(figures["rollout_merged"], figures["raw_merged"])],
