@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -89,6 +88,7 @@ from agent_rl.rollout.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.weight_sync.merged import MergedSync
+from bench.rollout_meters import Counted, InFlight, Window, counters
 
 
 class SlowToolEnv(Env):
@@ -108,38 +108,6 @@ class SlowToolEnv(Env):
 
     async def reward(self, messages):
         return 0.0
-
-
-class InFlight:
-    """Requests in flight over time: `mean` is their average number since `start`."""
-
-    def __init__(self):
-        self.start = self.last = time.perf_counter()
-        self.n, self.area, self.requests = 0, 0.0, 0
-
-    def add(self, d: int) -> None:
-        now = time.perf_counter()
-        self.area += self.n * (now - self.last)
-        self.n, self.last, self.requests = self.n + d, now, self.requests + (d > 0)
-
-    @property
-    def mean(self) -> float:
-        self.add(0)
-        return self.area / max(self.last - self.start, 1e-9)
-
-
-class Counted:
-    """A sampler whose requests in flight an `InFlight` counts."""
-
-    def __init__(self, inner, meter: InFlight):
-        self.inner, self.meter, self.policy_version = inner, meter, inner.policy_version
-
-    async def sample(self, prompt_ids, params, messages=()):
-        self.meter.add(1)
-        try:
-            return await self.inner.sample(prompt_ids, params, messages)
-        finally:
-            self.meter.add(-1)
 
 
 async def runner_side(sampler, renderer, args, episodes: int, url: str):
@@ -231,46 +199,6 @@ async def replay_side(url, model, prompts, plans) -> tuple[float, int]:
         t0 = time.perf_counter()
         made = await asyncio.gather(*(lane(p, plan) for p, plan in zip(prompts, plans)))
         return sum(made) / (time.perf_counter() - t0), sent
-
-
-class Window:
-    """A side's steady state: the server's own count of generated tokens (`vllm:generation_tokens_total`) and
-    the requests in flight, read when event number `opens_at` and `closes_at` happen (episodes admitted, or
-    requests done). Tokens/s and mean batch between the two; None when the side never gets there (`closes_at`
-    <= `opens_at`: fewer episodes than the stream holds at once)."""
-
-    def __init__(self, url: str, meter: InFlight, opens_at: int, closes_at: int):
-        self.url, self.meter, self.opens_at, self.closes_at = url, meter, opens_at, closes_at
-        self.reads: dict[int, asyncio.Task] = {}
-
-    def at(self, event: int) -> None:
-        if self.opens_at < self.closes_at and event in (self.opens_at, self.closes_at):
-            self.meter.add(0)
-            self.reads[event] = asyncio.ensure_future(self._read(self.meter.last, self.meter.area))
-
-    async def _read(self, t: float, area: float) -> tuple[float, float, float, float]:
-        """(the read's mid time, generated tokens so far, requests-in-flight area at t, t)"""
-        tokens = (await counters(self.url, "generation_tokens"))["generation_tokens"]
-        return (t + time.perf_counter()) / 2, tokens, area, t
-
-    async def result(self) -> tuple[float, float] | None:
-        """(generated tokens/s, mean requests in flight) over the window."""
-        if len(self.reads) < 2:
-            return None
-        (t0, n0, a0, ta0), (t1, n1, a1, ta1) = await self.reads[self.opens_at], await self.reads[self.closes_at]
-        return (n1 - n0) / (t1 - t0), (a1 - a0) / (ta1 - ta0)
-
-
-async def counters(url: str, *names: str) -> dict[str, float]:
-    """The server's counters `vllm:<name>_total` (tokens), summed over engines."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        async with http.get(url + "/metrics") as r:
-            text = await r.text()
-    out = {}
-    for name in names:
-        values = re.findall(rf"^vllm:{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        out[name] = sum(float(v) for v in values)
-    return out
 
 
 async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: int):
