@@ -15,7 +15,9 @@ socket I/O. Making the replies is the servers' work: their endings are encoded o
 Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
 no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
 window after a warm-up. Target: >= 0.95 and an event-loop lag under 50 ms at 4,096 concurrent
-episodes. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
+episodes. CPU per turn: `cpu_ms_per_turn` is the runner process's, the simulation's work included;
+`own_cpu_ms_per_turn` subtracts the ideal client's (which pays the same simulation and nothing else): the
+runner's own. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
 client with no think time at all keeps landing on the server it just left (the slot it freed is
 the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
 would then measure that, not the runner. `--routing least` shows what the rule costs.
@@ -269,6 +271,8 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "share_of_peak": r(runner["tok_s"] / (servers * gpu.peak_tok_s)), "turns_s": round(runner["turns_s"], 1),
             "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
             "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
+            # the runner's own: the ideal client pays the simulation's work (its servers, timers, routing) too
+            "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - ideal["cpu_ms_per_turn"]),
             "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
             "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"]),
             "gc_in_window_ms": r(runner["gc_in_window_ms"]), "gc_after_ms": r(runner["gc_after_ms"])}
