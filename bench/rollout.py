@@ -147,24 +147,33 @@ def turn_plan(traj) -> list[tuple[int, list[int]]]:
             for k, t in enumerate(turns)]
 
 
+def raw_session() -> aiohttp.ClientSession:
+    """The raw and replay sides' HTTP session: every request at once, the server's queue holds the rest."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1200), connector=aiohttp.TCPConnector(limit=0))
+
+
+async def exactly(http: aiohttp.ClientSession, url: str, model: str, prompt: list[int], n: int) -> list[int]:
+    """The ids of one request for exactly `n` tokens after `prompt` (ignore_eos + min_tokens)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+            "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
+    async with http.post(url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        return (await r.json())["choices"][0]["token_ids"]
+
+
 async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, server_seqs: int = 0):
     """Tokens per second of one request per episode, all at once, each asking for its exact budget (the server
     runs `--server-seqs` of them at a time, the rest wait in its queue); and the steady window (`Window`: from
     the first request done to the moment the queue empties, `server_seqs` requests left)."""
-    timeout = aiohttp.ClientTimeout(total=1200)
     meter = meter or InFlight()
     window = Window(url, meter, opens_at=1, closes_at=len(prompts) - server_seqs if server_seqs else 0)
     done = 0
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with raw_session() as http:
         async def one(prompt, n):
             nonlocal done
-            body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
-                    "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
             meter.add(1)
             try:
-                async with http.post(url + "/v1/completions", json=body) as r:
-                    r.raise_for_status()
-                    return len((await r.json())["choices"][0]["token_ids"])
+                return len(await exactly(http, url, model, prompt, n))
             finally:
                 meter.add(-1)
                 done += 1
@@ -179,26 +188,18 @@ async def replay_side(url, model, prompts, plans) -> tuple[float, int]:
     """The rollouts' requests with no runner and no tools (module doc): every episode at once, each sending its
     turns back to back, turn t's prompt grown by the ids just generated and the context the rollout added after
     turn t. Sampled tokens/s, and the requests sent."""
-    timeout = aiohttp.ClientTimeout(total=1200)
-    sent = 0
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with raw_session() as http:
         async def lane(prompt, plan):
-            nonlocal sent
             made = 0
             for n, context in plan:
-                body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
-                        "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
-                sent += 1
-                async with http.post(url + "/v1/completions", json=body) as r:
-                    r.raise_for_status()
-                    got = (await r.json())["choices"][0]["token_ids"]
+                got = await exactly(http, url, model, prompt, n)
                 made += len(got)
                 prompt = [*prompt, *got, *context]
             return made
 
         t0 = time.perf_counter()
         made = await asyncio.gather(*(lane(p, plan) for p, plan in zip(prompts, plans)))
-        return sum(made) / (time.perf_counter() - t0), sent
+        return sum(made) / (time.perf_counter() - t0), sum(map(len, plans))
 
 
 async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: int):
@@ -225,9 +226,9 @@ async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: i
         before = await counters(url, *cache)
         replay, sent = await replay_side(url, sampler.model, prompts, plans)
         after = await counters(url, *cache)
+        queries, hits = (after[k] - before[k] for k in cache)
         figures["replay_merged"].append(replay)
-        figures["prefill_replay"].append((after[cache[0]] - before[cache[0]] - after[cache[1]] + before[cache[1]])
-                                         / sent)
+        figures["prefill_replay"].append((queries - hits) / sent)
     return prompts, budgets
 
 
