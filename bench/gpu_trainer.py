@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import copy
 import json
-import math
 import shutil
 import statistics
 import sys
@@ -64,7 +63,7 @@ class HFSampler:
         self.lock = threading.Lock()  # held while generating and while `CopySync` replaces the adapter
         self.pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
         self.worker: asyncio.Task[None] | None = None
-        self.generate_s = 0.0
+        self.generate_s, self.batches = 0.0, 0
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
@@ -81,7 +80,7 @@ class HFSampler:
             try:
                 t0 = time.perf_counter()
                 out = await asyncio.to_thread(self._generate, [(p, s) for p, s, _ in batch])
-                self.generate_s += time.perf_counter() - t0
+                self.generate_s, self.batches = self.generate_s + time.perf_counter() - t0, self.batches + 1
             except Exception as e:  # every waiter hears it
                 for _, _, f in batch:
                     if not f.done():
@@ -159,23 +158,41 @@ def random_model(source: Path, dest: Path, stop_id: int, dtype: torch.dtype) -> 
             shutil.copy(f, dest / f.name)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(source)), dtype=torch.float32)
-    ends_turns(model, stop_id)
+    print(f"{source.name}: the stop token's mean probability {ends_turns(model, stop_id):.3f}", file=sys.stderr)
     model.to(dtype).save_pretrained(str(dest), safe_serialization=True)
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
 @torch.no_grad()
-def ends_turns(model: Any, stop_id: int, p_stop: float = 0.08) -> None:
+def ends_turns(model: Any, stop_id: int, p_stop: float = 0.08, lift: float = 0.1) -> float:
     """A random model almost never samples its stop token (1 in the vocabulary), so every reply would be cut at
-    the limit and masked out of the loss. One embedding coordinate made constant for every token dominates
-    the last hidden state's same coordinate (`h_k`, the same sign at every position); the stop token's output
-    row then gets log(p_stop x vocabulary) / h_k more there: about `p_stop` a token, replies of ~1 / p_stop
-    tokens whose lengths, and so the toy env's rewards, differ. Still the model's own architecture."""
+    the limit and masked out of the loss. One embedding coordinate set to `lift` for every token (5x the
+    init's spread) keeps one sign in the hidden state the output layer reads, coordinate 0 (`h_0`); the
+    stop token's output row gets `b` more there, `b` found by bisection so that the stop token's mean
+    probability over a random probe is `p_stop`: replies of ~1 / p_stop tokens, whose lengths, and so the
+    toy env's rewards, differ. The architecture stays the model's own. Returns that mean probability."""
     emb, out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    emb[:, 0] = 1.0
-    probe = torch.randint(0, emb.shape[0], (1, 64))
-    h_k = model(probe, output_hidden_states=True).hidden_states[-1][0, :, 0].mean().item()
-    out[stop_id, 0] += math.log(p_stop * out.shape[0]) / h_k
+    emb[:, 0] = lift
+    seen: list[torch.Tensor] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda mod, args, res: seen.append(args[0]))
+    try:
+        logits = model(torch.randint(0, emb.shape[0], (4, 64))).logits.float()
+    finally:
+        hook.remove()
+    h_0 = seen[0][..., 0].float()
+
+    def p_at(b: float) -> float:
+        lifted = logits.clone()
+        lifted[..., stop_id] += b * h_0
+        return lifted.softmax(-1)[..., stop_id].mean().item()
+
+    lo, hi = 0.0, 1.0
+    while p_at(hi) < p_stop and hi < 1e4:
+        hi *= 2
+    for _ in range(40):
+        lo, hi = ((lo + hi) / 2, hi) if p_at((lo + hi) / 2) < p_stop else (lo, (lo + hi) / 2)
+    out[stop_id, 0] += hi
+    return p_at(hi)
 
 
 def bf16_gap(model_dir: Path, renderer: Renderer, device: torch.device) -> tuple[float, float]:
@@ -211,7 +228,7 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
     cfg = load_config(None, [f"model.name={model_dir}", "model.sync=adapter", f"model.device={device}",
                              "rollout.env=toy", "rollout.tasks_per_step=16", "rollout.group_size=8",
                              "rollout.max_turns=1", "rollout.max_tokens_per_turn=48", "rollout.max_total_tokens=256",
-                             "optim.lr=1e-4", f"run.steps={steps}", f"run.save_every={steps}", f"run.run_dir={run_dir}",
+                             "optim.lr=2e-5", f"run.steps={steps}", f"run.save_every={steps}", f"run.run_dir={run_dir}",
                              "run.tensorboard=false", "run.trace_groups=0"])
     run = trainer.prepare(cfg)
     sampler = HFSampler(copy.deepcopy(run.policy.model), run.session.renderer)
