@@ -9,14 +9,16 @@ max 0.05, mean 0.005 nats). Prints the figures, `PASS` or `FAIL: <why>`, and one
     make gpu-check            (BUILD=gpu installs the CUDA build of vLLM)
     python bench/gpu_check.py [--allow-cpu]   # --allow-cpu: the same path on the CPU, in float32
 
-Nothing of this has run on a GPU yet in this project (no accelerator was lent to it): if it fails,
-the JSON line and the server log named in it are what a bug report needs.
+Nothing of this has run on a GPU yet in this project (the one GPU lent to it had no vLLM: bench/gpu_trainer.py
+ran there instead, docs/distributed.md#what-has-run-on-a-gpu): if it fails, the JSON line and the server log named
+in it are what a bug report needs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import sys
 import tempfile
@@ -91,6 +93,11 @@ def main() -> int:
     if not torch.cuda.is_available() and not args.allow_cpu:
         print("FAIL: torch sees no CUDA device (torch.cuda.is_available() is False)")
         print(json.dumps({"bench": "gpu_check", "pass": False, "why": "no CUDA device"}))
+        return 1
+    if importlib.util.find_spec("vllm") is None:
+        print("FAIL: vLLM is not installed in this Python (`make gpu-check BUILD=gpu` installs it); where it cannot "
+              "be, `python bench/gpu_trainer.py --model DIR` runs the trainer's half of this check without it")
+        print(json.dumps({"bench": "gpu_check", "pass": False, "why": "vllm not installed"}))
         return 1
     try:
         figures = check(args)

@@ -1,7 +1,8 @@
 """bench/gpu_trainer.py's stand-ins for what a lent GPU lacks, checked on the CPU: the in-process sampler batches
 requests that arrive together and reports each sampled token's log-prob as the trainer computes it; a random
 model is made to end its turns at the share asked; the weight sync copies the trainer's adapter into the
-sampler's copy and tags what follows with the new version."""
+sampler's copy and tags what follows with the new version. And bench/gpu_check.py, where its machine lacks what it
+needs, says which in one line."""
 
 from __future__ import annotations
 
@@ -69,3 +70,21 @@ async def test_a_push_copies_the_adapter_into_the_sampler_and_tags_what_follows(
     assert all(torch.equal(p, theirs[n]) for n, p in policy.named_parameters() if "lora_" in n)
     c = await sampler.sample(renderer.render([]) + renderer.encode("Hi"), SamplingParams(max_tokens=3))
     assert c.policy_version == 3 and set(c.versions) == {3}
+
+
+def test_gpu_check_says_in_one_line_what_is_missing(monkeypatch, capsys):
+    import importlib.util
+
+    from bench import gpu_check
+
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["gpu_check.py"])
+    assert gpu_check.main() == 1
+    assert capsys.readouterr().out.splitlines()[0] == \
+        "FAIL: torch sees no CUDA device (torch.cuda.is_available() is False)"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--allow-cpu"])
+    assert gpu_check.main() == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("FAIL: vLLM is not installed") and "bench/gpu_trainer.py" in first
