@@ -30,6 +30,7 @@ cancelled; in training once per step, when no episode of the step is left in fli
     python bench/runner_scale.py [--servers 8 64] [--concurrency 256 1024 4096 8192] [--routing least]
     python bench/runner_scale.py --workers 1 2 4 --servers 64 128 --concurrency 8192 16384  (Ray rollout workers)
     python bench/runner_scale.py --runner-only --servers 64 --concurrency 4096 8192  (the runner's CPU per turn alone)
+    python bench/runner_scale.py ... --calculator loop  (the calculator called in the event loop, not its worker)
 (progress on stderr, one JSON line on stdout)
 """
 
@@ -54,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_rl.core.renderer import Renderer
 from agent_rl.core.renderers import load_renderer
 from agent_rl.core.types import Message, ToolCall
-from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
+from agent_rl.envs.base import ToolEnv
+from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks, calculator
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.prompt_json import PromptJSON
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
@@ -67,12 +69,30 @@ FILLER = ("Let me think about this step by step. First I read the question again
 
 @dataclass(frozen=True)
 class Workload:
-    """Episode shape: `turns` replies (all but the last call the calculator), filler tokens per reply."""
+    """Episode shape: `turns` replies (all but the last call the calculator), filler tokens per reply; where the
+    runner's calculator runs: "worker" (its own process, as shipped) or "loop" (called in the event loop, the
+    same function and schema: what a turn costs the runner without the isolated tool path)."""
 
     turns: int = 3
     min_tokens: int = 96
     max_tokens: int = 416
     group_size: int = 8
+    calculator: str = "worker"
+
+
+async def calculator_in_loop(expression: str) -> str:
+    return calculator(expression)
+
+
+calculator_in_loop.__name__, calculator_in_loop.__doc__ = calculator.__name__, calculator.__doc__
+
+
+def calculator_env(task: dict[str, Any], where: str) -> CalculatorEnv:
+    """The real environment, its calculator where `where` says (`Workload.calculator`)."""
+    env = CalculatorEnv(task)
+    if where == "loop":
+        ToolEnv.__init__(env, [calculator_in_loop])
+    return env
 
 
 class SimSampler:
@@ -171,7 +191,7 @@ async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, c
 
     def make_env(task: dict[str, Any]) -> CalculatorEnv:
         started[0] += 1
-        return CalculatorEnv(task)
+        return calculator_env(task, work.calculator)
 
     limits = EpisodeLimits(max_turns=work.turns + 1, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
     tasks = arithmetic_tasks(-(-episodes // work.group_size))
@@ -322,6 +342,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured, per side")
     ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer renders the episodes")
     ap.add_argument("--routing", choices=["sticky", "least"], default="sticky")
+    ap.add_argument("--calculator", choices=["worker", "loop"], default="worker",
+                    help="where the runner's calculator runs: its worker process (as shipped) or in the event loop")
     ap.add_argument("--workers", type=int, nargs="+", help="the runner on this many Ray rollout workers each, against "
                                                           "one shared simulation (bench/runner_workers.py)")
     ap.add_argument("--runner-only", action="store_true",
@@ -331,7 +353,7 @@ def main() -> None:
         ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = ap.parse_args()
     gpu = GpuModel(**{k: getattr(args, k) for k in asdict(GpuModel())})
-    work = Workload()
+    work = Workload(calculator=args.calculator)
     if args.workers:
         from bench.runner_workers import workers_bench
 

@@ -45,7 +45,7 @@ from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.worker import Kit, WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
-from bench.runner_scale import LagMeter, SimSampler, Workload
+from bench.runner_scale import LagMeter, SimSampler, Workload, calculator_env
 from bench.sim_servers import GpuModel, SimCluster
 
 
@@ -118,10 +118,13 @@ class SimClient:
             self.ends.popitem(last=False)
 
 
-def sim_kit(address: tuple[str, int], model: str, work: dict[str, int]) -> Kit:
-    """A worker's kit: the calculator environment, the renderer, `SimSampler` over the shared simulation."""
+def sim_kit(address: tuple[str, int], model: str, work: dict[str, Any]) -> Kit:
+    """A worker's kit: the calculator environment (its calculator where `Workload.calculator` says), the renderer,
+    `SimSampler` over the shared simulation."""
     renderer = load_renderer(resolve_model(model))
-    return Kit(CalculatorEnv, renderer, SimSampler(SimClient(address), renderer, Workload(**work), seed=os.getpid()))
+    shape = Workload(**work)
+    return Kit(functools.partial(calculator_env, where=shape.calculator), renderer,
+               SimSampler(SimClient(address), renderer, shape, seed=os.getpid()))
 
 
 class _Here:

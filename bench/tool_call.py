@@ -3,8 +3,14 @@ and through `asyncio.to_thread` (how every sync tool ran before deadlines were m
 
 Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
 {"calls": N, "thread_ms": {"p50", "p90"}, "worker_ms": {...}, "to_thread_ms": {...}, "direct_ms": {...},
+ "loop_cpu_us": {"thread", "worker", ...}, "pipe_write_cpu_us": {"wakes_reader", "no_reader"},
  "worker_over_thread_p50": r, "worker_start_s": s, "worker_rss_mib": m, "concurrent_worker_ms_per_call": c, ...}.
 The three runners alternate call by call, so machine noise falls on all of them alike.
+`loop_cpu_us`: the median CPU time of the calling thread (the event loop's) per call, which is what a call
+costs the rollout runner; the tool's own work in a worker or a thread is not in it. `pipe_write_cpu_us`: the
+writer's CPU for one 200-byte write into a pipe whose reader process sleeps in read (the write wakes it, as a
+worker call's request does) and into a pipe nobody reads: on a virtual machine the wake-up is most of what a
+worker call costs the loop.
 Usage: python bench/tool_call.py [--calls 500]
 """
 
@@ -13,6 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -29,11 +38,43 @@ def percentiles(seconds: list[float]) -> dict[str, float]:
     return {"p50": round(pick(0.5) * 1000, 4), "p90": round(pick(0.9) * 1000, 4)}
 
 
-async def timed(coro) -> float:
-    start = time.perf_counter()
+async def timed(coro, cpu: list[float]) -> float:
+    start, start_cpu = time.perf_counter(), time.thread_time()
     result = await coro
+    cpu.append(time.thread_time() - start_cpu)
     assert result.ok, result
     return time.perf_counter() - start
+
+
+def pipe_write_cpu_us(writes: int = 5000) -> dict[str, float]:
+    """The writer's CPU per write: into a pipe whose reader process sleeps in read, and into one nobody reads."""
+    read_end, write_end = os.pipe()
+    reader = subprocess.Popen([sys.executable, "-c", f"import os\nwhile os.read({read_end}, 65536): pass"],
+                              pass_fds=(read_end,))
+    os.close(read_end)
+    message, woken = b"x" * 200, []
+    try:
+        time.sleep(0.3)  # the reader is up and blocked in read
+        for _ in range(writes):
+            time.sleep(0.0002)  # the reader has read the last one and sleeps again
+            t0 = time.thread_time()
+            os.write(write_end, message)
+            woken.append(time.thread_time() - t0)
+    finally:
+        os.close(write_end)
+        reader.wait(timeout=30)
+    read_end, write_end = os.pipe()
+    quiet = []
+    try:
+        for _ in range(200):  # 40 kB: within the pipe's buffer, so no write waits
+            t0 = time.thread_time()
+            os.write(write_end, message)
+            quiet.append(time.thread_time() - t0)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    return {"wakes_reader": round(statistics.median(woken) * 1e6, 2),
+            "no_reader": round(statistics.median(quiet) * 1e6, 2)}
 
 
 async def to_thread_call(tool: Tool):
@@ -56,13 +97,15 @@ async def main(calls: int) -> dict:
     worker_start = time.perf_counter() - start
     pool = runners._POOLS[asyncio.get_running_loop()]
     times: dict[str, list[float]] = {"direct": [], "to_thread": [], "thread": [], "worker": []}
+    cpu: dict[str, list[float]] = {k: [] for k in times}
     for i in range(calls):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         calculator(**EXPRESSION)
         times["direct"].append(time.perf_counter() - t0)
-        times["to_thread"].append(await timed(to_thread_call(thread)))
-        times["thread"].append(await timed(thread.call(EXPRESSION)))
-        times["worker"].append(await timed(worker.call(EXPRESSION)))
+        cpu["direct"].append(time.thread_time() - c0)
+        times["to_thread"].append(await timed(to_thread_call(thread), cpu["to_thread"]))
+        times["thread"].append(await timed(thread.call(EXPRESSION), cpu["thread"]))
+        times["worker"].append(await timed(worker.call(EXPRESSION), cpu["worker"]))
         if i % 100 == 0:
             print(f"{i}/{calls}", file=sys.stderr)
     await asyncio.gather(*(worker.call(EXPRESSION) for _ in range(32)))  # starts the pool's other workers
@@ -71,6 +114,8 @@ async def main(calls: int) -> dict:
     concurrent = (time.perf_counter() - start) / 32
     stats = {k: percentiles(v) for k, v in times.items()}
     return {"calls": calls, **{f"{k}_ms": v for k, v in stats.items()},
+            "loop_cpu_us": {k: round(statistics.median(v) * 1e6, 2) for k, v in cpu.items()},
+            "pipe_write_cpu_us": pipe_write_cpu_us(),
             "worker_over_thread_p50": round(stats["worker"]["p50"] / stats["thread"]["p50"], 2),
             "thread_over_to_thread_p50": round(stats["thread"]["p50"] / stats["to_thread"]["p50"], 2),
             "worker_start_s": round(worker_start, 3), "pool_size": runners.POOL_SIZE,

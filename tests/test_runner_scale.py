@@ -84,3 +84,14 @@ def test_the_runner_side_alone_gives_its_cpu_per_turn_at_each_scale(renderer):
     for row in out["rows"]:
         assert row["cpu_ms_per_turn"] > 0 and row["turns_s"] > 0 and row["window_s"] >= 1.0
         assert "share" not in row  # no ideal client was run
+
+
+async def test_the_calculator_in_the_loop_is_the_same_tool_to_the_model():
+    task = arithmetic_tasks(1)[0]
+    shipped, in_loop = rs.calculator_env(task, "worker"), rs.calculator_env(task, "loop")
+    assert shipped.tools[0].isolate and in_loop.tools[0].is_async  # one in its worker process, one in the loop
+    assert in_loop.tool_schemas == shipped.tool_schemas  # the same prompt: the same tokens rendered
+    call = {"expression": "(123 + 456) * 789 / 3"}
+    got = [await env.tools[0].call(call) for env in (shipped, in_loop)]
+    assert got[0] == got[1] and got[0].ok and got[0].content == "152277"
+    assert rs.Workload().calculator == "worker"  # as shipped unless asked
