@@ -63,7 +63,7 @@ class HFSampler:
         self.lock = threading.Lock()  # held while generating and while `CopySync` replaces the adapter
         self.pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
         self.worker: asyncio.Task[None] | None = None
-        self.generate_s, self.batches = 0.0, 0
+        self.batches = 0  # generations run
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
@@ -78,9 +78,8 @@ class HFSampler:
             await asyncio.sleep(0.01)  # the other requests of the round arrive
             batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch:]
             try:
-                t0 = time.perf_counter()
+                self.batches += 1
                 out = await asyncio.to_thread(self._generate, [(p, s) for p, s, _ in batch])
-                self.generate_s, self.batches = self.generate_s + time.perf_counter() - t0, self.batches + 1
             except Exception as e:  # every waiter hears it
                 for _, _, f in batch:
                     if not f.done():
@@ -237,7 +236,7 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
     with RunLogger(run_dir, steps, tensorboard=False, progress=False) as log:
         await trainer.loop(run, sampler, sync, log, trainer.Stages())
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return lines, any((run_dir / "checkpoints").glob("*")) if (run_dir / "checkpoints").exists() else False
+    return lines, any((run_dir / "checkpoints").glob("*"))  # a folder that is not there globs to nothing
 
 
 def measure(source: Path, steps: int, device: torch.device, work: Path) -> dict[str, Any]:

@@ -9,8 +9,7 @@ The three runners alternate call by call, so machine noise falls on all of them 
 `loop_cpu_us`: the median CPU time of the calling thread (the event loop's) per call, which is what a call
 costs the rollout runner; the tool's own work in a worker or a thread is not in it. `pipe_write_cpu_us`: the
 writer's CPU for one 200-byte write into a pipe whose reader process sleeps in read (the write wakes it, as a
-worker call's request does) and into a pipe nobody reads: on a virtual machine the wake-up is most of what a
-worker call costs the loop.
+worker call's request does) and into a pipe nobody reads.
 Usage: python bench/tool_call.py [--calls 500]
 """
 
