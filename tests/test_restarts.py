@@ -199,7 +199,9 @@ async def test_a_restore_waits_for_the_push_under_way_and_brings_its_version(tmp
         await asyncio.sleep(0.1)
         assert not push.done()
         await sync.restore(b.url)  # read before the push ended, the versions loaded would lack v1
-        assert push.done() and b.adapters == {"p-v0", "p-v1"}
+        assert b.adapters == {"p-v0", "p-v1"} and "p-v1" in a.adapters
+        # the push may still be pruning old version folders (off the lock, in a thread): it ends by itself
+        assert await asyncio.wait_for(push, 10) >= 0
 
 
 async def test_a_full_weight_restore_reloads_the_newest_version_and_nothing_before_a_push(tmp_path):
