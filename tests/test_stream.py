@@ -22,6 +22,7 @@ from agent_rl import trainer
 from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.policy import Policy
+from agent_rl.rollout import stream
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import Completion, SamplerError
 from agent_rl.rollout.stream import IdleMeter
@@ -205,24 +206,36 @@ async def test_a_mixture_streams_each_task_to_its_own_environment(tmp_path, smol
     assert 1 <= max(x["lag/max"] for x in lines) <= 2
 
 
-async def test_the_idle_share_counts_servers_without_a_request():
+async def test_the_idle_share_counts_servers_without_a_request(monkeypatch):
     """Two servers; one request for 0.2 s, then two for 0.2 s, then none for 0.1 s: idle (0.5 x 0.2 + 0 +
-    1 x 0.1) / 0.5 = 0.4."""
+    1 x 0.1) / 0.5 = 0.4. On a clock the test moves (the meter's `_now`), each request held until the test ends
+    it: with real sleeps, a loaded machine woke the test late and the share drifted past any fixed tolerance."""
+    clock = [100.0]
+    monkeypatch.setattr(stream, "_now", lambda: clock[0])
 
-    class Sleepy:
+    class Held:
         policy_version = 0
 
         async def sample(self, prompt_ids, params, messages=()):
-            await asyncio.sleep(prompt_ids[0])
+            await prompt_ids[0].wait()
 
-    meter = IdleMeter(Sleepy(), servers=2)
+    meter = IdleMeter(Held(), servers=2)
     meter.idle_share()
-    one = asyncio.ensure_future(meter.sample([0.4], None))
-    await asyncio.sleep(0.2)
-    await meter.sample([0.2], None)
-    await one
-    await asyncio.sleep(0.1)
-    assert meter.idle_share() == pytest.approx(0.4, abs=0.05)
+    first, second = asyncio.Event(), asyncio.Event()
+    one = asyncio.ensure_future(meter.sample([first], None))
+    await asyncio.sleep(0)  # the task's first step runs before this one resumes: its request is in flight
+    assert meter.running == 1
+    clock[0] += 0.2
+    two = asyncio.ensure_future(meter.sample([second], None))
+    await asyncio.sleep(0)
+    assert meter.running == 2
+    clock[0] += 0.2
+    first.set()
+    second.set()
+    await asyncio.wait_for(asyncio.gather(one, two), 10)
+    assert meter.running == 0
+    clock[0] += 0.1
+    assert meter.idle_share() == pytest.approx(0.4)
 
 
 def test_resume_after_a_sigkill_trains_every_task_once(tmp_path):
