@@ -26,11 +26,32 @@ from agent_rl.rollout.weight_sync.full import FullWeightSync
 TOKEN_S = 0.004  # seconds per sampled token
 
 
+async def first_of(*events: asyncio.Event) -> None:
+    """Until one of `events` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def until(predicate, timeout_s: float = 30.0) -> None:
+    """Until `predicate()` holds (AssertionError past `timeout_s`: a generous bound, only a failure waits it out)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
+
+
 class StandInVLLM:
     """One stand-in server. `slow_prompt`: a request whose prompt starts with it takes `slow_s` to reach the
-    engine (a request still in transit when the pause comes)."""
+    engine, or, with `slow_s=None`, reaches it only once a pause has come (a request still in transit then).
+    `hold_at`: a request that has sampled that many tokens waits (counted in `held`) until it is aborted or
+    `release` is set; a pause sets it. A test then knows where the requests are when its push comes, however
+    late a loaded machine runs it: a fixed sleep let requests end before the push, or start after it."""
 
-    def __init__(self, slow_prompt: int | None = None, slow_s: float = 0.0):
+    def __init__(self, slow_prompt: int | None = None, slow_s: float | None = 0.0, hold_at: int | None = None):
         self.weights, self.paused, self.url = 1, False, ""
         self.adapters: set[str] = set()
         self.calls: list[str] = []
@@ -38,6 +59,8 @@ class StandInVLLM:
         self.resumed = asyncio.Event()
         self.resumed.set()
         self.slow_prompt, self.slow_s = slow_prompt, slow_s
+        self.hold_at, self.held = hold_at, 0
+        self.release, self.pause_came = asyncio.Event(), asyncio.Event()
         self.served: list[tuple[tuple[int, ...], str, int]] = []  # (prompt, model, tokens) of each request
 
     def version_of(self, model: str) -> int:
@@ -47,7 +70,7 @@ class StandInVLLM:
         body = await request.json()
         prompt, model = body["prompt"], body["model"]
         if self.slow_prompt is not None and prompt[0] == self.slow_prompt:
-            await asyncio.sleep(self.slow_s)
+            await (self.pause_came.wait() if self.slow_s is None else asyncio.sleep(self.slow_s))
         abort = asyncio.Event()
         key = id(abort)
         self.running[key] = abort
@@ -59,6 +82,11 @@ class StandInVLLM:
                 await asyncio.wait([asyncio.ensure_future(self.resumed.wait()),
                                     asyncio.ensure_future(abort.wait())], return_when=asyncio.FIRST_COMPLETED)
             while len(ids) < body["max_tokens"] and not abort.is_set():
+                if len(ids) == self.hold_at and not self.release.is_set():
+                    self.held += 1
+                    await first_of(self.release, abort)
+                    self.held -= 1
+                    continue
                 await asyncio.sleep(TOKEN_S)
                 if not abort.is_set():
                     ids.append(100 + len(prompt) + len(ids))
@@ -80,6 +108,8 @@ class StandInVLLM:
             self.resumed.clear()
             for flag in self.running.values():
                 flag.set()
+            self.release.set()
+            self.pause_came.set()
         elif path == "/abort_requests":
             for flag in self.running.values():
                 flag.set()
@@ -125,22 +155,23 @@ def assert_tagged_by_what_sampled(out, prompt: list[int], n: int) -> None:
 
 
 async def test_a_push_of_full_weights_aborts_requests_in_flight_and_they_go_on_under_the_new_version(tmp_path):
-    """Eight requests of 40 tokens (~0.16 s each) on version 1; after 50 ms, version 2 is pushed. Each comes
-    back whole: its first tokens by version 1, the rest by version 2 (the push's pause aborted it and the
-    sampler went on from its tokens); none is lost, none mixes versions under one tag."""
-    async with StandInVLLM() as server, VLLMSampler([server.url]) as sampler:
+    """Eight requests of 40 tokens on version 1; once each has sampled 12 (held there by the stand-in until the
+    pause), version 2 is pushed. Each comes back whole: its first tokens by version 1, the rest by version 2 (the
+    push's pause aborted it and the sampler went on from its tokens); none is lost, none mixes versions under
+    one tag."""
+    async with StandInVLLM(hold_at=12) as server, VLLMSampler([server.url]) as sampler:
         sampler.set_policy("base", 1)
         sync = FullWeightSync(tmp_path, sampler)
         prompts = [[i, 7, 7] for i in range(8)]
         tasks = [asyncio.ensure_future(sampler.sample(p, SamplingParams(max_tokens=40, seed=i)))
                  for i, p in enumerate(prompts)]
-        await asyncio.sleep(0.05)
+        await until(lambda: server.held == 8)
         await sync.push(SavesAFile(), 2)
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     for p, out in zip(prompts, outs):
         assert_tagged_by_what_sampled(out, p, 40)
         assert out.finish_reason == "length" and out.policy_version == 1
-        assert 0 < out.versions.count(1) < 40 and out.versions[-1] == 2  # split by the push
+        assert out.versions.count(1) == 12 and out.versions[-1] == 2  # split by the push, where it found them
     assert server.calls[:1] == ["/pause?mode=abort"] and server.calls[-1] == "/resume"
     # each continuation's prompt: the original prompt and the tokens of its first piece
     continued = [(prompt, n) for prompt, model, n in server.served if len(prompt) > 3]
@@ -152,11 +183,10 @@ async def test_a_request_that_reaches_the_server_during_the_pause_is_swept_not_m
     would queue it and run it on version 2's weights after the resume, under version 1's tag. The push's
     sweep (`/abort_requests` while the sampler still has it in flight) ends it with no tokens, and the
     sampler sends it again under version 2: every token says 2, and its log-prob agrees."""
-    async with StandInVLLM(slow_prompt=42, slow_s=0.3) as server, VLLMSampler([server.url]) as sampler:
+    async with StandInVLLM(slow_prompt=42, slow_s=None) as server, VLLMSampler([server.url]) as sampler:
         sampler.set_policy("base", 1)
         late = asyncio.ensure_future(sampler.sample([42, 7], SamplingParams(max_tokens=10, seed=0)))
-        await asyncio.sleep(0.05)  # sent, not yet in the engine
-        assert sampler.in_flight(server.url) == 1
+        await until(lambda: sampler.in_flight(server.url) == 1)  # sent; it reaches the engine after the pause
         await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
         out = await asyncio.wait_for(late, 10)
     assert_tagged_by_what_sampled(out, [42, 7], 10)
@@ -166,19 +196,21 @@ async def test_a_request_that_reaches_the_server_during_the_pause_is_swept_not_m
 
 
 async def test_an_adapter_push_leaves_requests_in_flight_on_their_own_version(tmp_path):
-    """Adapters need no pause: a 60-token request on version 1 runs while versions 2 and 3 are pushed
-    (keep = 2). Version 1 stays loaded while the request runs on it (it is past the newest two), every token
-    is version 1's; the next push, with nothing in flight on it, unloads it."""
-    async with StandInVLLM() as server, VLLMSampler([server.url]) as sampler:
+    """Adapters need no pause: a 60-token request on version 1 runs (held by the stand-in at its 10th token, so
+    that it still runs however long the pushes take) while versions 2 and 3 are pushed (keep = 2). Version 1
+    stays loaded while the request runs on it (it is past the newest two), every token is version 1's; the next
+    push, with nothing in flight on it, unloads it."""
+    async with StandInVLLM(hold_at=10) as server, VLLMSampler([server.url]) as sampler:
         sync = AdapterSync(tmp_path, sampler, keep=2, prefix="p")
         write = SavesAFile()
         await sync.push(write, 1)
         long = asyncio.ensure_future(sampler.sample([1, 2], SamplingParams(max_tokens=60, seed=0)))
-        await asyncio.sleep(0.03)
+        await until(lambda: server.held == 1)
         assert sampler.in_flight(model="p-v1") == 1
         await sync.push(write, 2)
         await sync.push(write, 3)
-        assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3]
+        assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3] and server.held == 1
+        server.release.set()
         out = await asyncio.wait_for(long, 10)
         assert_tagged_by_what_sampled(out, [1, 2], 60)
         assert out.versions == (1,) * 60
