@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 
-from test_push_in_flight import SavesAFile, StandInVLLM
+from test_push_in_flight import SavesAFile, StandInVLLM, until
 
 from agent_rl.core.config_file import load_config
 from agent_rl.evaluate import evaluate
@@ -31,13 +31,14 @@ def sampled(t):
 
 
 async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp_path, ray_local, smol_dir):
-    """Eight one-turn episodes of 80 tokens (~0.3 s each) on 2 workers, version 1; version 2 is pushed while they
-    run. Every token's tag is the version whose weights sampled it (its log-prob): the requests the pause
-    aborted went on under version 2, and none ran on version 2's weights under version 1's tag."""
+    """Eight one-turn episodes of 80 tokens on 2 workers, version 1; version 2 is pushed while they run (each held
+    by the stand-in at its 25th token until the pause: a fixed wait let requests end before a late push). Every
+    token's tag is the version whose weights sampled it (its log-prob): the requests the pause aborted went on
+    under version 2, and none ran on version 2's weights under version 1's tag."""
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=80, max_total_tokens=400, seed=0)
-    async with StandInVLLM() as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=25) as server, VLLMSampler([server.url]) as local:
         local.set_policy("base", 1)
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
         async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
@@ -45,7 +46,7 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
                         for i in range(8)]
             while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
                 await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
-            await asyncio.sleep(0.1)  # ~25 tokens each
+            await until(lambda: server.held == 8)  # 25 tokens each
             await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
             trajs = await asyncio.wait_for(asyncio.gather(*episodes), 60)
             stats = sampler.stats()
@@ -55,19 +56,20 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
         assert all(lp == -v for v, lp in sampled(t))  # tagged by what sampled it
         versions = [v for v, _ in sampled(t)]
         assert versions == sorted(versions) and versions[-1] == 2  # the end under the new weights
-    # split by the push (a request the pause met before its first token is version 2's whole)
-    assert sum(1 in [v for v, _ in sampled(t)] for t in trajs) >= 4
+    # split by the push, where it found them: 25 tokens in
+    assert [[v for v, _ in sampled(t)].count(1) for t in trajs] == [25] * 8
     assert server.calls[0] == "/pause?mode=abort" and server.calls[-1] == "/resume"
 
 
 async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_path, ray_local, smol_dir):
-    """An adapter push needs no pause: a 150-token episode on a worker runs on p-v1 while p-v2 and p-v3 are pushed
-    (keep 2). p-v1 stays loaded, counted in flight on the worker; once the episode has ended, the next push
-    unloads it. Every token of the episode is version 1's."""
+    """An adapter push needs no pause: a 150-token episode on a worker runs on p-v1 (held by the stand-in at its
+    10th token until the pushes are done: a loaded machine once needs longer for them than a turn takes) while
+    p-v2 and p-v3 are pushed (keep 2). p-v1 stays loaded, counted in flight on the worker; once the episode has
+    ended, the next push unloads it. Every token of the episode is version 1's."""
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=150, max_total_tokens=400, seed=0)
-    async with StandInVLLM() as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=10) as server, VLLMSampler([server.url]) as local:
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
         async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
@@ -75,9 +77,11 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
             long = asyncio.ensure_future(sampler.play({"id": "t", "topic": "cats"}, 0, limits))
             while sampler.in_flight(model="p-v1") < 1:
                 await asyncio.sleep(0.01)
+            await until(lambda: server.held == 1)
             await sync.push(write, 2)
             await sync.push(write, 3)
-            assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3]
+            assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3] and server.held == 1
+            server.release.set()
             traj = await asyncio.wait_for(long, 60)
             assert sampler.in_flight(model="p-v1") == 0
             await sync.push(write, 4)
