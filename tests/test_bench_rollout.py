@@ -4,10 +4,14 @@ generated for it and that context, as many tokens asked as the rollout sampled (
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from test_push_in_flight import StandInVLLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed: the checkout's
 
 from bench.rollout import replay_side, turn_plan
 

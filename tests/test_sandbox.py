@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pydantic
@@ -144,15 +143,15 @@ async def test_session_restarts_with_state_lost_after_timeout_crash_and_flood(ba
         assert (after.status, after.stdout, after.state_lost) == ("ok", "fresh\n", False)
 
 
-async def test_session_call_is_fast_once_warm(backend):
+async def test_session_calls_run_in_one_warm_interpreter(backend):
+    """Calls after the first reuse the interpreter the first started (its variables and its process): how fast
+    that makes a call is bench/sandbox.py's figure, not a test's, which a loaded machine would time wrong."""
     async with backend.session() as session:
-        await session.run("n = 0")
-        start = time.perf_counter()
+        first = await session.run("import os\nn = 0\nprint(os.getpid())")
         for _ in range(20):
             await session.run("n += 1")
-        per_call = (time.perf_counter() - start) / 20
-        assert (await session.run("print(n)")).stdout == "20\n"
-    assert per_call < 0.02  # a warm interpreter answers in well under a millisecond; 20 ms is slack
+        last = await session.run("print(n, os.getpid())")
+    assert first.status == "ok" and last.stdout == f"20 {first.stdout.strip()}\n"
 
 
 def test_format_result_text():
