@@ -65,40 +65,78 @@ def scripted_calls(scripted):
     return make
 
 
+# The session's servers on the tiny model: (fixture, VLLMServer options, the URL that attaches a running one instead)
+SESSION_SERVERS = {
+    "vllm_server": ({}, "AGENT_RL_TEST_VLLM_URL"),
+    "dev_server": ({"dev_mode": True}, "AGENT_RL_TEST_VLLM_DEV_URL"),
+    "bf16_server": ({"dtype": "bfloat16"}, None),
+}
+
+
+_NEEDED = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Note which session servers the collected tests use (directly or through other fixtures), so that the
+    first of them to be asked for starts them all side by side (`session_servers`)."""
+    config.stash[_NEEDED] = {name for item in items for name in getattr(item, "fixturenames", ())
+                             if name in SESSION_SERVERS}
+
+
 @pytest.fixture(scope="session")
-def vllm_server(tiny_dir):
-    """One real vLLM server on the tiny model for the whole session (start-up costs ~45 s)."""
+def session_servers(request, tiny_dir):
+    """The session's servers that this run's tests use, started together when the first is needed: each start
+    is ~30 s of mostly one-core imports in three processes one after the other, so on two cores three starts
+    side by side take about half of three in turn. All are healthy before any test runs beside them (no test
+    shares the CPU with a start); all stop at the end."""
     from agent_rl.rollout.server import VLLMServer
 
-    url = os.environ.get("AGENT_RL_TEST_VLLM_URL")
-    if url:  # reuse a running server while developing
-        yield type("Attached", (), {"url": url, "model_dir": tiny_dir})()
-        return
-    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048) as server:
-        yield server
+    needed = request.config.stash.get(_NEEDED, set(SESSION_SERVERS))
+    launched: dict[str, VLLMServer] = {}
+    try:
+        for name, (options, attach) in SESSION_SERVERS.items():
+            if name in needed and not (attach and os.environ.get(attach)):
+                launched[name] = VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, **options).launch()
+        ready: dict[str, VLLMServer | Exception] = {}
+        for name, server in launched.items():
+            try:
+                ready[name] = server.wait()
+            except Exception as e:  # stopped, with its log's end: only the tests that use this one fail
+                ready[name] = e
+        yield ready
+    finally:
+        for server in launched.values():
+            server.stop()
+
+
+def _session_server(name: str, servers: dict, tiny_dir):
+    """The session's server `name`, healthy (or the one a developer's URL names, to reuse a running server)."""
+    attach = SESSION_SERVERS[name][1]
+    if attach and os.environ.get(attach):
+        return type("Attached", (), {"url": os.environ[attach], "model_dir": tiny_dir})()
+    server = servers[name]
+    if isinstance(server, Exception):
+        raise server
+    return server
 
 
 @pytest.fixture(scope="session")
-def dev_server(tiny_dir):
+def vllm_server(session_servers, tiny_dir):
+    """One real vLLM server on the tiny model for the whole session (start-up costs ~30-45 s)."""
+    return _session_server("vllm_server", session_servers, tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def dev_server(session_servers, tiny_dir):
     """A second real vLLM server whose weights can be reloaded in place (dev mode, LoRA on): merged and
     full-weight sync. Tests that use it push the weights they need; they never assume the base ones."""
-    from agent_rl.rollout.server import VLLMServer
-
-    url = os.environ.get("AGENT_RL_TEST_VLLM_DEV_URL")
-    if url:
-        yield type("Attached", (), {"url": url, "model_dir": tiny_dir})()
-        return
-    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, dev_mode=True) as server:
-        yield server
+    return _session_server("dev_server", session_servers, tiny_dir)
 
 
 @pytest.fixture(scope="session")
-def bf16_server(tiny_dir):
+def bf16_server(session_servers, tiny_dir):
     """A real vLLM server computing in bfloat16 on the CPU, for the bf16 trainer's tests."""
-    from agent_rl.rollout.server import VLLMServer
-
-    with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, dtype="bfloat16") as server:
-        yield server
+    return _session_server("bf16_server", session_servers, tiny_dir)
 
 
 @pytest.fixture()
