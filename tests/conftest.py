@@ -76,6 +76,7 @@ SESSION_SERVERS = {
 _NEEDED = pytest.StashKey[set]()
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the servers of the tests that will run
 def pytest_collection_modifyitems(config, items) -> None:
     """Note which session servers the collected tests use (directly or through other fixtures), so that the
     first of them to be asked for starts them all side by side (`session_servers`)."""
