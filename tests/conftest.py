@@ -65,7 +65,8 @@ def scripted_calls(scripted):
     return make
 
 
-# The session's servers on the tiny model: (fixture, VLLMServer options, the URL that attaches a running one instead)
+# The session's servers on the tiny model: fixture -> (VLLMServer options, the environment variable whose URL, when
+# set, names a running server to use instead: a developer's, reused between runs)
 SESSION_SERVERS = {
     "vllm_server": ({}, "AGENT_RL_TEST_VLLM_URL"),
     "dev_server": ({"dev_mode": True}, "AGENT_RL_TEST_VLLM_DEV_URL"),
@@ -89,55 +90,59 @@ def session_servers(request, tiny_dir):
     """The session's servers that this run's tests use, started together when the first is needed: each start
     is ~30 s of mostly one-core imports in three processes one after the other, so on two cores three starts
     side by side take about half of three in turn. All are healthy before any test runs beside them (no test
-    shares the CPU with a start); all stop at the end."""
+    shares the CPU with a start); all stop at the end. Yields `get(name)`: the server, healthy (a developer's
+    running one where its URL is set), or its start's error; one a test asks for by name at run time
+    (`request.getfixturevalue`), which collection cannot see, is started then."""
     from agent_rl.rollout.server import VLLMServer
 
-    needed = request.config.stash.get(_NEEDED, set(SESSION_SERVERS))
     launched: dict[str, VLLMServer] = {}
-    try:
-        for name, (options, attach) in SESSION_SERVERS.items():
-            if name in needed and not (attach and os.environ.get(attach)):
+    ready: dict[str, object] = {}  # fixture -> its server (or an attached one's stand-in), or why it did not start
+
+    def start(names: set[str]) -> None:
+        for name in names - ready.keys():
+            options, attach = SESSION_SERVERS[name]
+            if attach and os.environ.get(attach):
+                ready[name] = type("Attached", (), {"url": os.environ[attach], "model_dir": tiny_dir})()
+            else:
                 launched[name] = VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048, **options).launch()
-        ready: dict[str, VLLMServer | Exception] = {}
         for name, server in launched.items():
-            try:
-                ready[name] = server.wait()
-            except Exception as e:  # stopped, with its log's end: only the tests that use this one fail
-                ready[name] = e
-        yield ready
+            if name not in ready:
+                try:
+                    ready[name] = server.wait()
+                except Exception as e:  # stopped, with its log's end: only the tests that use this one fail
+                    ready[name] = e
+
+    def get(name: str) -> object:
+        start({name})
+        if isinstance(ready[name], Exception):
+            raise ready[name]
+        return ready[name]
+
+    try:
+        start(request.config.stash.get(_NEEDED, set(SESSION_SERVERS)))
+        yield get
     finally:
         for server in launched.values():
             server.stop()
 
 
-def _session_server(name: str, servers: dict, tiny_dir):
-    """The session's server `name`, healthy (or the one a developer's URL names, to reuse a running server)."""
-    attach = SESSION_SERVERS[name][1]
-    if attach and os.environ.get(attach):
-        return type("Attached", (), {"url": os.environ[attach], "model_dir": tiny_dir})()
-    server = servers[name]
-    if isinstance(server, Exception):
-        raise server
-    return server
-
-
 @pytest.fixture(scope="session")
-def vllm_server(session_servers, tiny_dir):
+def vllm_server(session_servers):
     """One real vLLM server on the tiny model for the whole session (start-up costs ~30-45 s)."""
-    return _session_server("vllm_server", session_servers, tiny_dir)
+    return session_servers("vllm_server")
 
 
 @pytest.fixture(scope="session")
-def dev_server(session_servers, tiny_dir):
+def dev_server(session_servers):
     """A second real vLLM server whose weights can be reloaded in place (dev mode, LoRA on): merged and
     full-weight sync. Tests that use it push the weights they need; they never assume the base ones."""
-    return _session_server("dev_server", session_servers, tiny_dir)
+    return session_servers("dev_server")
 
 
 @pytest.fixture(scope="session")
-def bf16_server(session_servers, tiny_dir):
+def bf16_server(session_servers):
     """A real vLLM server computing in bfloat16 on the CPU, for the bf16 trainer's tests."""
-    return _session_server("bf16_server", session_servers, tiny_dir)
+    return session_servers("bf16_server")
 
 
 @pytest.fixture()
