@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from conftest import until
 
 from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
@@ -34,14 +35,6 @@ async def first_of(*events: asyncio.Event) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-async def until(predicate, timeout_s: float = 30.0) -> None:
-    """Until `predicate()` holds (AssertionError past `timeout_s`: a generous bound, only a failure waits it out)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 
 
 class StandInVLLM:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import until
 
 from agent_rl.rollout.sampler import SamplerError
 from agent_rl.rollout.supervisor import Supervisor
@@ -88,15 +89,6 @@ class Watch:
 
     async def __aexit__(self, *exc) -> None:
         await self.sup.__aexit__(*exc)
-
-
-async def until(predicate, timeout_s: float = 30.0) -> None:
-    """Until `predicate()` holds; a generous bound (a restart stops the old process in a thread, which a loaded
-    machine may run late), which only a failing test waits out."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_server_that_exits_is_restarted_on_its_url_and_restored_before_it_is_up():

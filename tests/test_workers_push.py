@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import functools
 
-from test_push_in_flight import SavesAFile, StandInVLLM, until
+from conftest import until
+from test_push_in_flight import SavesAFile, StandInVLLM
 
 from agent_rl.core.config_file import load_config
 from agent_rl.evaluate import evaluate
@@ -63,7 +64,7 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
 
 async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_path, ray_local, smol_dir):
     """An adapter push needs no pause: a 150-token episode on a worker runs on p-v1 (held by the stand-in at its
-    10th token until the pushes are done: a loaded machine once needs longer for them than a turn takes) while
+    10th token until the pushes are done: a loaded machine may need longer for them than a turn takes) while
     p-v2 and p-v3 are pushed (keep 2). p-v1 stays loaded, counted in flight on the worker; once the episode has
     ended, the next push unloads it. Every token of the episode is version 1's."""
     import ray_kits
