@@ -9,8 +9,10 @@ tool: those are the real ones (`rollout_groups`, the SmolLM2 ChatML renderer, `e
 What runs for real: every episode is a `CalculatorEnv` played by `rollout_groups`; each reply is
 real token ids (filler "thinking" + a `<tool_call>` or an `<answer>`) that the runner parses, the
 env dispatches to the real tool, and the renderer continues; the sampler also does VLLMSampler's
-client-side work (the request body, written as VLLMSampler writes it, `_completion`'s checks), not the
-socket I/O. Making the replies is the servers' work: their endings are encoded once per text.
+client-side work (the request's JSON, written as VLLMSampler writes it; the response's JSON read and checked
+as VLLMSampler reads it), not the socket I/O. The response's JSON is written in this process (the server's
+work), so the ideal client writes one of the same size each turn too. Making the replies is the servers' work:
+their endings are encoded once per text.
 
 Share: the runner's sampled tokens/s over what a zero-overhead client (the same episode lengths;
 no tokenizer, env or tool) gets from identical servers at the same concurrency, each over the same
@@ -50,6 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_rl.core.renderer import Renderer
@@ -58,9 +62,9 @@ from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks, calculator
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout.prompt_json import PromptJSON
+from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion
+from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
 from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
@@ -107,7 +111,6 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
-        self.prompts = PromptJSON()  # as VLLMSampler writes the prompt's JSON
         self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
         # server's work, made once per text so that the client's CPU per turn does not count it
 
@@ -127,17 +130,20 @@ class SimSampler:
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         n, tail = self.reply_plan(messages)
-        prompt = self.prompts.text(list(prompt_ids), messages[0] if messages else None)
-        _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
+        _body("sim", prompt_ids, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
-        ids = [*self.filler[:n], *tail]
-        data = {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
-                             "finish_reason": "stop", "prompt_token_ids": prompt_ids}]}
-        return _completion(data, prompt_ids, self.policy_version, "sim")
+        raw = response_json(prompt_ids, [*self.filler[:n], *tail])  # the server writes it (the ideal client too)
+        return _completion(_json(raw, "sim"), prompt_ids, self.policy_version, "sim")  # as VLLMSampler reads it
+
+
+def response_json(prompt_ids: Sequence[int], ids: list[int]) -> bytes:
+    """A vLLM /v1/completions response's JSON (the server's work: the ideal client pays it as well)."""
+    return orjson.dumps({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+                                      "finish_reason": "stop", "prompt_token_ids": prompt_ids}]})
 
 
 class CollectionTimes:
@@ -202,9 +208,10 @@ async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, c
 
 
 async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shape: dict[str, int],
-                     started: list[int], seed: int = 1) -> None:
+                     started: list[int], text_ids: list[int], seed: int = 1) -> None:
     """A client with no cost at all: `concurrency` lanes, each playing episodes of the same lengths
-    back to back (no tokenizer, no environment, no tool between the turns)."""
+    back to back (no tokenizer, no environment, no tool between the turns). Each turn the servers' response
+    JSON is written, as the runner's side writes it, of ids of real text (`text_ids`: as many as a context has)."""
     rng = random.Random(seed)
 
     async def lane() -> None:
@@ -215,9 +222,11 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
                 out = rng.randint(work.min_tokens, work.max_tokens)
                 out += shape["call"] if turn < work.turns - 1 else shape["answer"]
                 await cluster.generate(conv, prompt, out)
+                response_json(text_ids[:prompt], text_ids[:out])  # the server's work, which the runner's side pays too
                 prompt += out + shape["continuation"]
 
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    with ROLLOUT_GC.quiet():  # as the runner plays its episodes: the collections it does not make are not counted
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
 
 
 def run_queue_s() -> float:
@@ -246,7 +255,7 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     cluster, started, meter = SimCluster(servers, gpu, routing, shape["system"]), [0], LagMeter()
     episodes = episodes_needed(servers, concurrency, gpu, work, warmup + window)
     load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
-            else ideal_load(cluster, work, concurrency, shape, started))
+            else ideal_load(cluster, work, concurrency, shape, started, renderer.encode(FILLER * 600)))
     tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
     collections = CollectionTimes()
     gc.callbacks.append(collections)

@@ -1,12 +1,19 @@
 """VLLMSampler's reading of a /v1/completions choice, without a server: ids and log-probs as sent, each token
 tagged with the request's version, an abort told apart, the echoed prompt checked against the ids we sent
-(list or tuple alike), and one clear error for anything else."""
+(list or tuple alike), and one clear error for anything else. The request's JSON and the response's read
+(orjson, and Python's json for what orjson refuses), and each turn's prompt sent id for id (a stand-in server)."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
+from dataclasses import replace
 
-from agent_rl.rollout.sampler import SamplerError, _completion
+import pytest
+from test_push_in_flight import StandInVLLM
+
+from agent_rl.core.types import Message
+from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler, _body, _completion, _json
 
 
 def choice(ids=(5, 6, 7), logprobs=(-0.1, -0.2, -0.3), finish="stop", echoed=(1, 2, 3)):
@@ -37,3 +44,41 @@ def test_a_completion_comes_back_as_sent(prompt):
 def test_anything_else_is_one_clear_error(data, message):
     with pytest.raises(SamplerError, match=message):
         _completion(data, [1, 2, 3], 0, "http://x")
+
+
+@pytest.mark.parametrize("ids, logprobs", [(("5", 6, 7), (-0.1, -0.2, -0.3)), ((5, 6.0, 7), (-0.1, -0.2, -0.3)),
+                                           ((5, 6, 7), (-0.1, None, -0.3)), ((5, 6, 7), (-0.1, "x", -0.3))])
+def test_an_id_that_is_not_an_int_or_a_log_prob_not_a_number_is_refused(ids, logprobs):
+    with pytest.raises(SamplerError, match="unexpected completion"):
+        _completion(choice(ids=ids, logprobs=logprobs), [1, 2, 3], 0, "http://x")
+
+
+def test_a_response_is_read_as_json_infinity_included_and_anything_else_is_one_line():
+    body = b'{"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.25]}, "finish_reason": "stop"}]}'
+    assert _json(body, "u")["choices"][0]["logprobs"]["token_logprobs"] == [-0.25]
+    # orjson refuses -Infinity and NaN, which Python's json writes: such a response is still read
+    odd = _json(b'{"lp": [-Infinity, NaN, -0.5]}', "u")["lp"]
+    assert odd[0] == -math.inf and math.isnan(odd[1]) and odd[2] == -0.5
+    with pytest.raises(SamplerError, match=r"^http://x sent a response that is not JSON: '<html>bad gateway"):
+        _json(b"<html>bad gateway</html>", "http://x")
+
+
+def test_the_request_is_the_prompt_ids_and_the_sampling_parameters():
+    params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, stop_token_ids=(2, 3), seed=11)
+    body = json.loads(_body("p-v3", (1, 2, 3), params))
+    assert body == {"prompt": [1, 2, 3], "model": "p-v3", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+                    "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+                    "stop_token_ids": [2, 3], "seed": 11}
+    assert "seed" not in json.loads(_body("base", [1], replace(params, seed=None)))
+
+
+async def test_the_sampler_sends_each_turns_prompt_exactly():
+    async with StandInVLLM() as server, VLLMSampler([server.url]) as sampler:
+        conversation = (Message("system", "s"), Message("user", "q"))
+        prompt = [5, 6, 7]
+        for turn in range(3):
+            out = await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=turn), messages=conversation)
+            assert server.served[-1][0] == tuple(prompt)  # what the server read, id for id
+            prompt = [*prompt, *out.token_ids, 11, 12]  # the next turn: samples and the env's reply
+        other = await sampler.sample([5, 6, 9], SamplingParams(max_tokens=2), messages=conversation)
+        assert server.served[-1][0] == (5, 6, 9) and len(other.token_ids) == 2  # unrelated ids, same conversation
