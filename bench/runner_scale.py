@@ -69,6 +69,7 @@ from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
           "tool helps, what arguments it needs, and how I will check the result before I answer. ")
+FILLER_TEXT = FILLER * 80
 
 
 @dataclass(frozen=True)
@@ -130,20 +131,23 @@ class SimSampler:
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         n, tail = self.reply_plan(messages)
-        _body("sim", prompt_ids, params)  # VLLMSampler's request body, written as it writes it
+        prompt = orjson.dumps(prompt_ids)
+        _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
         raw = response_json(prompt_ids, [*self.filler[:n], *tail])  # the server writes it (the ideal client too)
-        return _completion(_json(raw, "sim"), prompt_ids, self.policy_version, "sim")  # as VLLMSampler reads it
+        return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
 
 
 def response_json(prompt_ids: Sequence[int], ids: list[int]) -> bytes:
-    """A vLLM /v1/completions response's JSON (the server's work: the ideal client pays it as well)."""
-    return orjson.dumps({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)},
-                                      "finish_reason": "stop", "prompt_token_ids": prompt_ids}]})
+    """A vLLM /v1/completions response's JSON, its text ~4 characters a token (the server's work: the ideal client
+    pays it as well)."""
+    return orjson.dumps({"choices": [{"index": 0, "text": FILLER_TEXT[:4 * len(ids)], "token_ids": ids,
+                                      "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "finish_reason": "stop",
+                                      "prompt_token_ids": prompt_ids}]})
 
 
 class CollectionTimes:

@@ -1,12 +1,15 @@
-"""What a turn's JSON costs the sampler's client: the request written, the response read, by Python's json
-(what VLLMSampler used until orjson) and by orjson (what it uses), side by side in one run.
+"""What a turn's JSON costs the sampler's client: the request written, the response read and its echoed prompt
+checked, by Python's json (what VLLMSampler used until orjson) and as VLLMSampler does it now, side by side.
 
 A turn sends its whole context as token ids (`VLLMSampler._body`) and reads back its sampled ids, their
-log-probs and the echoed prompt (`_json`, then `_completion`'s checks). Ids are drawn from SmolLM2's
-vocabulary range; log-probs are random floats, as vLLM writes them (17 significant digits).
+log-probs, its text and the echoed prompt, which must be the ids sent (`_json`, then `_completion`). The
+standard library's side is `json.dumps`, `json.loads` and the ids compared; orjson's side reads the whole
+response and compares the ids (`read_orjson_us`), and VLLMSampler's compares the echo as bytes and reads the
+rest (`read_us`). The response is written as vLLM writes it (compact). Ids are drawn from SmolLM2's vocabulary
+range; log-probs are random floats.
 
     python bench/sampler_json.py [--context 1000 8000] [--reply 260]
-(one JSON line on stdout: microseconds a turn for each, and the ratios json / orjson)
+(one JSON line on stdout: microseconds a turn for each, and the ratios json / VLLMSampler's)
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.rollout.sampler import SamplingParams, _body, _completion, _json
+import orjson
+
+from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
 
 
 def stdlib_body(model: str, prompt_ids: list[int], params: SamplingParams) -> str:
@@ -39,24 +44,35 @@ def best_us(fn, number: int) -> float:
 def one(context: int, reply: int, rng: random.Random) -> dict[str, float]:
     prompt = [rng.randrange(49152) for _ in range(context)]
     ids = [rng.randrange(49152) for _ in range(reply)]
-    response = json.dumps({"choices": [{"token_ids": ids, "finish_reason": "stop", "prompt_token_ids": prompt,
-                                        "logprobs": {"token_logprobs": [-rng.expovariate(2) for _ in ids]}}]}).encode()
+    text = "".join(rng.choice("abcdefgh ") for _ in range(4 * reply))
+    response = orjson.dumps({"choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": "stop",
+                                          "logprobs": {"token_logprobs": [-rng.expovariate(2) for _ in ids]},
+                                          "prompt_token_ids": prompt}]})
     params = SamplingParams(max_tokens=reply, stop_token_ids=(2,), seed=7)
-    assert json.loads(_body("p", prompt, params)) == json.loads(stdlib_body("p", prompt, params))
-    assert _json(response, "u") == json.loads(response)
+    assert json.loads(_body("p", orjson.dumps(prompt), params)) == json.loads(stdlib_body("p", prompt, params))
+
+    def stdlib_read() -> Completion:
+        return _completion(json.loads(response), prompt, 0, "u")
+
+    def orjson_read() -> Completion:
+        return _completion(_json(response, "u"), prompt, 0, "u")
+
+    def sampler_read() -> Completion:
+        return _completion(_json(response, "u", orjson.dumps(prompt)), prompt, 0, "u")
+
+    assert stdlib_read() == orjson_read() == sampler_read()
     number = max(20, 200_000 // context)
     figures = {
         "write_json_us": best_us(lambda: stdlib_body("p", prompt, params), number),
-        "write_orjson_us": best_us(lambda: _body("p", prompt, params), number),
-        "read_json_us": best_us(lambda: json.loads(response), number),
-        "read_orjson_us": best_us(lambda: _json(response, "u"), number),
-        "checks_us": best_us(lambda: _completion(_json(response, "u"), prompt, 0, "u"), number)
-        - best_us(lambda: _json(response, "u"), number),
+        "write_us": best_us(lambda: _body("p", orjson.dumps(prompt), params), number),
+        "read_json_us": best_us(stdlib_read, number),
+        "read_orjson_us": best_us(orjson_read, number),
+        "read_us": best_us(sampler_read, number),
     }
     figures = {k: round(v, 2) for k, v in figures.items()}
     return {"context": context, "reply": reply, **figures,
-            "write_ratio": round(figures["write_json_us"] / figures["write_orjson_us"], 1),
-            "read_ratio": round(figures["read_json_us"] / figures["read_orjson_us"], 1)}
+            "write_ratio": round(figures["write_json_us"] / figures["write_us"], 1),
+            "read_ratio": round(figures["read_json_us"] / figures["read_us"], 1)}
 
 
 def main() -> None:

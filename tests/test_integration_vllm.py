@@ -51,6 +51,29 @@ async def test_token_in_token_out(vllm_server, renderer):
     assert out.token_ids == again.token_ids  # seeded sampling is reproducible
 
 
+async def test_the_servers_echo_is_the_requests_prompt_json_byte_for_byte(vllm_server, renderer):
+    """What makes `_json`'s cut the path that runs: vLLM writes the echoed prompt exactly as orjson wrote the
+    request's (compact). The cut response reads as the whole one does, the echo left out."""
+    import aiohttp
+    import orjson
+
+    from agent_rl.rollout.sampler import _ECHO, _body, _completion, _json
+
+    ids = renderer.render([Message("user", "Hello there, how are you?")])
+    prompt = orjson.dumps(ids)
+    async with aiohttp.ClientSession() as http, http.post(
+            vllm_server.url + "/v1/completions", data=_body("base", prompt, SamplingParams(max_tokens=8, seed=3)),
+            headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 200
+        raw = await resp.read()
+    assert _ECHO + prompt in raw
+    cut, whole = _json(raw, vllm_server.url, prompt), _json(raw, vllm_server.url)
+    assert cut["choices"][0]["prompt_token_ids"] is None and whole["choices"][0]["prompt_token_ids"] == ids
+    whole["choices"][0]["prompt_token_ids"] = None
+    assert cut == whole
+    assert _completion(cut, ids, 0, "u").token_ids == tuple(whole["choices"][0]["token_ids"])
+
+
 async def test_multi_turn_episode_logprobs_match_the_trainer(vllm_server, renderer):
     """Prefix property on a real server, and its log-probs agree with a transformers forward pass."""
     async with VLLMSampler([vllm_server.url]) as sampler, EchoToolEnv(turns=3) as env:

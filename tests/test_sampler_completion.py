@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import replace
 
+import orjson
 import pytest
 from test_push_in_flight import StandInVLLM
 
@@ -65,11 +66,38 @@ def test_a_response_is_read_as_json_infinity_included_and_anything_else_is_one_l
 
 def test_the_request_is_the_prompt_ids_and_the_sampling_parameters():
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, stop_token_ids=(2, 3), seed=11)
-    body = json.loads(_body("p-v3", (1, 2, 3), params))
+    body = json.loads(_body("p-v3", orjson.dumps((1, 2, 3)), params))
     assert body == {"prompt": [1, 2, 3], "model": "p-v3", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
                     "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
                     "stop_token_ids": [2, 3], "seed": 11}
-    assert "seed" not in json.loads(_body("base", [1], replace(params, seed=None)))
+    assert "seed" not in json.loads(_body("base", b"[1]", replace(params, seed=None)))
+
+
+def response(echo: bytes, text: str = "hi") -> bytes:
+    return (b'{"choices":[{"index":0,"text":' + json.dumps(text).encode() + b',"token_ids":[5,6],'
+            b'"logprobs":{"token_logprobs":[-0.5,-0.25]},"finish_reason":"stop","prompt_token_ids":' + echo + b'}]}')
+
+
+def test_an_echo_that_is_the_prompts_json_byte_for_byte_is_left_out_and_any_other_is_compared():
+    prompt = [1, 2, 3]
+    sent = orjson.dumps(prompt)
+    cut = _json(response(b"[1,2,3]"), "u", sent)
+    assert cut["choices"][0]["prompt_token_ids"] is None  # compared as bytes, not read
+    assert cut["choices"][0]["token_ids"] == [5, 6] and _completion(cut, prompt, 0, "u").token_ids == (5, 6)
+    # the same ids written another way: read, then compared id for id
+    spaced = _json(response(b"[1, 2, 3]"), "u", sent)
+    assert spaced["choices"][0]["prompt_token_ids"] == prompt and _completion(spaced, prompt, 0, "u").token_ids
+    # other ids, or the sent ids followed by more: read, and refused
+    for echo in (b"[1,2,4]", b"[1,2,3,4]", b"[1,2]"):
+        data = _json(response(echo), "u", sent)
+        assert data["choices"][0]["prompt_token_ids"] == json.loads(echo)
+        with pytest.raises(SamplerError, match="changed the prompt tokens"):
+            _completion(data, prompt, 0, "u")
+    # the key's text inside a string is escaped, so it is never taken for the key
+    tricky = _json(response(b"[9]", text='"prompt_token_ids":[1,2,3]'), "u", sent)
+    assert tricky["choices"][0]["text"] == '"prompt_token_ids":[1,2,3]'
+    with pytest.raises(SamplerError, match="changed the prompt tokens"):
+        _completion(tricky, prompt, 0, "u")
 
 
 async def test_the_sampler_sends_each_turns_prompt_exactly():

@@ -10,10 +10,11 @@ adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.rende
 samplers (`rollout.scripted`, `play`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
-trainer sees exactly the tokens the sampler produced. Request and response are JSON written and read by orjson:
-a turn sends its whole context as ids and gets its sampled ids, their log-probs and the echoed prompt back, and
-the standard library's json spends ~55 ns an id writing them and ~90 us reading a 260-token reply; orjson ~5 ns
-and ~12 us (`bench/sampler_json.py`).
+trainer sees exactly the tokens the sampler produced; the server echoes the prompt, which must be the ids sent.
+Request and response are JSON written and read by orjson: a turn sends its whole context as ids and gets its
+sampled ids, their log-probs and the echoed prompt back, which the standard library's json writes and reads
+several times slower (`bench/sampler_json.py`); an echo that is the request's own JSON byte for byte is
+compared as bytes, not read (`_json`).
 
 Policy versions. Every request names the served policy (`model`: an adapter's versioned name, or "base" for
 weights reloaded in place) and is tagged with its version, both read when the request is sent. An adapter
@@ -201,7 +202,8 @@ class VLLMSampler(SessionOwner):
                 finish = "length" if len(ids) >= params.max_tokens else "stop"  # aborted just as it ended
                 break
             seed = None if params.seed is None else (params.seed + 7919 * len(ids)) & 0x7FFFFFFF
-            piece = await self._request([*prompt_ids, *ids],
+            same = not ids and seed == params.seed  # a turn's first request, as most are: no copies to make
+            piece = await self._request(prompt_ids if same else [*prompt_ids, *ids], params if same else
                                         replace(params, max_tokens=params.max_tokens - len(ids), seed=seed))
             ids += piece.token_ids
             logprobs += piece.logprobs
@@ -232,10 +234,11 @@ class VLLMSampler(SessionOwner):
             await self._wait_open()
         return self._pick()
 
-    async def _request(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def _request(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """One request, retried on server errors and timeouts; each attempt waits while a push holds the
         sampler (and while no server is up), then reads the served policy and its version. A server that died
         under it ends it with `ServerLost` (module doc)."""
+        prompt = orjson.dumps(prompt_ids)  # written once: the request holds it, the echo is compared with it
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             replica = await self._ready()
@@ -243,7 +246,7 @@ class VLLMSampler(SessionOwner):
             replica.outstanding += 1
             self._in_flight[replica.url, model] += 1
             try:
-                async with self.http().post(replica.url + "/v1/completions", data=_body(model, prompt_ids, params),
+                async with self.http().post(replica.url + "/v1/completions", data=_body(model, prompt, params),
                                             headers=_JSON) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
@@ -251,7 +254,7 @@ class VLLMSampler(SessionOwner):
                             raise SamplerError(f"{replica.url} rejected the request ({resp.status}): {text}")
                         raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
                     raw = await resp.read()
-                return _completion(_json(raw, replica.url), prompt_ids, version, replica.url)
+                return _completion(_json(raw, replica.url, prompt), prompt_ids, version, replica.url)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                 last = e
             finally:
@@ -271,10 +274,11 @@ class VLLMSampler(SessionOwner):
 _JSON = {"Content-Type": "application/json"}
 
 
-def _body(model: str, prompt_ids: Sequence[int], params: SamplingParams) -> bytes:
-    """The request's JSON (orjson: the whole context's ids are written again every turn, module doc)."""
+def _body(model: str, prompt: bytes, params: SamplingParams) -> bytes:
+    """The request's JSON around `prompt`, the prompt ids' JSON (orjson: the whole context's ids are written
+    again every turn, module doc)."""
     body: dict[str, Any] = {
-        "prompt": prompt_ids, "model": model, "max_tokens": params.max_tokens,
+        "prompt": orjson.Fragment(prompt), "model": model, "max_tokens": params.max_tokens,
         "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
         "return_token_ids": True, "skip_special_tokens": False,
         "stop_token_ids": params.stop_token_ids,
@@ -284,9 +288,21 @@ def _body(model: str, prompt_ids: Sequence[int], params: SamplingParams) -> byte
     return orjson.dumps(body)
 
 
-def _json(raw: bytes, url: str) -> Any:
-    """A response's JSON. orjson refuses NaN and Infinity, which Python's json (and so a server written in Python)
-    may write: such a response is read by the standard library's json instead."""
+_ECHO = b'"prompt_token_ids":'
+
+
+def _json(raw: bytes, url: str, prompt: bytes = b"") -> Any:
+    """A response's JSON; an echoed prompt that is `prompt` (the JSON of the ids sent) byte for byte is null in it.
+
+    Such an echo is cut out before the rest is read: reading ~1k ids back to compare them with the ids sent
+    costs more than the rest of a reply (bench/sampler_json.py), and identical JSON is identical ids. The
+    key's bytes can only be a key: inside a JSON string every quote is escaped. Any other echo (written
+    another way, or other ids) is read as it is, and `_completion` compares its ids. orjson refuses NaN and
+    Infinity, which a server written in Python may send: such a body is read by the standard library's json."""
+    at = raw.find(_ECHO) + len(_ECHO) if prompt else -1
+    same = at >= len(_ECHO) and raw.startswith(prompt, at)
+    if same:
+        raw = raw[:at] + b"null" + raw[at + len(prompt):]
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -298,6 +314,8 @@ def _json(raw: bytes, url: str) -> Any:
 
 
 def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
+    """The completion of a response's first choice; its echoed prompt, if any, must be the ids sent (one
+    that `_json` found to be their JSON byte for byte it has already replaced by null)."""
     try:
         choice = data["choices"][0]
         ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
