@@ -48,7 +48,8 @@ def test_anything_else_is_one_clear_error(data, message):
 
 
 @pytest.mark.parametrize("ids, logprobs", [(("5", 6, 7), (-0.1, -0.2, -0.3)), ((5, 6.0, 7), (-0.1, -0.2, -0.3)),
-                                           ((5, 6, 7), (-0.1, None, -0.3)), ((5, 6, 7), (-0.1, "x", -0.3))])
+                                           ((5, 6, 7), (-0.1, None, -0.3)), ((5, 6, 7), (-0.1, "x", -0.3)),
+                                           ((5, 2**70, 7), (-0.1, -0.2, -0.3))])
 def test_an_id_that_is_not_an_int_or_a_log_prob_not_a_number_is_refused(ids, logprobs):
     with pytest.raises(SamplerError, match="unexpected completion"):
         _completion(choice(ids=ids, logprobs=logprobs), [1, 2, 3], 0, "http://x")

@@ -323,7 +323,7 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
         ids, logprobs = tuple(ids), tuple(logprobs)  # together half the cost of int() and float() on each
         finish = choice["finish_reason"]
         echoed = choice.get("prompt_token_ids")
-    except (KeyError, IndexError, TypeError) as e:
+    except (KeyError, IndexError, TypeError, OverflowError) as e:
         raise SamplerError(f"{url} sent an unexpected completion ({type(e).__name__}: {e}); "
                            f"is it a vLLM server with return_token_ids support?") from None
     if len(ids) != len(logprobs):
