@@ -52,6 +52,7 @@ from agent_rl.learn.distributed import (
     Dist,
     GatheredModel,
     broadcast,
+    close_distributed,
     full_optimizer_state,
     full_state_dict,
     init_distributed,
@@ -182,6 +183,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     first = served_weights(run)  # every rank: under sharded full fine-tuning, a gather on rank 0
     if not dist.main:
         await follow(run, stages)
+        close_distributed(dist)
         return {}
     # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
     async with supervised_sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as (sampler, supervisor), \
@@ -207,6 +209,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             await sync.finish()  # merged weights: the servers' own base weights back
     if not cfg.model.full_finetune:  # the final policy, where `agent-rl eval --adapter RUN_DIR` finds it
         run.policy.model.save_pretrained(str(run.run_dir / "adapter"), safe_serialization=True)
+    close_distributed(dist)
     return final
 
 

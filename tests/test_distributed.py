@@ -118,6 +118,25 @@ def finish(proc: subprocess.Popen, timeout_s: float = 900) -> str:
     return out
 
 
+def test_a_run_shuts_its_process_group_down_and_one_process_has_none_to_shut():
+    """`close_distributed` at a run's normal end: the group is destroyed (left to interpreter exit, gloo's threads
+    can abort the rank). A one-rank group stands in for the ranks; a single process (`Dist()`) leaves it alone."""
+    import torch.distributed as torch_dist
+
+    from agent_rl.learn.distributed import close_distributed
+
+    torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    try:
+        close_distributed(Dist())  # one process: not a torchrun job, nothing of its own to shut
+        assert torch_dist.is_initialized()
+        close_distributed(Dist(rank=0, world=2))
+        assert not torch_dist.is_initialized()
+        close_distributed(Dist(rank=0, world=2))  # already shut: nothing to do
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # three 2-rank runs, and maybe the start of the second session server
 def test_two_ranks_two_servers_train_resume_and_match(tmp_path, vllm_server, dev_server, tiny_dir, renderer):

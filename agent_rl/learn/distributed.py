@@ -89,6 +89,15 @@ def init_distributed(device_spec: str = "auto") -> Dist:
     return Dist(rank, world, local)
 
 
+def close_distributed(dist: Dist) -> None:
+    """Shut the process group down at the normal end of a run, on every rank, while the interpreter is still
+    whole. Left to interpreter exit, gloo's worker threads can abort the process (SIGABRT, "terminate called
+    without an active exception": pytorch/pytorch#190489; seen here once, a rank of a resumed 2-rank run, after
+    its last step). Not after a failure: another rank may still be inside a collective."""
+    if dist.active and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
 def rank_device(dist: Dist, device_spec: str) -> str:
     """A rank's own device: with several ranks on a CUDA machine, cuda:LOCAL_RANK."""
     if dist.active and device_spec in ("auto", "cuda") and torch.cuda.is_available():
