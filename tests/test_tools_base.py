@@ -47,6 +47,21 @@ def test_tools_of_one_function_share_its_model_and_schema():
     assert Tool(add, name="plus").schema["function"]["name"] == "plus"
 
 
+def big(n: int = 123456789012345678901234567890, x: float = float("nan")) -> int:
+    """Defaults orjson would not read as json does."""
+    return n
+
+
+def test_a_schema_holds_its_numbers_as_json_reads_them():
+    """An integer past 64 bits stays that integer (orjson would make it a float), NaN stays NaN (orjson refuses
+    it): such a schema is read by json, every other one by orjson."""
+    props = Tool(big).schema["function"]["parameters"]["properties"]
+    assert props["n"]["default"] == 123456789012345678901234567890 and type(props["n"]["default"]) is int
+    assert props["x"]["default"] != props["x"]["default"]  # NaN
+    assert base._schema(Tool(big).params_model, "big", "")[1] is False
+    assert base._schema(Tool(add).params_model, "add", "")[1] is True
+
+
 async def test_bound_methods_share_the_model_and_call_their_own_instance():
     one, two = Tool(Counter(10).bump), Tool(Counter(20).bump)
     assert one.params_model is two.params_model

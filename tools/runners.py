@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from agent_rl.core.deadline import deadline
 from agent_rl.tools.pipes import frame, pipe_size, write_all
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class _Worker:
         self._reply = reply = loop.create_future()
         data = frame(message)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with deadline(timeout_s):
                 if len(data) <= self._fits:
                     write_all(self.proc.stdin, data)
                 else:  # a larger one waits for the worker to read it: never on the loop
