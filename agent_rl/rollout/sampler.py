@@ -205,6 +205,8 @@ class VLLMSampler(SessionOwner):
             same = not ids and seed == params.seed  # a turn's first request, as most are: no copies to make
             piece = await self._request(prompt_ids if same else [*prompt_ids, *ids], params if same else
                                         replace(params, max_tokens=params.max_tokens - len(ids), seed=seed))
+            if same and piece.finish_reason != "abort":
+                return piece  # the turn in one piece, as most are: already the turn's completion, no copies
             ids += piece.token_ids
             logprobs += piece.logprobs
             versions += piece.versions
