@@ -233,6 +233,12 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
         await asyncio.gather(*(lane() for _ in range(concurrency)))
 
 
+def page_faults() -> int:
+    """The process's page faults so far (minor: a page first touched, or mapped again after it was given back)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
 def run_queue_s() -> float:
     """Seconds the event loop's thread has waited for a CPU (Linux schedstat): how loaded the machine is."""
     try:
@@ -265,10 +271,11 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     gc.callbacks.append(collections)
     try:
         await asyncio.sleep(warmup)
-        first, cpu0, wait0, t0, n_lags = (cluster.snapshot(), time.process_time(), run_queue_s(), loop.time(),
-                                          len(meter.lags))
+        first, cpu0, wait0, t0, n_lags, faults0 = (cluster.snapshot(), time.process_time(), run_queue_s(),
+                                                   loop.time(), len(meter.lags), page_faults())
         await asyncio.sleep(window)
         last, cpu1, wait1, t1 = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time()
+        faults1 = page_faults()
         lags = sorted(meter.lags[n_lags:])
         if tasks[0].done():
             tasks[0].result()  # raises what went wrong
@@ -283,7 +290,8 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     seconds, cpu = t1 - t0, cpu1 - cpu0
     requests, tokens, prefill, prompt = (b - a for a, b in zip(first, last))
     return {"tok_s": tokens / seconds, "turns_s": requests / seconds, "cpu_util": cpu / seconds,
-            "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
+            "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "faults_per_turn": (faults1 - faults0) / max(requests, 1),
+            "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
             "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
             "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds,
             "gc_in_window_ms": 1000 * collections.longest(t0, t1),
@@ -304,6 +312,7 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "share_of_peak": r(runner["tok_s"] / (servers * gpu.peak_tok_s)), "turns_s": round(runner["turns_s"], 1),
             "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
             "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
+            "faults_per_turn": r(runner["faults_per_turn"]), "ideal_faults_per_turn": r(ideal["faults_per_turn"]),
             # the runner's own: the ideal client pays the simulation's work (its servers, timers, routing) too
             "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - ideal["cpu_ms_per_turn"]),
             "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
