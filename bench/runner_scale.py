@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
+import itertools
 import json
 import math
 import random
@@ -69,7 +71,6 @@ from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
           "tool helps, what arguments it needs, and how I will check the result before I answer. ")
-FILLER_TEXT = FILLER * 80
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
+        self.pieces = token_pieces(renderer)
         self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
         # server's work, made once per text so that the client's CPU per turn does not count it
 
@@ -138,16 +140,38 @@ class SimSampler:
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
-        raw = response_json(prompt_ids, [*self.filler[:n], *tail])  # the server writes it (the ideal client too)
+        raw = response_json(prompt_ids, [*self.filler[:n], *tail], self.pieces)  # the server writes it (the ideal
+        # client too)
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
 
 
-def response_json(prompt_ids: Sequence[int], ids: list[int]) -> bytes:
-    """A vLLM /v1/completions response's JSON, its text ~4 characters a token (the server's work: the ideal client
-    pays it as well)."""
-    return orjson.dumps({"choices": [{"index": 0, "text": FILLER_TEXT[:4 * len(ids)], "token_ids": ids,
-                                      "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "finish_reason": "stop",
-                                      "prompt_token_ids": prompt_ids}]})
+LOGPROBS = [-round(random.Random(i).expovariate(0.5), 12) - 1e-9 * i for i in range(2048)]  # as vLLM writes them:
+# a sampled token's log-prob at full precision, e.g. -10.631866455078125
+
+
+@functools.lru_cache(maxsize=4)
+def token_pieces(renderer: Renderer) -> tuple[str, ...]:
+    """Each id's text, as a vLLM response's `logprobs.tokens` gives it (the server's work, made once)."""
+    return tuple(renderer.decode_raw([i]) for i in range(len(renderer.tokenizer)))
+
+
+def response_json(prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[str]) -> bytes:
+    """The JSON of vLLM's /v1/completions response to VLLMSampler's request, field for field as vLLM 0.32 writes it
+    (`logprobs: 0` gives each token's log-prob, text, offset and top-1 entry; `return_token_ids` the prompt's and
+    reply's ids). The server's work: the ideal client pays it as well."""
+    tokens = [pieces[i] for i in ids]
+    logprobs = LOGPROBS[:len(ids)]
+    return orjson.dumps({
+        "id": "cmpl-sim", "object": "text_completion", "created": 0, "model": "sim",
+        "choices": [{"index": 0, "text": "".join(tokens),
+                     "logprobs": {"text_offset": list(itertools.accumulate(map(len, tokens[:-1]), initial=0)),
+                                  "token_logprobs": logprobs, "tokens": tokens,
+                                  "top_logprobs": [{t: p} for t, p in zip(tokens, logprobs)]},
+                     "finish_reason": "stop", "stop_reason": None, "token_ids": ids, "prompt_logprobs": None,
+                     "prompt_token_ids": prompt_ids, "routed_experts": None}],
+        "service_tier": None, "system_fingerprint": "vllm-sim", "kv_transfer_params": None, "metrics": None,
+        "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(ids),
+                  "completion_tokens": len(ids), "prompt_tokens_details": None, "completion_tokens_details": None}})
 
 
 class CollectionTimes:
@@ -212,10 +236,11 @@ async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, c
 
 
 async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shape: dict[str, int],
-                     started: list[int], text_ids: list[int], seed: int = 1) -> None:
+                     started: list[int], text_ids: list[int], pieces: Sequence[str], seed: int = 1) -> None:
     """A client with no cost at all: `concurrency` lanes, each playing episodes of the same lengths
     back to back (no tokenizer, no environment, no tool between the turns). Each turn the servers' response
-    JSON is written, as the runner's side writes it, of ids of real text (`text_ids`: as many as a context has)."""
+    JSON is written, as the runner's side writes it, of ids of real text (`text_ids`: as many as a context has;
+    `pieces`: each id's text, `token_pieces`)."""
     rng = random.Random(seed)
 
     async def lane() -> None:
@@ -226,7 +251,8 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
                 out = rng.randint(work.min_tokens, work.max_tokens)
                 out += shape["call"] if turn < work.turns - 1 else shape["answer"]
                 await cluster.generate(conv, prompt, out)
-                response_json(text_ids[:prompt], text_ids[:out])  # the server's work, which the runner's side pays too
+                response_json(text_ids[:prompt], text_ids[:out], pieces)  # the server's work, which the runner's side
+                # pays too
                 prompt += out + shape["continuation"]
 
     with ROLLOUT_GC.quiet():  # as the runner plays its episodes: the collections it does not make are not counted
@@ -265,7 +291,8 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     cluster, started, meter = SimCluster(servers, gpu, routing, shape["system"]), [0], LagMeter()
     episodes = episodes_needed(servers, concurrency, gpu, work, warmup + window)
     load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
-            else ideal_load(cluster, work, concurrency, shape, started, renderer.encode(FILLER * 600)))
+            else ideal_load(cluster, work, concurrency, shape, started, renderer.encode(FILLER * 600),
+                            token_pieces(renderer)))
     tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
     collections = CollectionTimes()
     gc.callbacks.append(collections)

@@ -59,9 +59,28 @@ async def test_the_simulated_sampler_plays_real_calculator_episodes(renderer):
         assert len(t.turns) == 3 and [c.ok for c in t.tool_calls] == [True, True]  # the real tool ran twice
         assert t.reward == 1.0  # the answer is the tool's result, graded by the env
         for turn in t.turns:  # sampled ids: mask 1, the sampler's log-probs
-            assert set(t.loss_mask[turn.start:turn.end]) == {1} and set(t.logprobs[turn.start:turn.end]) == {-0.5}
+            assert set(t.loss_mask[turn.start:turn.end]) == {1}
+            assert t.logprobs[turn.start:turn.end] == tuple(rs.LOGPROBS[:turn.end - turn.start])
     assert cluster.requests == 18
     assert 0 < cluster.prefill < cluster.prompt_tokens / 2  # only the new tokens of later turns are prefilled
+
+
+def test_the_stand_in_response_is_what_vllm_writes(renderer):
+    """Field for field what a real vLLM 0.32 server wrote for VLLMSampler's request (tests/test_integration_vllm.py
+    checks the same keys against the real one): the text is the ids' text, each token's offset and text."""
+    import orjson
+
+    ids = renderer.encode("Hello world, let me think")
+    choice = orjson.loads(rs.response_json([1, 2, 3], ids, rs.token_pieces(renderer)))["choices"][0]
+    assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
+                            "prompt_token_ids", "routed_experts"]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == "Hello world, let me think" and choice["token_ids"] == ids
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    tokens = logprobs["tokens"]
+    assert logprobs["text_offset"] == [len("".join(tokens[:k])) for k in range(len(tokens))]
+    assert logprobs["top_logprobs"] == [{t: p} for t, p in zip(logprobs["tokens"], logprobs["token_logprobs"])]
+    assert choice["prompt_token_ids"] == [1, 2, 3]
 
 
 async def test_a_measurement_pair_gives_share_and_lag(renderer):
