@@ -4,9 +4,10 @@ checked, by Python's json (what VLLMSampler used until orjson) and as VLLMSample
 A turn sends its whole context as token ids (`VLLMSampler._body`) and reads back its sampled ids, their
 log-probs, its text and the echoed prompt, which must be the ids sent (`_json`, then `_completion`). The
 standard library's side is `json.dumps`, `json.loads` and the ids compared; orjson's side reads the whole
-response and compares the ids (`read_orjson_us`), and VLLMSampler's compares the echo as bytes and reads the
-rest (`read_us`). The response is written as vLLM writes it (compact). Ids are drawn from SmolLM2's vocabulary
-range; log-probs are random floats.
+response and compares the ids (`read_orjson_us`), and VLLMSampler's leaves out, unread, the token texts vLLM sends
+with each log-prob and an echo that is the request's own JSON (compared as bytes), and reads the rest (`read_us`).
+The response is written as vLLM 0.32 writes it (bench/runner_scale.py's `response_json`). Ids are drawn from
+SmolLM2's vocabulary range, each with a random text of 1-6 letters.
 
     python bench/sampler_json.py [--context 1000 8000] [--reply 260]
 (one JSON line on stdout: microseconds a turn for each, and the ratios json / VLLMSampler's)
@@ -26,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import orjson
 
 from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
+from bench.runner_scale import response_json
+
+VOCAB = 49152  # SmolLM2's
 
 
 def stdlib_body(model: str, prompt_ids: list[int], params: SamplingParams) -> str:
@@ -42,12 +46,10 @@ def best_us(fn, number: int) -> float:
 
 
 def one(context: int, reply: int, rng: random.Random) -> dict[str, float]:
-    prompt = [rng.randrange(49152) for _ in range(context)]
-    ids = [rng.randrange(49152) for _ in range(reply)]
-    text = "".join(rng.choice("abcdefgh ") for _ in range(4 * reply))
-    response = orjson.dumps({"choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": "stop",
-                                          "logprobs": {"token_logprobs": [-rng.expovariate(2) for _ in ids]},
-                                          "prompt_token_ids": prompt}]})
+    prompt = [rng.randrange(VOCAB) for _ in range(context)]
+    ids = [rng.randrange(VOCAB) for _ in range(reply)]
+    pieces = ["".join(rng.choice(" abcdefgh") for _ in range(rng.randint(1, 6))) for _ in range(VOCAB)]
+    response = response_json(prompt, ids, pieces)
     params = SamplingParams(max_tokens=reply, stop_token_ids=(2,), seed=7)
     assert json.loads(_body("p", orjson.dumps(prompt), params)) == json.loads(stdlib_body("p", prompt, params))
 
@@ -55,7 +57,7 @@ def one(context: int, reply: int, rng: random.Random) -> dict[str, float]:
         return _completion(json.loads(response), prompt, 0, "u")
 
     def orjson_read() -> Completion:
-        return _completion(_json(response, "u"), prompt, 0, "u")
+        return _completion(orjson.loads(response), prompt, 0, "u")
 
     def sampler_read() -> Completion:
         return _completion(_json(response, "u", orjson.dumps(prompt)), prompt, 0, "u")
@@ -72,7 +74,8 @@ def one(context: int, reply: int, rng: random.Random) -> dict[str, float]:
     figures = {k: round(v, 2) for k, v in figures.items()}
     return {"context": context, "reply": reply, **figures,
             "write_ratio": round(figures["write_json_us"] / figures["write_us"], 1),
-            "read_ratio": round(figures["read_json_us"] / figures["read_us"], 1)}
+            "read_ratio": round(figures["read_json_us"] / figures["read_us"], 1),
+            "read_orjson_ratio": round(figures["read_orjson_us"] / figures["read_us"], 1)}
 
 
 def main() -> None:

@@ -52,12 +52,13 @@ async def test_token_in_token_out(vllm_server, renderer):
 
 
 async def test_the_servers_echo_is_the_requests_prompt_json_byte_for_byte(vllm_server, renderer):
-    """What makes `_json`'s cut the path that runs: vLLM writes the echoed prompt exactly as orjson wrote the
-    request's (compact). The cut response reads as the whole one does, the echo left out."""
+    """What makes `_json`'s cuts the path that runs: vLLM writes the echoed prompt exactly as orjson wrote the
+    request's (compact), and the logprobs' keys in the order `_token_texts` looks for. The cut response reads as the
+    whole one does, the echo and the token texts left out."""
     import aiohttp
     import orjson
 
-    from agent_rl.rollout.sampler import _ECHO, _body, _completion, _json
+    from agent_rl.rollout.sampler import _ECHO, _body, _completion, _json, _token_texts
 
     ids = renderer.render([Message("user", "Hello there, how are you?")])
     prompt = orjson.dumps(ids)
@@ -67,9 +68,19 @@ async def test_the_servers_echo_is_the_requests_prompt_json_byte_for_byte(vllm_s
         assert resp.status == 200
         raw = await resp.read()
     assert _ECHO + prompt in raw
-    cut, whole = _json(raw, vllm_server.url, prompt), _json(raw, vllm_server.url)
+    cut, whole = _json(raw, vllm_server.url, prompt), orjson.loads(raw)
     assert cut["choices"][0]["prompt_token_ids"] is None and whole["choices"][0]["prompt_token_ids"] == ids
     whole["choices"][0]["prompt_token_ids"] = None
+    # the logprobs as `_token_texts` finds them (and bench/runner_scale.py's stand-in writes them): the token texts,
+    # offsets and top-1 entries are left out unread
+    assert _token_texts(raw) is not None
+    assert list(whole["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                                         "prompt_logprobs", "prompt_token_ids", "routed_experts"]
+    logprobs = whole["choices"][0]["logprobs"]
+    assert list(logprobs) == ["text_offset", "token_logprobs", "tokens", "top_logprobs"]
+    assert "".join(logprobs["tokens"]).startswith(whole["choices"][0]["text"])  # the text leaves out a stop token's
+    for key in ("text_offset", "tokens", "top_logprobs"):
+        del logprobs[key]
     assert cut == whole
     assert _completion(cut, ids, 0, "u").token_ids == tuple(whole["choices"][0]["token_ids"])
 

@@ -14,7 +14,15 @@ import pytest
 from test_push_in_flight import StandInVLLM
 
 from agent_rl.core.types import Message
-from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler, _body, _completion, _json
+from agent_rl.rollout.sampler import (
+    SamplerError,
+    SamplingParams,
+    VLLMSampler,
+    _body,
+    _completion,
+    _json,
+    _token_texts,
+)
 
 
 def choice(ids=(5, 6, 7), logprobs=(-0.1, -0.2, -0.3), finish="stop", echoed=(1, 2, 3)):
@@ -99,6 +107,59 @@ def test_an_echo_that_is_the_prompts_json_byte_for_byte_is_left_out_and_any_othe
     assert tricky["choices"][0]["text"] == '"prompt_token_ids":[1,2,3]'
     with pytest.raises(SamplerError, match="changed the prompt tokens"):
         _completion(tricky, prompt, 0, "u")
+
+
+def vllm_response(tokens: list[str], echo: bytes = b"[1,2,3]") -> bytes:
+    """A response as vLLM 0.32 writes it for `logprobs: 0` (keys in its order; tests/test_integration_vllm.py checks
+    them on the real server): each token's offset, log-prob, text and top-1 entry."""
+    logprobs = [-0.5 - i for i in range(len(tokens))]
+    offsets = [len("".join(tokens[:k])) for k in range(len(tokens))]
+    lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": tokens,
+          "top_logprobs": [{t: p} for t, p in zip(tokens, logprobs)]}
+    body = orjson.dumps({"index": 0, "text": "".join(tokens), "logprobs": lp, "finish_reason": "stop",
+                         "stop_reason": None, "token_ids": list(range(10, 10 + len(tokens))), "prompt_logprobs": None})
+    return b'{"id":"cmpl-1","choices":[' + body[:-1] + b',"prompt_token_ids":' + echo + b'}],"usage":null}'
+
+
+# token texts that look like the keys and brackets the cut looks for: each is escaped inside its string
+TRICKY = ["Hi", ' "x"', ']},"finish_reason":', '"prompt_token_ids":[1,2,3]', "]", "},{", "\\", "é🙂",
+          "prompt_token_ids", "finish_reason"]
+
+
+@pytest.mark.parametrize("tokens", [["a", "b"], TRICKY, []])
+def test_the_token_texts_vllm_sends_with_each_log_prob_are_left_out_unread(tokens):
+    raw, sent = vllm_response(tokens), orjson.dumps([1, 2, 3])
+    assert _token_texts(raw) is not None
+    cut, whole = _json(raw, "u", sent), orjson.loads(raw)
+    for key in ("text_offset", "tokens", "top_logprobs"):
+        del whole["choices"][0]["logprobs"][key]
+    whole["choices"][0]["prompt_token_ids"] = None  # the echo is the ids sent: compared as bytes, left out too
+    assert cut == whole
+    out = _completion(cut, [1, 2, 3], 0, "u")
+    assert out.token_ids == tuple(range(10, 10 + len(tokens)))
+    assert out.logprobs == tuple(-0.5 - i for i in range(len(tokens)))
+    with pytest.raises(SamplerError, match="changed the prompt tokens"):  # another echo is still read and compared
+        _completion(_json(vllm_response(tokens, echo=b"[1,2,4]"), "u", sent), [1, 2, 3], 0, "u")
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"choices":[{"logprobs":{"token_logprobs":[-0.5],"text_offset":[0],"tokens":["a"]},"finish_reason":"stop"}]}',
+    b'{"choices":[{"logprobs":{"text_offset":[0], "token_logprobs":[-0.5],"tokens":["a"]},"finish_reason":"stop"}]}',
+    b'{"choices":[{"logprobs":{"text_offset":[0],"token_logprobs":[-0.5],"top_logprobs":[{"a":-0.5}]},"x":1}]}',
+    b'{"choices":[{"logprobs":{"text_offset":[0],"token_logprobs":[-0.5],"tokens":["a"]}}]}',
+    b'{"choices":[{"logprobs":{"text_offset":[0,',
+])
+def test_a_response_written_otherwise_is_read_whole(raw):
+    """Keys in another order, spaces, a key missing, no finish_reason after them, a body cut short: no cut, and
+    what is read (or refused) is what reading it whole gives."""
+    assert _token_texts(raw) is None
+    try:
+        expected = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        with pytest.raises(SamplerError, match="not JSON"):
+            _json(raw, "u")
+        return
+    assert _json(raw, "u") == expected
 
 
 async def test_the_sampler_sends_each_turns_prompt_exactly():

@@ -291,20 +291,58 @@ def _body(model: str, prompt: bytes, params: SamplingParams) -> bytes:
 
 
 _ECHO = b'"prompt_token_ids":'
+_LOGPROBS = b'"logprobs":{"text_offset":['
+_TOKEN_LOGPROBS = b',"token_logprobs":['
+_TOKENS = b',"tokens":['
+_LOGPROBS_END = b']},"finish_reason":'
+
+
+def _token_texts(raw: bytes) -> tuple[int, int, int, int] | None:
+    """Where a response's logprobs hold what VLLMSampler does not read, as vLLM 0.32 writes them: each token's
+    offset, text and top-1 entry (`logprobs: 0` gives them beside its log-prob: ~5 objects a token to read, against
+    one for the log-prob). (a, b, c, d): `raw[a:b]` is `"text_offset":[...],`, `raw[c:d]` is `,"tokens":[...],
+    "top_logprobs":[...]`; None where the response is written otherwise (then it is read whole).
+
+    The offsets and log-probs are numbers (and nulls) only, so the first "]" after each opening ends it. In the
+    texts and entries every quote inside a string is escaped, so the first `]},"finish_reason":` after them is
+    where the logprobs end: the texts' array closes with "]," and each entry with "}," or "}]"."""
+    a = raw.find(_LOGPROBS)
+    if a < 0:
+        return None
+    a += len(b'"logprobs":{')
+    b = raw.find(b"]", a) + 2
+    if not raw.startswith(_TOKEN_LOGPROBS, b - 1):
+        return None
+    c = raw.find(b"]", b) + 1
+    if c == 0 or not raw.startswith(_TOKENS, c):
+        return None
+    d = raw.find(_LOGPROBS_END, c) + 1
+    return (a, b, c, d) if d > 0 else None
 
 
 def _json(raw: bytes, url: str, prompt: bytes = b"") -> Any:
-    """A response's JSON; an echoed prompt that is `prompt` (the JSON of the ids sent) byte for byte is null in it.
+    """A response's JSON, without what VLLMSampler does not read: the logprobs' token texts (`_token_texts`) and an
+    echoed prompt that is `prompt` (the JSON of the ids sent) byte for byte, which is null in it.
 
     Such an echo is cut out before the rest is read: reading ~1k ids back to compare them with the ids sent
     costs more than the rest of a reply (bench/sampler_json.py), and identical JSON is identical ids. The
-    key's bytes can only be a key: inside a JSON string every quote is escaped. Any other echo (written
-    another way, or other ids) is read as it is, and `_completion` compares its ids. orjson refuses NaN and
-    Infinity, which a server written in Python may send: such a body is read by the standard library's json."""
-    at = raw.find(_ECHO) + len(_ECHO) if prompt else -1
-    same = at >= len(_ECHO) and raw.startswith(prompt, at)
-    if same:
-        raw = raw[:at] + b"null" + raw[at + len(prompt):]
+    key's bytes, looked for after the logprobs (the token texts are keys there), can only be a key: inside a JSON
+    string every quote is escaped. Any other echo (written another way, or other ids) is read as it is, and
+    `_completion` compares its ids. orjson refuses NaN and Infinity, which a server written in Python may send:
+    such a body is read by the standard library's json."""
+    kept: list[bytes] = []
+    start = 0
+    texts = _token_texts(raw)
+    if texts is not None:
+        a, b, c, d = texts
+        kept += [raw[:a], raw[b:c]]
+        start = d
+    at = raw.find(_ECHO, start) + len(_ECHO) if prompt else -1
+    if at >= len(_ECHO) and raw.startswith(prompt, at):
+        kept += [raw[start:at], b"null"]
+        start = at + len(prompt)
+    if kept:
+        raw = b"".join([*kept, raw[start:]])
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
