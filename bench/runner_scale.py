@@ -19,7 +19,10 @@ no tokenizer, env or tool) gets from identical servers at the same concurrency, 
 window after a warm-up. Target: >= 0.95 and an event-loop lag under 50 ms at 4,096 concurrent
 episodes. CPU per turn: `cpu_ms_per_turn` is the runner process's, the simulation's work included;
 `own_cpu_ms_per_turn` subtracts the ideal client's (which pays the same simulation and nothing else): the
-runner's own. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
+runner's own. The servers' largest work in this process, writing each response's JSON, is timed apart on both
+sides (`server_json_ms_per_turn`) and left out of both before the subtraction: in the runner's process, whose
+caches hold thousands of episodes, it costs more than in the ideal client's, and that difference is the
+simulation's, not the runner's. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
 client with no think time at all keeps landing on the server it just left (the slot it freed is
 the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
 would then measure that, not the runner. `--routing least` shows what the rule costs.
@@ -107,8 +110,10 @@ class SimSampler:
     Turn t of an episode (t = assistant messages so far): filler tokens, then a calculator call on
     the question's expression, or, on the last turn, `<answer>{last tool result}</answer>`."""
 
-    def __init__(self, cluster: SimCluster, renderer: Renderer, work: Workload, seed: int = 0):
+    def __init__(self, cluster: SimCluster, renderer: Renderer, work: Workload, seed: int = 0,
+                 server: ServerWork | None = None):
         self.cluster, self.renderer, self.work = cluster, renderer, work
+        self.server = server if server is not None else ServerWork()
         self.rng = random.Random(seed)
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
@@ -140,13 +145,27 @@ class SimSampler:
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
-        raw = response_json(prompt_ids, [*self.filler[:n], *tail], self.pieces)  # the server writes it (the ideal
-        # client too)
+        raw = self.server.respond(prompt_ids, [*self.filler[:n], *tail], self.pieces)  # the server writes it (the
+        # ideal client too)
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
 
 
 LOGPROBS = [-round(random.Random(i).expovariate(0.5), 12) - 1e-9 * i for i in range(2048)]  # as vLLM writes them:
 # a sampled token's log-prob at full precision, e.g. -10.631866455078125
+
+
+@dataclass
+class ServerWork:
+    """The simulated servers' response writing in this process, timed (wall clock: it never waits, and a CPU
+    clock costs 0.6 us a read here against 0.08)."""
+
+    seconds: float = 0.0
+
+    def respond(self, prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[str]) -> bytes:
+        t = time.perf_counter()
+        raw = response_json(prompt_ids, ids, pieces)
+        self.seconds += time.perf_counter() - t
+        return raw
 
 
 @functools.lru_cache(maxsize=4)
@@ -219,9 +238,9 @@ def workload_shape(renderer: Renderer) -> dict[str, int]:
 
 
 async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, concurrency: int,
-                      episodes: int, started: list[int]) -> None:
+                      episodes: int, started: list[int], server: ServerWork) -> None:
     """The real runner: `episodes` calculator episodes, `concurrency` at a time."""
-    sampler = SimSampler(cluster, renderer, work)
+    sampler = SimSampler(cluster, renderer, work, server=server)
 
     def make_env(task: dict[str, Any]) -> CalculatorEnv:
         started[0] += 1
@@ -236,7 +255,8 @@ async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, c
 
 
 async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shape: dict[str, int],
-                     started: list[int], text_ids: list[int], pieces: Sequence[str], seed: int = 1) -> None:
+                     started: list[int], text_ids: list[int], pieces: Sequence[str], server: ServerWork,
+                     seed: int = 1) -> None:
     """A client with no cost at all: `concurrency` lanes, each playing episodes of the same lengths
     back to back (no tokenizer, no environment, no tool between the turns). Each turn the servers' response
     JSON is written, as the runner's side writes it, of ids of real text (`text_ids`: as many as a context has;
@@ -251,8 +271,8 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
                 out = rng.randint(work.min_tokens, work.max_tokens)
                 out += shape["call"] if turn < work.turns - 1 else shape["answer"]
                 await cluster.generate(conv, prompt, out)
-                response_json(text_ids[:prompt], text_ids[:out], pieces)  # the server's work, which the runner's side
-                # pays too
+                server.respond(text_ids[:prompt], text_ids[:out], pieces)  # the server's work, which the runner's
+                # side pays too
                 prompt += out + shape["continuation"]
 
     with ROLLOUT_GC.quiet():  # as the runner plays its episodes: the collections it does not make are not counted
@@ -290,9 +310,10 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     shape = workload_shape(renderer)
     cluster, started, meter = SimCluster(servers, gpu, routing, shape["system"]), [0], LagMeter()
     episodes = episodes_needed(servers, concurrency, gpu, work, warmup + window)
-    load = (runner_load(cluster, renderer, work, concurrency, episodes, started) if side == "runner"
+    server = ServerWork()
+    load = (runner_load(cluster, renderer, work, concurrency, episodes, started, server) if side == "runner"
             else ideal_load(cluster, work, concurrency, shape, started, renderer.encode(FILLER * 600),
-                            token_pieces(renderer)))
+                            token_pieces(renderer), server))
     tasks = [asyncio.create_task(load), asyncio.create_task(meter.run())]
     collections = CollectionTimes()
     gc.callbacks.append(collections)
@@ -300,9 +321,10 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
         await asyncio.sleep(warmup)
         first, cpu0, wait0, t0, n_lags, faults0 = (cluster.snapshot(), time.process_time(), run_queue_s(),
                                                    loop.time(), len(meter.lags), page_faults())
+        json0 = server.seconds
         await asyncio.sleep(window)
         last, cpu1, wait1, t1 = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time()
-        faults1 = page_faults()
+        faults1, json1 = page_faults(), server.seconds
         lags = sorted(meter.lags[n_lags:])
         if tasks[0].done():
             tasks[0].result()  # raises what went wrong
@@ -318,6 +340,7 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     requests, tokens, prefill, prompt = (b - a for a, b in zip(first, last))
     return {"tok_s": tokens / seconds, "turns_s": requests / seconds, "cpu_util": cpu / seconds,
             "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "faults_per_turn": (faults1 - faults0) / max(requests, 1),
+            "server_json_ms_per_turn": 1000 * (json1 - json0) / max(requests, 1),
             "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
             "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
             "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds,
@@ -340,8 +363,12 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
             "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
             "faults_per_turn": r(runner["faults_per_turn"]), "ideal_faults_per_turn": r(ideal["faults_per_turn"]),
-            # the runner's own: the ideal client pays the simulation's work (its servers, timers, routing) too
-            "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - ideal["cpu_ms_per_turn"]),
+            "server_json_ms_per_turn": r(runner["server_json_ms_per_turn"]),
+            "ideal_server_json_ms_per_turn": r(ideal["server_json_ms_per_turn"]),
+            # the runner's own: the ideal client pays the simulation's work (its servers, timers, routing) too; the
+            # servers' JSON, timed on each side, is left out of both (module doc)
+            "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - runner["server_json_ms_per_turn"]
+                                     - (ideal["cpu_ms_per_turn"] - ideal["server_json_ms_per_turn"])),
             "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
             "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"]),
             "gc_in_window_ms": r(runner["gc_in_window_ms"]), "gc_after_ms": r(runner["gc_after_ms"])}
