@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
-import itertools
 import json
 import math
 import random
@@ -70,6 +68,7 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
+from bench.sim_responses import Responses, ServerWork, token_pieces
 from bench.sim_servers import GpuModel, SimCluster
 
 FILLER = ("Let me think about this step by step. First I read the question again, then I decide which "
@@ -118,7 +117,8 @@ class SimSampler:
         self.policy_version = 0
         self.filler = renderer.encode(FILLER * (work.max_tokens // 20 + 1))[: work.max_tokens]
         self.stop = renderer.stop_token_ids[0]
-        self.pieces = token_pieces(renderer)
+        self.responses = Responses(self.filler, token_pieces(renderer))  # the servers' response JSON, byte for
+        # byte vLLM's (bench/sim_responses.py)
         self.tails: dict[tuple[bool, str], list[int]] = {}  # (call?, text) -> the ids ending a reply: the
         # server's work, made once per text so that the client's CPU per turn does not count it
 
@@ -145,52 +145,9 @@ class SimSampler:
                                     check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
                                     tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
         # the reply exists only once the server has answered, as with VLLMSampler's response
-        raw = self.server.respond(prompt_ids, [*self.filler[:n], *tail], self.pieces)  # the server writes it (the
-        # ideal client too)
+        raw = self.server.respond(self.responses.write, prompt, len(prompt_ids), n, tail)  # the server's work (the
+        # ideal client's too): its echo is the request's JSON
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
-
-
-LOGPROBS = [-round(random.Random(i).expovariate(0.5), 12) - 1e-9 * i for i in range(2048)]  # as vLLM writes them:
-# a sampled token's log-prob at full precision, e.g. -10.631866455078125
-
-
-@dataclass
-class ServerWork:
-    """The simulated servers' response writing in this process, timed (wall clock: it never waits, and a CPU
-    clock costs 0.6 us a read here against 0.08)."""
-
-    seconds: float = 0.0
-
-    def respond(self, prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[str]) -> bytes:
-        t = time.perf_counter()
-        raw = response_json(prompt_ids, ids, pieces)
-        self.seconds += time.perf_counter() - t
-        return raw
-
-
-@functools.lru_cache(maxsize=4)
-def token_pieces(renderer: Renderer) -> tuple[str, ...]:
-    """Each id's text, as a vLLM response's `logprobs.tokens` gives it (the server's work, made once)."""
-    return tuple(renderer.decode_raw([i]) for i in range(len(renderer.tokenizer)))
-
-
-def response_json(prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[str]) -> bytes:
-    """The JSON of vLLM's /v1/completions response to VLLMSampler's request, field for field as vLLM 0.32 writes it
-    (`logprobs: 0` gives each token's log-prob, text, offset and top-1 entry; `return_token_ids` the prompt's and
-    reply's ids). The server's work: the ideal client pays it as well."""
-    tokens = [pieces[i] for i in ids]
-    logprobs = LOGPROBS[:len(ids)]
-    return orjson.dumps({
-        "id": "cmpl-sim", "object": "text_completion", "created": 0, "model": "sim",
-        "choices": [{"index": 0, "text": "".join(tokens),
-                     "logprobs": {"text_offset": list(itertools.accumulate(map(len, tokens[:-1]), initial=0)),
-                                  "token_logprobs": logprobs, "tokens": tokens,
-                                  "top_logprobs": [{t: p} for t, p in zip(tokens, logprobs)]},
-                     "finish_reason": "stop", "stop_reason": None, "token_ids": ids, "prompt_logprobs": None,
-                     "prompt_token_ids": prompt_ids, "routed_experts": None}],
-        "service_tier": None, "system_fingerprint": "vllm-sim", "kv_transfer_params": None, "metrics": None,
-        "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(ids),
-                  "completion_tokens": len(ids), "prompt_tokens_details": None, "completion_tokens_details": None}})
 
 
 class CollectionTimes:
@@ -261,7 +218,7 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
     back to back (no tokenizer, no environment, no tool between the turns). Each turn the servers' response
     JSON is written, as the runner's side writes it, of ids of real text (`text_ids`: as many as a context has;
     `pieces`: each id's text, `token_pieces`)."""
-    rng = random.Random(seed)
+    rng, responses = random.Random(seed), Responses(text_ids, pieces)
 
     async def lane() -> None:
         while True:
@@ -271,8 +228,8 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
                 out = rng.randint(work.min_tokens, work.max_tokens)
                 out += shape["call"] if turn < work.turns - 1 else shape["answer"]
                 await cluster.generate(conv, prompt, out)
-                server.respond(text_ids[:prompt], text_ids[:out], pieces)  # the server's work, which the runner's
-                # side pays too
+                server.respond(responses.write_prefix, prompt, out)  # the server's work, which the runner's side
+                # pays too
                 prompt += out + shape["continuation"]
 
     with ROLLOUT_GC.quiet():  # as the runner plays its episodes: the collections it does not make are not counted

@@ -20,6 +20,8 @@ rs = importlib.util.module_from_spec(_spec)
 sys.modules["runner_scale"] = rs  # dataclasses look their module up
 _spec.loader.exec_module(rs)
 
+from bench.sim_responses import LOGPROBS, response_json, token_pieces  # noqa: E402  (bench/ is on the path now)
+
 FAST = rs.GpuModel(step_base_s=0.001, step_per_seq_s=0.0001, prefill_tok_s=1e6, max_seqs=4, overhead_s=0.001)
 SHORT = rs.Workload(turns=3, min_tokens=20, max_tokens=60, group_size=4)
 
@@ -60,7 +62,7 @@ async def test_the_simulated_sampler_plays_real_calculator_episodes(renderer):
         assert t.reward == 1.0  # the answer is the tool's result, graded by the env
         for turn in t.turns:  # sampled ids: mask 1, the sampler's log-probs
             assert set(t.loss_mask[turn.start:turn.end]) == {1}
-            assert t.logprobs[turn.start:turn.end] == tuple(rs.LOGPROBS[:turn.end - turn.start])
+            assert t.logprobs[turn.start:turn.end] == tuple(LOGPROBS[:turn.end - turn.start])
     assert cluster.requests == 18
     assert 0 < cluster.prefill < cluster.prompt_tokens / 2  # only the new tokens of later turns are prefilled
 
@@ -71,7 +73,7 @@ def test_the_stand_in_response_is_what_vllm_writes(renderer):
     import orjson
 
     ids = renderer.encode("Hello world, let me think")
-    choice = orjson.loads(rs.response_json([1, 2, 3], ids, rs.token_pieces(renderer)))["choices"][0]
+    choice = orjson.loads(response_json([1, 2, 3], ids, token_pieces(renderer)))["choices"][0]
     assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
                             "prompt_token_ids", "routed_experts"]
     logprobs = choice["logprobs"]
