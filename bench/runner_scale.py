@@ -68,6 +68,7 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
+from bench.loop_meters import CollectionTimes, LagMeter, page_faults, run_queue_s
 from bench.sim_responses import Responses, ServerWork, token_pieces
 from bench.sim_servers import GpuModel, SimCluster
 
@@ -150,37 +151,6 @@ class SimSampler:
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
 
 
-class CollectionTimes:
-    """A `gc.callbacks` hook: when each garbage collection started (loop clock) and how long it took."""
-
-    def __init__(self):
-        self.times: list[tuple[float, float]] = []
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.monotonic()
-        else:
-            self.times.append((self._start, time.monotonic() - self._start))
-
-    def longest(self, since: float, until: float) -> float:
-        return max((d for t, d in self.times if since <= t < until), default=0.0)
-
-
-class LagMeter:
-    """How late a task that asks to wake every `period` s wakes: the event loop's lag."""
-
-    def __init__(self, period: float = 0.01):
-        self.period, self.lags = period, []
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(self.period)
-            self.lags.append(loop.time() - t - self.period)
-
-
 def workload_shape(renderer: Renderer) -> dict[str, int]:
     """Token counts of a calculator episode's pieces: the ideal client's prompt and reply lengths."""
     task = arithmetic_tasks(3)[2]
@@ -234,20 +204,6 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
 
     with ROLLOUT_GC.quiet():  # as the runner plays its episodes: the collections it does not make are not counted
         await asyncio.gather(*(lane() for _ in range(concurrency)))
-
-
-def page_faults() -> int:
-    """The process's page faults so far (minor: a page first touched, or mapped again after it was given back)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_minflt + usage.ru_majflt
-
-
-def run_queue_s() -> float:
-    """Seconds the event loop's thread has waited for a CPU (Linux schedstat): how loaded the machine is."""
-    try:
-        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def episodes_needed(servers: int, concurrency: int, gpu: GpuModel, work: Workload, seconds: float) -> int:

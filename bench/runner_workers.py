@@ -45,7 +45,8 @@ from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.worker import Kit, WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
-from bench.runner_scale import LagMeter, SimSampler, Workload, calculator_env
+from bench.loop_meters import LagMeter
+from bench.runner_scale import SimSampler, Workload, calculator_env
 from bench.sim_servers import GpuModel, SimCluster
 
 
