@@ -112,6 +112,13 @@ async def test_a_body_that_swallows_the_cancellation_ends_normally_and_uncancell
     assert d.expired and asyncio.current_task().cancelling() == 0
 
 
+async def test_a_deadline_of_zero_less_or_nan_fires_at_the_loops_next_passes():
+    for timeout_s in (0.0, -5.0, float("nan")):
+        with pytest.raises(TimeoutError):
+            async with deadline(timeout_s):
+                await asyncio.sleep(1)
+
+
 async def test_none_and_inf_never_fire():
     for timeout_s in (None, float("inf")):
         async with deadline(timeout_s) as d:
