@@ -4,12 +4,15 @@ and through `asyncio.to_thread` (how every sync tool ran before deadlines were m
 Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
 {"calls": N, "thread_ms": {"p50", "p90"}, "worker_ms": {...}, "to_thread_ms": {...}, "direct_ms": {...},
  "loop_cpu_us": {"thread", "worker", ...}, "pipe_write_cpu_us": {"wakes_reader", "no_reader"},
- "worker_over_thread_p50": r, "worker_start_s": s, "worker_rss_mib": m, "concurrent_worker_ms_per_call": c, ...}.
+ "worker_over_thread_p50": r, "worker_start_s": s, "worker_rss_mib": m, "concurrent_worker_ms_per_call": c,
+ "concurrent_loop_cpu_us": {"one_at_a_time", "pipelined"}, "pipelined_over_one_at_a_time": r, ...}.
 The three runners alternate call by call, so machine noise falls on all of them alike.
 `loop_cpu_us`: the median CPU time of the calling thread (the event loop's) per call, which is what a call
 costs the rollout runner; the tool's own work in a worker or a thread is not in it. `pipe_write_cpu_us`: the
 writer's CPU for one 200-byte write into a pipe whose reader process sleeps in read (the write wakes it, as a
-worker call's request does) and into a pipe nobody reads.
+worker call's request does) and into a pipe nobody reads. `concurrent_loop_cpu_us`: the loop's CPU per call when
+64 rollouts call at once, on a pool whose workers take one call at a time (how the pool worked before pipelining,
+`WorkerPool(depth=1)`) and on one that writes calls behind a busy worker's (`tools.worker_pool.DEPTH`), alternated.
 Usage: python bench/tool_call.py [--calls 500]
 """
 
@@ -24,9 +27,10 @@ import subprocess
 import sys
 import time
 
-from agent_rl.tools import runners
+from agent_rl.tools import worker_pool
 from agent_rl.tools.base import Tool
 from agent_rl.tools.calculator import calculator
+from agent_rl.tools.runners import function_address
 
 EXPRESSION = {"expression": "(123 + 456) * 789 / 3"}
 
@@ -94,7 +98,7 @@ async def main(calls: int) -> dict:
     start = time.perf_counter()
     await worker.call(EXPRESSION)  # starts the first worker process and imports tools.calculator there
     worker_start = time.perf_counter() - start
-    pool = runners._POOLS[asyncio.get_running_loop()]
+    pool = worker_pool._POOLS[asyncio.get_running_loop()]
     times: dict[str, list[float]] = {"direct": [], "to_thread": [], "thread": [], "worker": []}
     cpu: dict[str, list[float]] = {k: [] for k in times}
     for i in range(calls):
@@ -117,9 +121,29 @@ async def main(calls: int) -> dict:
             "pipe_write_cpu_us": pipe_write_cpu_us(),
             "worker_over_thread_p50": round(stats["worker"]["p50"] / stats["thread"]["p50"], 2),
             "thread_over_to_thread_p50": round(stats["thread"]["p50"] / stats["to_thread"]["p50"], 2),
-            "worker_start_s": round(worker_start, 3), "pool_size": runners.POOL_SIZE,
-            "worker_rss_mib": round(max(rss_mib(w.proc.pid) for w in pool._all), 1),
-            "concurrent_worker_ms_per_call": round(concurrent * 1000, 4), "workers": len(pool._all)}
+            "worker_start_s": round(worker_start, 3), "pool_size": worker_pool.POOL_SIZE,
+            "worker_rss_mib": round(max(rss_mib(w.proc.pid) for w in pool.workers), 1),
+            "concurrent_worker_ms_per_call": round(concurrent * 1000, 4), "workers": len(pool.workers),
+            **await pipelining()}
+
+
+async def pipelining(width: int = 64, rounds: int = 7, batches: int = 20) -> dict:
+    """The loop's CPU per call with `width` calls at once, one call per worker at a time against pipelined, side
+    by side: each round measures both, in turn, over `batches` batches; the medians of the rounds."""
+    address = function_address(calculator)
+    pools = {"one_at_a_time": worker_pool.WorkerPool(depth=1), "pipelined": worker_pool.WorkerPool()}
+    cpu: dict[str, list[float]] = {k: [] for k in pools}
+    for _ in range(rounds):
+        for name, pool in pools.items():
+            await asyncio.gather(*(pool.call(address, EXPRESSION, 5.0) for _ in range(width)))  # every worker up
+            start = time.thread_time()
+            for _ in range(batches):
+                replies = await asyncio.gather(*(pool.call(address, EXPRESSION, 5.0) for _ in range(width)))
+                assert all(r == ("ok", "152277") for r in replies), replies[0]
+            cpu[name].append((time.thread_time() - start) / (batches * width))
+    us = {k: round(statistics.median(v) * 1e6, 2) for k, v in cpu.items()}
+    return {"concurrent_loop_cpu_us": us,
+            "pipelined_over_one_at_a_time": round(us["pipelined"] / us["one_at_a_time"], 2)}
 
 
 if __name__ == "__main__":

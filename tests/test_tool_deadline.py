@@ -18,7 +18,7 @@ import slow_tools
 
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.calculator import CalculatorEnv, calculator
-from agent_rl.tools import runners
+from agent_rl.tools import worker_pool
 from agent_rl.tools.base import Tool, tool_options
 
 MAX_GAP_S = 0.25
@@ -121,12 +121,12 @@ async def test_worker_failures_become_tool_messages():
 
 
 async def test_messages_larger_than_a_pipe_buffer_arrive_whole_and_small_calls_start_no_thread():
-    """The worker's pipes are served by the event loop (runners._Worker): a 300 KB request (written from a
+    """The worker's pipes are served by the event loop (worker_pool._Worker): a 300 KB request (written from a
     thread: the pipe holds 64 KiB) and a 1.2 MB reply arrive whole, in order, beside small calls, and the loop
     keeps ticking; calls with small requests start no thread at all."""
     tool = Tool(slow_tools.mirror, isolate=True)
     assert (await tool.call({"text": "ab", "times": 1})).content == "ba"  # the workers are up
-    await asyncio.gather(*(tool.call({"text": "ab", "times": 1}) for _ in range(2 * runners.POOL_SIZE)))
+    await asyncio.gather(*(tool.call({"text": "ab", "times": 1}) for _ in range(2 * worker_pool.POOL_SIZE)))
     threads = {t.ident for t in threading.enumerate()}
     small = await asyncio.gather(*(tool.call({"text": f"{i}x", "times": 2}) for i in range(20)))
     assert [r.content for r in small] == [f"{i}x"[::-1] * 2 for i in range(20)]
@@ -165,22 +165,22 @@ def test_a_finished_event_loop_takes_its_worker_processes_with_it():
     tool = Tool(slow_tools.big_power, isolate=True)
 
     async def contended():  # more calls than slots, so that some wait for one
-        return await asyncio.gather(*(tool.call({"exponent": 10}) for _ in range(2 * runners.POOL_SIZE)))
+        return await asyncio.gather(*(tool.call({"exponent": 10}) for _ in range(2 * worker_pool.POOL_SIZE)))
 
     pids = {int(r.content.split()[1].rstrip(":")) for r in asyncio.run(contended())}
-    assert len(pids) == runners.POOL_SIZE
+    assert len(pids) == worker_pool.POOL_SIZE
     gc.collect()
     assert all(gone(pid) for pid in pids)
 
 
 async def test_a_worker_that_dies_while_idle_is_replaced_and_the_loop_stops_watching_it():
-    """The loop watches a worker's stdout from its first call on (runners._Worker): when the worker dies
+    """The loop watches a worker's stdout from its first call on (worker_pool._Worker): when the worker dies
     between calls, the loop reads its end and stops watching the pipe, and the next call gets a fresh worker."""
     tool = Tool(slow_tools.big_power, isolate=True)
     pid = int((await tool.call({"exponent": 10})).content.split()[1].rstrip(":"))
     loop = asyncio.get_running_loop()
-    pool = runners._POOLS[loop]
-    [dead] = [w for w in pool._all if w.proc.pid == pid]
+    pool = worker_pool._POOLS[loop]
+    [dead] = [w for w in pool.workers if w.proc.pid == pid]
     watched = lambda: {key.fd for key in loop._selector.get_map().values()}  # noqa: E731
     assert dead._out in watched()
     os.kill(pid, 9)
@@ -191,6 +191,6 @@ async def test_a_worker_that_dies_while_idle_is_replaced_and_the_loop_stops_watc
     assert dead.ended and dead._out not in watched()
     reply = (await tool.call({"exponent": 10})).content
     fresh_pid = int(reply.split()[1].rstrip(":"))
-    assert reply.endswith(": 29 bits") and fresh_pid != pid and dead not in pool._all
-    [fresh] = [w for w in pool._all if w.proc.pid == fresh_pid]
+    assert reply.endswith(": 29 bits") and fresh_pid != pid and dead not in pool.workers
+    [fresh] = [w for w in pool.workers if w.proc.pid == fresh_pid]
     assert fresh._out in watched()

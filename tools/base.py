@@ -6,7 +6,7 @@ argument validation, calling sync or async functions with a deadline that holds)
 tool has (`Tool`, and MCP servers' tools in `tools.mcp`).
 Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`), rendering schemas
 into a prompt (`agent_rl.core.chatml`), or the threads and worker processes sync tools run in
-(`tools.runners`).
+(`tools.runners`, `tools.worker_pool`).
 
 A tool function returns a string (what the model reads) or anything JSON-serialisable. It raises
 `ToolError` to tell the model something went wrong; any other exception is reported to the model
@@ -18,7 +18,7 @@ Where a call runs, so that its deadline (`timeout_s`) holds and the event loop n
   that covers pure-Python code, and bound methods whose state lives in this process (GUI actions,
   search), all cheap by construction;
 - a sync function with `isolate=True` (or `@tool_options(isolate=True)`): in a worker process that
-  is killed at the deadline (`run_in_worker`). For tools whose cost the model's arguments choose,
+  is killed at the deadline (`tools.worker_pool.run_in_worker`). For tools whose cost the model's arguments choose,
   such as the calculator: one C call (big-int `**`) holds the GIL and no thread can stop it.
 """
 
@@ -37,7 +37,8 @@ import orjson
 import pydantic
 
 from agent_rl.core.deadline import deadline
-from agent_rl.tools.runners import function_address, run_in_thread, run_in_worker
+from agent_rl.tools.runners import function_address, run_in_thread
+from agent_rl.tools.worker_pool import run_in_worker
 
 
 class ToolError(Exception):

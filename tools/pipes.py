@@ -2,7 +2,7 @@
 
 Owns: writing one (`frame`, `write_all`, `write_message`), reading one from a blocking stream
 (`read_message`: the worker's side), and how much a pipe holds (`pipe_size`).
-Does not own: the worker processes (`tools.runners`), the loop the worker runs (`tools.worker`).
+Does not own: the worker processes (`tools.worker_pool`), the loop the worker runs (`tools.worker`).
 """
 
 from __future__ import annotations

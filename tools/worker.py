@@ -1,9 +1,9 @@
 """The worker process of isolated tools: read a request, call the tool, write the reply, repeat.
 
-Owns: `serve`, the loop a worker process started by `tools.runners` runs: requests on stdin, replies
+Owns: `serve`, the loop a worker process started by `tools.worker_pool` runs: requests on stdin, replies
 on stdout (the tool's own prints go to stderr), each ("load" | "call", module, qualname[, kwargs])
 answered by ("ok", content) / ("refused", ToolError text) / ("failed", "Type: text").
-Does not own: starting, timing or killing workers (`tools.runners`), the messages' bytes (`tools.pipes`), or
+Does not own: starting, timing or killing workers (`tools.worker_pool`), the messages' bytes (`tools.pipes`), or
 what a reply means to the model (`tools.base`).
 """
 
