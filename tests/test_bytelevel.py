@@ -44,6 +44,8 @@ def test_a_renderer_decodes_through_the_table_and_falls_back_for_ids_outside_it(
     table = bytelevel.byte_table(smol_tokenizer, smol_tokenizer.backend_tokenizer)
     assert table is not None and table.decode([table.size]) is None and table.decode([-1]) is None
     assert table.decode([]) == renderer.decode_raw([]) == ""
+    # one id alone (itemgetter gives its piece, not a tuple of pieces), and an id that is not an int
+    assert table.decode([ids[0]]) == own(smol_tokenizer, [ids[0]]) and table.decode((ids[0], 5.0)) is None
     with pytest.raises(OverflowError):  # what the tokenizer's own decode says of a negative id
         renderer.decode_raw([5, -1])
 
