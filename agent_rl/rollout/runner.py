@@ -146,7 +146,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         params = SamplingParams(max_tokens=budget, temperature=limits.temperature, top_p=limits.top_p,
                                 stop_token_ids=tuple(renderer.stop_token_ids), seed=seed)
         try:  # the vLLM sampler also checks that the server echoed these ids unchanged
-            out = await sampler.sample(list(buf.ids), params, messages=tuple(ep.messages))
+            out = await sampler.sample(buf.ids, params, messages=tuple(ep.messages))  # not a copy (`Sampler`)
         except ServerLost:  # told apart here, where it is the episode's own request, not by the error's text
             ep.server_lost = True
             raise

@@ -100,7 +100,9 @@ class Completion:
 
 class Sampler(Protocol):
     """Samples one assistant turn. `messages` is the conversation the ids render, for samplers that
-    act on messages (a scripted solver); token samplers ignore it."""
+    act on messages (a scripted solver); token samplers ignore it. `prompt_ids` is lent for the call only:
+    the runner passes its episode's own buffer (a copy of ~1k ids a turn is not free), which grows once the
+    call returns, so a sampler that keeps the ids keeps a copy of them."""
 
     policy_version: int
 
