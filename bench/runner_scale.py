@@ -128,13 +128,26 @@ class SimSampler:
         turn = sum(1 for m in messages if m.role == "assistant")
         n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
         call = turn < self.work.turns - 1
-        key = (call, next(m.content for m in messages if m.role == "user") if call else messages[-1].content)
+        return n, self.tail(call, next(m.content for m in messages if m.role == "user") if call
+                            else messages[-1].content)
+
+    def tail(self, call: bool, text: str) -> list[int]:
+        """The ids ending a reply: a calculator call on the question `text`, or the answer `text` (the last tool
+        result); encoded once per text."""
+        key = (call, text)
         if key not in self.tails:
-            expression = key[1].removeprefix("What is ").removesuffix("?")
+            expression = text.removeprefix("What is ").removesuffix("?")
             tail = ("\n" + self.renderer.format_reply("", (ToolCall("calculator", {"expression": expression}),))
-                    if call else f"\n<answer>{key[1].strip()}</answer>")
+                    if call else f"\n<answer>{text.strip()}</answer>")
             self.tails[key] = [*self.renderer.encode(tail), self.stop]
-        return n, self.tails[key]
+        return self.tails[key]
+
+    def prepare(self, tasks: Sequence[dict[str, Any]]) -> None:
+        """The endings of every task's replies, made before the episodes start: the servers' work, which would
+        otherwise fall in the measured window whenever a task with a new question begins."""
+        for task in tasks:
+            self.tail(True, task["question"])
+            self.tail(False, calculator(task["expression"]))
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
@@ -175,6 +188,7 @@ async def runner_load(cluster: SimCluster, renderer: Renderer, work: Workload, c
 
     limits = EpisodeLimits(max_turns=work.turns + 1, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
     tasks = arithmetic_tasks(-(-episodes // work.group_size))
+    sampler.prepare(tasks)
     groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, work.group_size, concurrency)
     errors = [t.error for g in groups for t in g.trajectories if t.error]
     if errors:
