@@ -2,12 +2,13 @@
 it is), never early, at most a slice late, and deadlines of the same slice sharing one timer."""
 
 import asyncio
+import math
 import time
 
 import pytest
 
 from agent_rl.core import deadline as deadline_module
-from agent_rl.core.deadline import deadline, slice_length
+from agent_rl.core.deadline import Alarm, deadline, slice_length
 
 
 def test_slice_length_is_the_largest_power_of_two_within_a_32nd_of_the_timeout():
@@ -42,8 +43,8 @@ async def test_an_await_in_time_returns_and_leaves_nothing_behind():
 
 
 async def test_a_thousand_deadlines_of_one_length_share_a_timer_or_two():
-    loop = asyncio.get_running_loop()
-    before = set(deadline_module._SLICES.get(loop, {}))
+    loop = asyncio.get_running_loop()  # shared with the session's other tests: their slices may be there already
+    before = {k: set(v) for k, v in deadline_module._SLICES.get(loop, {}).items()}
     started = asyncio.Event()
 
     async def one() -> str:
@@ -53,11 +54,13 @@ async def test_a_thousand_deadlines_of_one_length_share_a_timer_or_two():
 
     tasks = [asyncio.create_task(one()) for _ in range(1000)]
     await asyncio.sleep(0.01)
-    made = set(deadline_module._SLICES[loop]) - before
-    assert 1 <= len(made) <= 2 and sum(len(deadline_module._SLICES[loop][k]) for k in made) == 1000
+    slices = deadline_module._SLICES[loop]
+    ours = {k: v - before.get(k, set()) for k, v in slices.items()}
+    made = {k for k, v in ours.items() if v}
+    assert 1 <= len(made) <= 2 and sum(len(ours[k]) for k in made) == 1000
     started.set()
     assert await asyncio.gather(*tasks) == ["done"] * 1000
-    assert all(not deadline_module._SLICES[loop].get(k) for k in made)  # every one left its slice
+    assert all(not slices.get(k, set()) - before.get(k, set()) for k in made)  # every one left its slice
 
 
 async def test_a_cancellation_from_outside_stays_a_cancellation():
@@ -150,3 +153,30 @@ async def _enter_in_a_callback() -> None:
 
     loop.call_soon(callback)
     await done
+
+
+async def test_an_alarm_calls_back_once_past_its_time_unless_cancelled_even_by_another_alarm_of_its_slice():
+    loop = asyncio.get_running_loop()
+    fired: list[tuple[int, float]] = []
+    t0 = loop.time()
+    alarms = [Alarm(loop, 0.05, lambda k=k: fired.append((k, loop.time() - t0))) for k in range(100)]
+    alarms[0].cancel()
+    Alarm(loop, math.inf, lambda: fired.append((-1, 0.0)))  # never
+    seen: list[set[int]] = []
+
+    def cancel_all() -> None:  # in the same slice: some of the 100 have fired before it, the rest never will
+        seen.append({k for k, _ in fired})
+        for alarm in alarms:
+            alarm.cancel()
+
+    Alarm(loop, 0.05, cancel_all)
+    errors: list[dict] = []  # what a callback raised: the loop logs it and goes on, so the test asks for it
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    try:
+        await asyncio.sleep(0.15)
+    finally:
+        loop.set_exception_handler(handler)
+    assert not errors and len(seen) == 1 and {k for k, _ in fired} == seen[0] and 0 not in seen[0]
+    assert len(fired) == len(seen[0])  # each at most once
+    assert all(0.05 <= at < 0.15 for _, at in fired)  # never early, at most a slice (~1.6 ms here) late

@@ -20,7 +20,8 @@ first.
 
 Deadlines. A call's deadline (`timeout_s`) starts when it starts to run (when the call before it on its pipe has
 been answered, or when it is written to an idle worker): the wait for a worker, or behind other calls on its
-pipe, does not count against it. A call that overruns kills its worker (SIGKILL: a tool inside one long C call
+pipe, does not count against it. It fires up to 1/32 of itself late (`core.deadline.Alarm`, whose loop timers
+are shared). A call that overruns kills its worker (SIGKILL: a tool inside one long C call
 can be stopped no other way); the calls written behind it, which never started, go to other workers, their
 deadlines not yet begun. A worker that dies fails the call it was running ("the worker process exited"), and the
 calls behind it go elsewhere. A call cancelled while it runs kills its worker too (its state is unknown); one
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import os
 import pickle
@@ -44,6 +46,7 @@ import threading
 import weakref
 from typing import Any
 
+from agent_rl.core.deadline import Alarm
 from agent_rl.tools.pipes import frame, pipe_size, write_all
 
 POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # worker processes per event loop
@@ -62,7 +65,7 @@ class _Call:
                  for_call: _Call | None = None):
         self.message, self.timeout_s, self.reply, self.for_call = message, timeout_s, reply, for_call
         self.data = frame(message)
-        self.timer: asyncio.TimerHandle | None = None  # its deadline, once it runs
+        self.timer: Alarm | None = None  # its deadline, once it runs
         self.worker: _Worker | None = None  # the worker it was written to
         self.abandoned = False  # its caller was cancelled before it ran: its reply goes nowhere
 
@@ -243,8 +246,9 @@ class WorkerPool:
         self._dispatch()
 
     def _start(self, loop: asyncio.AbstractEventLoop, worker: _Worker, call: _Call) -> None:
-        """`call` runs now: its deadline starts."""
-        call.timer = loop.call_later(call.timeout_s, self._overrun, worker, call)
+        """`call` runs now: its deadline starts (`core.deadline.Alarm`: up to 1/32 of it late, for a loop timer
+        shared with every deadline ending in the same slice of time, not one of its own)."""
+        call.timer = Alarm(loop, call.timeout_s, functools.partial(self._overrun, worker, call))
 
     def _readable(self, worker: _Worker) -> None:
         chunk = worker.read()

@@ -1,7 +1,9 @@
 """Deadlines for awaits on the rollout's hot path: thousands at once, one loop timer per slice of time.
 
 Owns: `deadline(timeout_s)`, an async context manager that, like `asyncio.timeout`, cancels the task that
-entered it once `timeout_s` has passed and turns that cancellation into TimeoutError on the way out.
+entered it once `timeout_s` has passed and turns that cancellation into TimeoutError on the way out; `Alarm`, a
+callback at a deadline, for code that keeps its own state rather than a task waiting (the tool worker pool's
+calls), in the same slices.
 Does not own: what is awaited, nor what a timeout means to the caller (the runner's `bounded`, a tool
 worker's call).
 
@@ -22,14 +24,16 @@ from __future__ import annotations
 import asyncio
 import math
 import weakref
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 _FINEST = 2.0**-10  # ~1 ms: the shortest slice
 _COARSEST = 1.0  # the longest: a deadline is at most a second late
 
-# event loop -> {(slice length, slice index): the deadlines that end in it}; weak, so a closed loop takes its
-# (by then empty) sets with it
-_SLICES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[float, int], set[Deadline]]] = (
+# event loop -> {(slice length, slice index): the deadlines and alarms that end in it}; weak, so a closed loop
+# takes its (by then empty) sets with it
+_SLICES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[float, int], set[Any]]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -82,12 +86,35 @@ class Deadline:
             self._task.cancel()
 
 
+class Alarm:
+    """`callback()` once `timeout_s` has passed on `loop` (up to a slice late, as a deadline), unless `cancel`led
+    first; None or inf: never."""
+
+    __slots__ = ("timeout_s", "_callback", "_slice")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float | None, callback: Callable[[], Any]):
+        self.timeout_s, self._callback = timeout_s, callback
+        self._slice: set[Any] | None = None
+        if timeout_s is not None and not math.isinf(timeout_s):
+            self._slice = _join(loop, self)
+
+    def cancel(self) -> None:
+        if self._slice is not None:
+            self._slice.discard(self)
+            self._slice = None
+
+    def _fire(self) -> None:
+        if self._slice is not None:
+            self._slice = None
+            self._callback()
+
+
 def deadline(timeout_s: float | None) -> Deadline:
     """TimeoutError in the awaiting task once `timeout_s` has passed (None or inf: never); module doc."""
     return Deadline(timeout_s)
 
 
-def _join(loop: asyncio.AbstractEventLoop, d: Deadline) -> set[Deadline]:
+def _join(loop: asyncio.AbstractEventLoop, d: Deadline | Alarm) -> set[Any]:
     """Add `d` to the set of its slice, made (with the timer that fires it) if it is the slice's first."""
     assert d.timeout_s is not None
     slices = _SLICES.get(loop)
@@ -103,6 +130,6 @@ def _join(loop: asyncio.AbstractEventLoop, d: Deadline) -> set[Deadline]:
     return members
 
 
-def _fire_slice(slices: dict[tuple[float, int], set[Deadline]], key: tuple[float, int]) -> None:
-    for d in slices.pop(key, ()):
+def _fire_slice(slices: dict[tuple[float, int], set[Any]], key: tuple[float, int]) -> None:
+    for d in list(slices.pop(key, ())):  # a copy: an alarm's callback may cancel another alarm of the slice
         d._fire()
