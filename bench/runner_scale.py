@@ -128,10 +128,10 @@ class SimSampler:
         turn = sum(1 for m in messages if m.role == "assistant")
         n = self.rng.randint(self.work.min_tokens, self.work.max_tokens)
         call = turn < self.work.turns - 1
-        return n, self.tail(call, next(m.content for m in messages if m.role == "user") if call
+        return n, self.ending(call, next(m.content for m in messages if m.role == "user") if call
                             else messages[-1].content)
 
-    def tail(self, call: bool, text: str) -> list[int]:
+    def ending(self, call: bool, text: str) -> list[int]:
         """The ids ending a reply: a calculator call on the question `text`, or the answer `text` (the last tool
         result); encoded once per text."""
         key = (call, text)
@@ -146,8 +146,8 @@ class SimSampler:
         """The endings of every task's replies, made before the episodes start: the servers' work, which would
         otherwise fall in the measured window whenever a task with a new question begins."""
         for task in tasks:
-            self.tail(True, task["question"])
-            self.tail(False, calculator(task["expression"]))
+            self.ending(True, task["question"])
+            self.ending(False, calculator(task["expression"]))
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
