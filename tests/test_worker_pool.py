@@ -10,6 +10,8 @@ import time
 import pytest
 import slow_tools
 
+from agent_rl.tools import worker_pool
+from agent_rl.tools.pipes import frame
 from agent_rl.tools.runners import function_address
 from agent_rl.tools.worker_pool import WorkerPool
 
@@ -82,3 +84,42 @@ async def test_a_call_cancelled_before_it_runs_leaves_its_worker_alone_and_one_c
         await within(slow)
     assert pid(await within(behind)) != first and worker.ended and worker not in pool.workers
     assert len(pool.workers) == 1 and not pool._waiting
+
+
+async def test_a_worker_found_dead_by_the_import_before_a_new_tools_call_fails_the_call_it_ran_not_the_new_one(
+        monkeypatch):
+    """A busy worker gets a call of a tool it has not imported: the import's request is written first. If that
+    write finds the worker dead, the call it was running fails, and the new call goes to another worker."""
+    pool = WorkerPool(size=1, depth=8)
+    await pool.call(POWER, {"exponent": 10}, 5.0)
+    running = asyncio.ensure_future(pool.call(POWER, {"exponent": 10**8}, 60.0))
+    await asyncio.sleep(0.2)
+    [worker] = pool.workers
+    real_write = worker_pool.write_all
+
+    def broken(stream, data):  # the first import of `refuse` finds its worker dead
+        if data == frame(("load", *REFUSE)) and worker.proc.poll() is None:
+            worker.proc.kill()
+            worker.proc.wait(timeout=5)
+            raise BrokenPipeError("the worker is gone")
+        real_write(stream, data)
+
+    monkeypatch.setattr(worker_pool, "write_all", broken)
+    new = asyncio.ensure_future(pool.call(REFUSE, {"text": "refuse"}, 5.0))
+    with pytest.raises(RuntimeError, match=r"^the worker process exited \(status -9\) during the call$"):
+        await within(running)
+    assert await within(new) == ("refused", "refused 'refuse'") and pool.workers and worker not in pool.workers
+
+
+async def test_a_worker_that_cannot_start_fails_the_call_with_one_line_and_the_queue_moves_on(monkeypatch):
+    pool = WorkerPool(size=1)
+
+    def no_process(self):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(worker_pool._Worker, "__init__", no_process)
+    with pytest.raises(RuntimeError, match=r"^a worker process could not start: \[Errno 11\] Resource"):
+        await within(pool.call(MIRROR, {"text": "ab", "times": 1}, 5.0))
+    assert not pool._waiting and not pool.workers
+    monkeypatch.undo()
+    assert await within(pool.call(MIRROR, {"text": "ab", "times": 1}, 5.0)) == ("ok", "ba")

@@ -192,15 +192,22 @@ class WorkerPool:
             if call.reply is None or call.reply.done():  # cancelled, or failed with a worker, while it waited
                 self._waiting.popleft()
                 continue
-            worker = self._take(len(call.data))
+            try:
+                worker = self._take(len(call.data))
+            except OSError as e:  # no process could start (out of memory, of processes, of file descriptors)
+                self._waiting.popleft()
+                call.reply.set_exception(RuntimeError(f"a worker process could not start: {e}"))
+                continue
             if worker is None:
                 return
             self._waiting.popleft()
             if call.address not in worker.loaded:
                 worker.loaded.add(call.address)
                 self._send(worker, _Call(("load", *call.address), START_TIMEOUT_S, None, for_call=call))
-            if not worker.ended:  # else the import's write found it dead, which failed the call
+            if not worker.ended:
                 self._send(worker, call)
+            elif not call.reply.done():  # the import's write found the worker dead while it ran another call,
+                self._waiting.appendleft(call)  # which that death failed: this one waits for another worker
 
     def _take(self, size: int) -> _Worker | None:
         """An idle worker, else a new one, else the busy one with the fewest calls that has room for this one."""
@@ -260,6 +267,9 @@ class WorkerPool:
             return
         worker.received += chunk
         for reply in worker.replies():
+            if not worker.calls:  # more replies than calls: not our worker's protocol; whatever it is, it ends
+                self._retire(worker, "died")
+                break
             call = worker.calls.popleft()
             worker.unread -= len(call.data)
             if call.timer is not None:
