@@ -2,23 +2,23 @@
 
 argv: KILLS [CLI ARGS...]. KILLS is a comma-separated list of policy versions ("" for none): when the first request
 sampled under version v goes out (step v + 1 of the run, as `agent-rl` counts steps, is sampling), the run's vLLM
-server is SIGKILLed 50 ms later, while that step's requests are in flight, as an out-of-memory kill would end it:
-its leader alone (the engine processes it started stay behind, for the supervisor to clean up). The server is the
-vLLM child of this process (started by the run, restarted by its supervisor), or the process whose pid is in the
-environment variable AGENT_RL_TEST_KILL_PID (a server the run attached to by URL; then its whole process group,
-so that it does not come back). Each killed process group is appended to RUN_DIR/killed.txt, and the groups of the
-servers it started as each version's first request goes out to RUN_DIR/servers.txt. Otherwise the command
-is exactly `agent-rl train` (`cli.main`: its lines and exit statuses), with the real loop, stream, supervisor and
-weight sync.
+server is SIGKILLed 50 ms later (a thread's timer, whatever the loop is doing), while that step's requests are in
+flight, as an out-of-memory kill would end it: its leader alone (the engine processes it started stay behind, for
+the supervisor to clean up). The server is the vLLM child of this process (started by the run, restarted by its
+supervisor), or the process whose pid is in the environment variable AGENT_RL_TEST_KILL_PID (a server the run
+attached to by URL; then its whole process group, so that it does not come back). Each killed process group is
+appended to RUN_DIR/killed.txt, and the groups of the servers it started as each version's first request goes out to
+RUN_DIR/servers.txt. Otherwise the command is exactly `agent-rl train` (`cli.main`: its lines and exit statuses),
+with the real loop, stream, supervisor and weight sync.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from agent_rl import cli, trainer
@@ -60,7 +60,9 @@ class Killing:
                 f.writelines(f"{os.getpgid(pid)}\n" for pid in vllm_children())
         if version in self.versions:
             self.versions.discard(version)
-            asyncio.get_running_loop().call_later(0.05, self.kill)
+            # a thread's timer, not the loop's: a loop busy past 50 ms (a checkpoint's write under CI's load) read
+            # every reply before its timer ran, and the kill found nothing in flight
+            threading.Timer(0.05, self.kill).start()
         return await self.inner.sample(prompt_ids, params, messages)
 
     def kill(self) -> None:

@@ -103,6 +103,26 @@ async def test_a_server_that_exits_is_restarted_on_its_url_and_restored_before_i
         assert w.failures == [] and w.sup.failure is None
 
 
+async def test_a_server_still_down_counts_its_down_time_up_to_each_call_and_the_rest_goes_to_the_next():
+    server = StandIn()
+    async with Watch([server], [URL]) as w:
+        server.answering = False  # its restart waits for /health until the test lets it answer
+        server.die()
+        t0 = asyncio.get_running_loop().time()
+        await until(lambda: server.launches == 1)
+        await asyncio.sleep(0.2)
+        first = w.sup.metrics()
+        assert first["fault/restarts"] == 1.0 and 0.2 <= first["fault/down_s"] <= asyncio.get_running_loop().time() - t0
+        await asyncio.sleep(0.1)
+        server.answering = True
+        await until(lambda: w.sup.is_up(URL))
+        second = w.sup.metrics()
+        assert second["fault/restarts"] == 0.0 and second["fault/down_s"] >= 0.1  # only what the first did not count
+        total = asyncio.get_running_loop().time() - t0
+        assert first["fault/down_s"] + second["fault/down_s"] <= total
+        assert w.sup.metrics()["fault/down_s"] == 0.0  # up again: nothing more
+
+
 async def test_a_server_that_does_not_answer_health_is_dead_after_the_bound_not_before():
     server = StandIn()
     # 2 s, not 1: the check 0.3 s in must come before the bound even when a loaded machine wakes the test late

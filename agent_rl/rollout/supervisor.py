@@ -84,6 +84,7 @@ class _Server:
     restarts: int = 0  # launches after the first
     seen: float = 0.0  # loop time of the last answer to /health
     down_since: float = 0.0
+    counted: float = 0.0  # loop time up to which its down time went into `fault/down_s`
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -290,7 +291,7 @@ class Supervisor:
         s.up, s.seen = True, _now()
         if s.process is None:
             self.counts["fault/reattached"] += 1
-        self.counts["fault/down_s"] += s.seen - s.down_since
+        self.counts["fault/down_s"] += s.seen - max(s.down_since, s.counted)
         log.warning("vLLM server %s is back, %.0f s after it went down", s.url, s.seen - s.down_since)
         self._notify()
 
@@ -323,7 +324,13 @@ class Supervisor:
 
     def metrics(self) -> dict[str, float]:
         """Since the last call: restarts (`fault/restarts`, each launch, a failed one included), attached servers
-        that answered again (`fault/reattached`), and the seconds servers were down until back (`fault/down_s`)."""
+        that answered again (`fault/reattached`), and the seconds servers were down (`fault/down_s`; a server still
+        down counts up to this call, the rest of its outage goes to the next)."""
+        now = _now()
+        for s in self.servers:
+            if not s.up:
+                self.counts["fault/down_s"] += now - max(s.down_since, s.counted)
+                s.counted = now
         out = {k: float(self.counts[k]) for k in ("fault/restarts", "fault/reattached", "fault/down_s")}
         self.counts.clear()
         return out
