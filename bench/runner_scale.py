@@ -19,13 +19,17 @@ no tokenizer, env or tool) gets from identical servers at the same concurrency, 
 window after a warm-up. Target: >= 0.95 and an event-loop lag under 50 ms at 4,096 concurrent
 episodes. CPU per turn: `cpu_ms_per_turn` is the runner process's, the simulation's work included;
 `own_cpu_ms_per_turn` subtracts the ideal client's (which pays the same simulation and nothing else): the
-runner's own. The servers' largest work in this process, writing each response's JSON, is timed apart on both
-sides (`server_json_ms_per_turn`) and left out of both before the subtraction: in the runner's process, whose
-caches hold thousands of episodes, it costs more than in the ideal client's, and that difference is the
-simulation's, not the runner's. Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a
-client with no think time at all keeps landing on the server it just left (the slot it freed is
-the least loaded) and so keeps its prefix cache, which no agent with tools can do; the share
-would then measure that, not the runner. `--routing least` shows what the rule costs.
+runner's own. The servers' work in this process is timed apart on both sides (`server_work_ms_per_turn`) and
+left out of both before the subtraction: writing each response's JSON, their largest, which in the runner's
+process, whose caches hold thousands of episodes, costs more than in the ideal client's (that difference is the
+simulation's, not the runner's); choosing each reply; and on the runner's side only, which reply it is and the
+fingerprints of a context's ids the prefix cache compares (work a server does and the ideal client has no use
+for: its lengths come from the same draw, its contexts are never compared).
+
+Routing is "sticky" by default: with VLLMSampler's least-outstanding rule ("least") a client with no think time
+at all keeps landing on the server it just left (the slot it freed is the least loaded) and so keeps its prefix
+cache, which no agent with tools can do; the share would then measure that, not the runner. `--routing least`
+shows what the rule costs.
 
 Garbage collection: `gc_in_window_ms` is the longest collection inside the window (the runner turns
 automatic collection off while episodes run: `rollout.quiet_gc`), `gc_after_ms` the longest
@@ -151,17 +155,23 @@ class SimSampler:
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
-        n, tail = self.reply_plan(messages)
+        server = self.server  # its work, timed apart: which reply, and the prefix cache's fingerprints
+        n, tail = server.timed(self.reply_plan, messages)
         prompt = orjson.dumps(prompt_ids)
         _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
-                                    check=lambda k: hash(tuple(prompt_ids[k - 16:k])),
-                                    tail=hash(tuple([*self.filler[max(0, n - 16):n], *tail][-16:])))
+                                    check=lambda k: server.timed(fingerprint, prompt_ids[k - 16:k]),
+                                    tail=server.timed(fingerprint, [*self.filler[max(0, n - 16):n], *tail][-16:]))
         # the reply exists only once the server has answered, as with VLLMSampler's response
-        raw = self.server.respond(self.responses.write, prompt, len(prompt_ids), n, tail)  # the server's work (the
+        raw = server.timed(self.responses.write, prompt, len(prompt_ids), n, tail)  # the server's work (the
         # ideal client's too): its echo is the request's JSON
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
+
+
+def fingerprint(ids: Sequence[int]) -> int:
+    """What the simulated prefix cache compares of a context: its last 16 ids."""
+    return hash(tuple(ids))
 
 
 def workload_shape(renderer: Renderer) -> dict[str, int]:
@@ -209,10 +219,10 @@ async def ideal_load(cluster: SimCluster, work: Workload, concurrency: int, shap
             started[0] += 1
             conv, prompt = object(), shape["prompt"]
             for turn in range(work.turns):
-                out = rng.randint(work.min_tokens, work.max_tokens)
-                out += shape["call"] if turn < work.turns - 1 else shape["answer"]
+                out = server.timed(rng.randint, work.min_tokens, work.max_tokens)  # the servers' work, as the
+                out += shape["call"] if turn < work.turns - 1 else shape["answer"]  # runner's side times it
                 await cluster.generate(conv, prompt, out)
-                server.respond(responses.write_prefix, prompt, out)  # the server's work, which the runner's side
+                server.timed(responses.write_prefix, prompt, out)  # the server's work, which the runner's side
                 # pays too
                 prompt += out + shape["continuation"]
 
@@ -248,10 +258,10 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
         await asyncio.sleep(warmup)
         first, cpu0, wait0, t0, n_lags, faults0 = (cluster.snapshot(), time.process_time(), run_queue_s(),
                                                    loop.time(), len(meter.lags), page_faults())
-        json0 = server.seconds
+        work0 = server.seconds
         await asyncio.sleep(window)
         last, cpu1, wait1, t1 = cluster.snapshot(), time.process_time(), run_queue_s(), loop.time()
-        faults1, json1 = page_faults(), server.seconds
+        faults1, work1 = page_faults(), server.seconds
         lags = sorted(meter.lags[n_lags:])
         if tasks[0].done():
             tasks[0].result()  # raises what went wrong
@@ -267,7 +277,7 @@ async def measure_side(side: str, servers: int, concurrency: int, gpu: GpuModel,
     requests, tokens, prefill, prompt = (b - a for a, b in zip(first, last))
     return {"tok_s": tokens / seconds, "turns_s": requests / seconds, "cpu_util": cpu / seconds,
             "cpu_ms_per_turn": 1000 * cpu / max(requests, 1), "faults_per_turn": (faults1 - faults0) / max(requests, 1),
-            "server_json_ms_per_turn": 1000 * (json1 - json0) / max(requests, 1),
+            "server_work_ms_per_turn": 1000 * (work1 - work0) / max(requests, 1),
             "max_lag_ms": 1000 * lags[-1] if lags else 0.0,
             "p99_lag_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
             "prefix_hit": 1 - prefill / max(prompt, 1), "window_s": seconds, "cpu_wait": (wait1 - wait0) / seconds,
@@ -290,12 +300,12 @@ async def measure_pair(servers: int, concurrency: int, gpu: GpuModel, work: Work
             "cpu_util": r(runner["cpu_util"]), "cpu_ms_per_turn": r(runner["cpu_ms_per_turn"]),
             "ideal_cpu_ms_per_turn": r(ideal["cpu_ms_per_turn"]), "ideal_max_lag_ms": r(ideal["max_lag_ms"]),
             "faults_per_turn": r(runner["faults_per_turn"]), "ideal_faults_per_turn": r(ideal["faults_per_turn"]),
-            "server_json_ms_per_turn": r(runner["server_json_ms_per_turn"]),
-            "ideal_server_json_ms_per_turn": r(ideal["server_json_ms_per_turn"]),
+            "server_work_ms_per_turn": r(runner["server_work_ms_per_turn"]),
+            "ideal_server_work_ms_per_turn": r(ideal["server_work_ms_per_turn"]),
             # the runner's own: the ideal client pays the simulation's work (its servers, timers, routing) too; the
-            # servers' JSON, timed on each side, is left out of both (module doc)
-            "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - runner["server_json_ms_per_turn"]
-                                     - (ideal["cpu_ms_per_turn"] - ideal["server_json_ms_per_turn"])),
+            # servers' work timed on each side (their JSON, their replies) is left out of both (module doc)
+            "own_cpu_ms_per_turn": r(runner["cpu_ms_per_turn"] - runner["server_work_ms_per_turn"]
+                                     - (ideal["cpu_ms_per_turn"] - ideal["server_work_ms_per_turn"])),
             "prefix_hit": r(runner["prefix_hit"]), "ideal_prefix_hit": r(ideal["prefix_hit"]),
             "cpu_wait": r(runner["cpu_wait"]), "window_s": r(runner["window_s"]),
             "gc_in_window_ms": r(runner["gc_in_window_ms"]), "gc_after_ms": r(runner["gc_after_ms"])}

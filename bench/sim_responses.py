@@ -2,7 +2,7 @@
 
 Owns: `response_json` (the response, written field by field as vLLM writes it: the reference), `Responses` (the
 same bytes from fragments made once), `token_pieces` (each id's text), `LOGPROBS` (the log-probs the replies carry),
-`ServerWork` (the writing's time in this process).
+`ServerWork` (the servers' time in this process).
 Does not own: when a server answers (bench/sim_servers.py), what a reply says (bench/runner_scale.py's
 `SimSampler`), reading a response (VLLMSampler's `_json`, `_completion`).
 
@@ -24,11 +24,13 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from agent_rl.core.renderer import Renderer
+
+T = TypeVar("T")
 
 LOGPROBS = [-round(random.Random(i).expovariate(0.5), 12) - 1e-9 * i for i in range(4096)]  # as vLLM writes them:
 # a sampled token's log-prob at full precision, e.g. -10.631866455078125
@@ -62,16 +64,17 @@ def response_json(prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[st
 
 @dataclass
 class ServerWork:
-    """The simulated servers' response writing in this process, timed (wall clock: it never waits, and a CPU
-    clock costs 0.6 us a read here against 0.08)."""
+    """The simulated servers' work in this process, timed: writing each response's JSON, choosing each reply's
+    length, and on the runner's side which reply it is and the fingerprints of a context's ids the prefix cache
+    compares (wall clock: it never waits, and a CPU clock costs 0.6 us a read here against 0.08)."""
 
     seconds: float = 0.0
 
-    def respond(self, write: Callable[..., bytes], *args: Any) -> bytes:
+    def timed(self, work: Callable[..., T], *args: Any) -> T:
         t = time.perf_counter()
-        raw = write(*args)
+        out = work(*args)
         self.seconds += time.perf_counter() - t
-        return raw
+        return out
 
 
 class _Prefixes:
