@@ -291,7 +291,7 @@ class Supervisor:
         s.up, s.seen = True, _now()
         if s.process is None:
             self.counts["fault/reattached"] += 1
-        self.counts["fault/down_s"] += s.seen - max(s.down_since, s.counted)
+        self._count_down(s, s.seen)
         log.warning("vLLM server %s is back, %.0f s after it went down", s.url, s.seen - s.down_since)
         self._notify()
 
@@ -322,6 +322,11 @@ class Supervisor:
         for changed in list(self._listeners):
             changed()
 
+    def _count_down(self, s: _Server, until: float) -> None:
+        """`s`'s down time not yet counted, up to `until`, into `fault/down_s`."""
+        self.counts["fault/down_s"] += until - max(s.down_since, s.counted)
+        s.counted = until
+
     def metrics(self) -> dict[str, float]:
         """Since the last call: restarts (`fault/restarts`, each launch, a failed one included), attached servers
         that answered again (`fault/reattached`), and the seconds servers were down (`fault/down_s`; a server still
@@ -329,8 +334,7 @@ class Supervisor:
         now = _now()
         for s in self.servers:
             if not s.up:
-                self.counts["fault/down_s"] += now - max(s.down_since, s.counted)
-                s.counted = now
+                self._count_down(s, now)
         out = {k: float(self.counts[k]) for k in ("fault/restarts", "fault/reattached", "fault/down_s")}
         self.counts.clear()
         return out
