@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from agent_rl.core.types import Message, StopReason
+from agent_rl.core.types import Message, Segment, StopReason
 from agent_rl.envs.base import ToolEnv
 from agent_rl.learn.batching import collate
-from agent_rl.rollout.runner import EpisodeLimits, run_episode, step_seed
+from agent_rl.rollout.runner import EpisodeLimits, TokenBuffer, run_episode, step_seed
 
 
 def add(a: int, b: int) -> int:
@@ -226,3 +226,27 @@ def test_step_seeds_are_the_published_formula():
     assert step_seed(7, 3, 0) == 707_002_424
     assert step_seed(7, 3, 2) == 707_002_426
     assert step_seed(0, 0) == 0 and step_seed(0, 5, 1) == 506
+
+
+def test_token_buffer_writes_its_runs_out_aligned_one_to_one_per_segment():
+    buf = TokenBuffer()
+    buf.add_context([5, 6, 7])
+    buf.add_sampled((8, 9), (-0.5, -1.25), (3, 3))
+    buf.add_context([10])
+    assert buf.ids == [5, 6, 7, 8, 9, 10]  # the next prompt, one list
+    buf.new_segment()
+    buf.add_context((11,))
+    buf.add_sampled([12], [-2.0], [4])
+    assert buf.ids == [11, 12]
+    first, last = buf.closed[0], buf.segment()
+    assert first == Segment((5, 6, 7, 8, 9, 10), (0, 0, 0, 1, 1, 0), (0.0, 0.0, 0.0, -0.5, -1.25, 0.0),
+                            (-1, -1, -1, 3, 3, -1))
+    assert last == Segment((11, 12), (0, 1), (0.0, -2.0), (-1, 4))
+    assert TokenBuffer().segment() == Segment((), (), (), ())
+
+
+def test_token_buffer_refuses_sampled_ids_without_one_log_prob_and_version_each():
+    buf = TokenBuffer()
+    with pytest.raises(ValueError, match="2 sampled ids but 1 log-probs and 2 versions"):
+        buf.add_sampled([1, 2], [-0.1], [0, 0])
+    assert buf.ids == [] and buf.segment() == Segment((), (), (), ())  # nothing half-added
