@@ -113,6 +113,7 @@ class Tool:
             raise TypeError(f"tool {self.name}: isolate=True is for synchronous functions; this one is async")
         self._address = function_address(fn) if self.isolate else None
         self.description, self.params_model = _arguments_model(fn, self.name)
+        self._validator = self.params_model.__pydantic_validator__  # model_validate's own, without its wrapper
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -127,13 +128,13 @@ class Tool:
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
         try:
-            parsed = self.params_model.model_validate(arguments)
+            parsed = self._validator.validate_python(arguments)  # half model_validate's cost (~0.5 us a call)
         except pydantic.ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
             )
             raise ToolError(f"invalid arguments for {self.name}: {problems}") from None
-        return {k: getattr(parsed, k) for k in self.params_model.model_fields}
+        return dict(parsed.__dict__)  # the fields' values, and nothing else: extra="forbid" (`_build_arguments_model`)
 
     async def call(self, arguments: Any) -> ToolResult:
         """Validate and run; every failure becomes a `ToolResult` with ok=False."""
