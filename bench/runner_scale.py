@@ -161,17 +161,24 @@ class SimSampler:
         _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
-                                    check=lambda k: server.timed(fingerprint, prompt_ids[k - 16:k]),
-                                    tail=server.timed(fingerprint, [*self.filler[max(0, n - 16):n], *tail][-16:]))
+                                    check=lambda k: server.timed(fingerprint, prompt_ids, k),
+                                    tail=server.timed(reply_fingerprint, self.filler, n, tail))
         # the reply exists only once the server has answered, as with VLLMSampler's response
         raw = server.timed(self.responses.write, prompt, len(prompt_ids), n, tail)  # the server's work (the
         # ideal client's too): its echo is the request's JSON
         return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
 
 
-def fingerprint(ids: Sequence[int]) -> int:
-    """What the simulated prefix cache compares of a context: its last 16 ids."""
-    return hash(tuple(ids))
+def fingerprint(ids: Sequence[int], k: int) -> int:
+    """What the simulated prefix cache compares of the context `ids[:k]`: its last 16 ids (the slice is the server's
+    work too, timed with the hash)."""
+    return hash(tuple(ids[k - 16:k]))
+
+
+def reply_fingerprint(filler: Sequence[int], n: int, tail: Sequence[int]) -> int:
+    """The fingerprint of a reply of `n` filler ids and then `tail`: its last 16 ids, as `fingerprint` reads them
+    at the end of the next context."""
+    return hash(tuple([*filler[max(0, n - 16):n], *tail][-16:]))
 
 
 def workload_shape(renderer: Renderer) -> dict[str, int]:
