@@ -176,8 +176,7 @@ def fingerprint(ids: Sequence[int], k: int) -> int:
 
 
 def reply_fingerprint(filler: Sequence[int], n: int, tail: Sequence[int]) -> int:
-    """The fingerprint of a reply of `n` filler ids and then `tail`: its last 16 ids, as `fingerprint` reads them
-    at the end of the next context."""
+    """The fingerprint of a reply of `n` filler ids and then `tail`: its last 16 ids (`fingerprint`'s next time)."""
     return hash(tuple([*filler[max(0, n - 16):n], *tail][-16:]))
 
 
