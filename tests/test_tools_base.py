@@ -94,3 +94,15 @@ def test_a_function_without_annotations_is_still_refused():
 
     with pytest.raises(TypeError, match="parameter 'x' has no type annotation"):
         Tool(bad)
+
+
+def test_validate_gives_every_declared_argument_as_its_type_and_a_fresh_dict_each_call():
+    tool = Tool(add)
+    first = tool.validate({"a": "2"})  # lax mode, as model_validate: a numeric string is the int
+    assert first == {"a": 2, "b": 1} and type(first["a"]) is int  # the default filled in, nothing else
+    first["a"] = 99  # the caller's own dict
+    assert tool.validate({"a": 5, "b": 6}) == {"a": 5, "b": 6}
+    with pytest.raises(ToolError, match=r"invalid arguments for add: a: Input should be a valid integer"):
+        tool.validate({"a": "two"})
+    with pytest.raises(ToolError, match=r"invalid arguments for add: a: Field required"):
+        tool.validate({"b": 1})
