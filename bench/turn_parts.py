@@ -8,10 +8,11 @@ read is a system call here), which each part's figure includes; `cpu_ms_per_turn
 with them. The parts are counted over the whole run, warm-up included, per response read (one a turn).
 
 Parts: reading the response (`_json`), its checks (`_completion`), decoding and parsing the turn
-(`Renderer.parse`), the token buffer (`add_sampled` + `add_context`), the request's JSON (the prompt ids' dump and
-`_body`), the tool's argument check (`Tool.validate`), the write of a tool call to its worker's pipe (`write_all`),
-the context after a tool's result (`next_context`), and the simulated servers' choice of each reply
-(`reply_plan`). Ends with one JSON line: {"servers", "concurrency", "turns", "cpu_ms_per_turn",
+(`Renderer.parse`), the token buffer (`add_sampled` + `add_context`, and `segment`, which writes the mask, log-probs
+and versions out when a segment or the episode ends), the request's JSON (the prompt ids' dump and `_body`), the
+tool's argument check (`Tool.validate`), the write of a tool call to its worker's pipe (`write_all`), the context
+after a tool's result (`next_context`), and the simulated servers' choice of each reply (`reply_plan`). Ends with one
+JSON line: {"servers", "concurrency", "turns", "cpu_ms_per_turn",
 "parts_us_per_turn": {part: us}, "calls_per_turn": {part: calls}}.
 
     python bench/turn_parts.py [--servers 64] [--concurrency 4096] [--warmup 8] [--window 10]
@@ -75,6 +76,7 @@ def instrument(parts: Parts) -> None:
     Renderer.next_context = parts.timed("next context", Renderer.next_context)  # type: ignore[method-assign]
     runner.TokenBuffer.add_sampled = parts.timed("token buffer", runner.TokenBuffer.add_sampled)  # type: ignore[method-assign]
     runner.TokenBuffer.add_context = parts.timed("token buffer", runner.TokenBuffer.add_context)  # type: ignore[method-assign]
+    runner.TokenBuffer.segment = parts.timed("token buffer", runner.TokenBuffer.segment)  # type: ignore[method-assign]
     base.Tool.validate = parts.timed("tool argument check", base.Tool.validate)  # type: ignore[method-assign]
     worker_pool.write_all = parts.timed("tool call pipe write", worker_pool.write_all)
 

@@ -97,9 +97,10 @@ class TokenBuffer:
     is the open segment.
 
     Only the ids are one list while the episode plays: they are the next prompt. The mask, log-probs and versions
-    are written out once, when the segment closes (`segment`). Grown as lists turn by turn, each of them was
-    reallocated at most turns (a list over-allocates by an eighth; a turn adds more); bench/turn_parts.py at
-    64 x 4,096: the buffer's part of a turn 18.7 us as four lists, 8.6 us so."""
+    are written out once, when the segment closes (`segment`), rather than grown as lists turn by turn (each
+    reallocated at most turns: a list over-allocates by an eighth, a turn adds more). bench/turn_parts.py at
+    64 x 4,096: 18.8 us a turn with `segment` counted, as much as the four lists' growth alone cost (18.7), so the
+    gain is only the end's four tuple copies of them, which that figure left out."""
 
     ids: list[int] = field(default_factory=list)
     # each added run: its length, and for a sampled one its log-probs and versions (None: context)
