@@ -1,19 +1,23 @@
 """`agent-rl train` for tests/test_restarts_integration.py, whose server is SIGKILLed at chosen points of the run.
 
 argv: KILLS [CLI ARGS...]. KILLS is a comma-separated list of policy versions ("" for none): when the first request
-sampled under version v goes out (step v + 1 of the run, as `agent-rl` counts steps, is sampling), the run's vLLM
-server is SIGKILLed 50 ms later (a thread's timer, whatever the loop is doing), while that step's requests are in
-flight, as an out-of-memory kill would end it: its leader alone (the engine processes it started stay behind, for
-the supervisor to clean up). The server is the vLLM child of this process (started by the run, restarted by its
-supervisor), or the process whose pid is in the environment variable AGENT_RL_TEST_KILL_PID (a server the run
-attached to by URL; then its whole process group, so that it does not come back). Each killed process group is
-appended to RUN_DIR/killed.txt, and the groups of the servers it started as each version's first request goes out to
-RUN_DIR/servers.txt. Otherwise the command is exactly `agent-rl train` (`cli.main`: its lines and exit statuses),
-with the real loop, stream, supervisor and weight sync.
+sampled under version v is about to go out (step v + 1 of the run, as `agent-rl` counts steps, is sampling), the
+run's vLLM server is frozen (SIGSTOP to its process group), and 100 ms later (a thread's timer) SIGKILLed as an
+out-of-memory kill would end it: its leader alone (the engine processes it started stay behind, for the supervisor
+to clean up; they are let go on, SIGCONT, as the leader dies). Frozen first, so that the step's requests are in
+flight when it dies whatever the timing: a server that ran on answered every request of a step before a fixed
+delay's kill when the run's process was slow to run the timer or the server fast (CI failed so twice). The server is
+the vLLM child of this process (started by the run, restarted by its supervisor), or the process whose pid is in the
+environment variable AGENT_RL_TEST_KILL_PID (a server the run attached to by URL; then its whole process group is
+killed, so that it does not come back). Each killed process group is appended to RUN_DIR/killed.txt, and the groups
+of the servers it started as each version's first request goes out to RUN_DIR/servers.txt. Otherwise the command is
+exactly `agent-rl train` (`cli.main`: its lines and exit statuses), with the real loop, stream, supervisor and weight
+sync.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -60,21 +64,26 @@ class Killing:
                 f.writelines(f"{os.getpgid(pid)}\n" for pid in vllm_children())
         if version in self.versions:
             self.versions.discard(version)
-            # a thread's timer, not the loop's: a loop busy past 50 ms (a checkpoint's write under CI's load) read
-            # every reply before its timer ran, and the kill found nothing in flight
-            threading.Timer(0.05, self.kill).start()
+            self.freeze()
         return await self.inner.sample(prompt_ids, params, messages)
 
-    def kill(self) -> None:
+    def freeze(self) -> None:
+        """Stop the server's processes now, before the request goes out, and kill it 100 ms later (module doc)."""
         attached = os.environ.get("AGENT_RL_TEST_KILL_PID")
         [pid] = [int(attached)] if attached else vllm_children()
         group = os.getpgid(pid)
+        os.killpg(group, signal.SIGSTOP)
+        threading.Timer(0.1, self.kill, (pid, group, bool(attached))).start()
+
+    def kill(self, pid: int, group: int, attached: bool) -> None:
         with (self.run_dir / "killed.txt").open("a") as f:
             f.write(f"{group}\n")
         if attached:
             os.killpg(group, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the engine processes it leaves run on, as after a real kill
+                os.killpg(group, signal.SIGCONT)
 
 
 def main(kills: str, argv: list[str]) -> int:

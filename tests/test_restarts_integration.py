@@ -106,8 +106,8 @@ def test_a_server_killed_in_step_2_comes_back_and_the_run_ends_as_one_nobody_tou
     assert re.search(r"WARNING vLLM server http://127\.0\.0\.1:\d+ exited with status -9: restarting it \(restart 1 "
                      r"of at most 3, sampler\.max_restarts\)", done.stderr), done.stderr[-3000:]
     step2 = _metrics(killed)[1]
-    assert step2["fault/restarts"] == 1 and step2["fault/down_s"] > 0
-    assert step2["fault/replayed_episodes"] >= 1  # the kill found requests in flight
+    assert step2["fault/restarts"] == 1 and step2["fault/down_s"] > 0, (step2, done.stderr[-3000:])
+    assert step2["fault/replayed_episodes"] >= 1, step2  # the kill found requests in flight
     assert not any(k.startswith("error/") and k not in ("error/retried", "error/dropped_groups") for k in step2)
     assert step2["error/retried"] == 0 and step2["infra_error_rate"] == 0  # no retry budget spent, no failure
     for figure in ("data_position", "reward_mean", "logprob_gap_mean", "entropy", "loss", "grad_norm"):
@@ -133,7 +133,7 @@ def test_past_its_restart_budget_the_run_checkpoints_and_stops_with_one_line(tmp
                         last), done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000001"  # written at the stop
-    assert len(_metrics(run_dir)) == 1  # step 2 was abandoned while it sampled
+    assert len(_metrics(run_dir)) == 1, done.stderr[-3000:]  # step 2 was abandoned while it sampled
     time.sleep(1)
     groups = _killed(run_dir)
     assert len(groups) == 1 and _left_in(groups) == [], "the run's server outlived it"
