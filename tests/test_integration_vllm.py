@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from conftest import until
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.base import Env, StepResult
@@ -168,7 +169,9 @@ def test_server_that_does_not_start_quotes_its_log(tmp_path):
 
 
 def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, renderer):
-    """A server killed while 8 rollouts generate: every unfinished one is an ERROR trajectory, quickly."""
+    """A server killed with 8 rollouts' requests in flight: every one is an ERROR trajectory, quickly. The server is
+    frozen (SIGSTOP) before they are sent, so none can be answered before the kill, however fast it would answer
+    (a kill after a fixed delay raced it)."""
     server = VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=1024).start()
     pgid = server.proc.pid
     tasks = arithmetic_tasks(4, seed=5)
@@ -176,9 +179,11 @@ def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, r
 
     async def run():
         async with VLLMSampler([server.url], retries=2, backoff_s=0.1, request_timeout_s=30) as sampler:
+            os.killpg(pgid, signal.SIGSTOP)  # its listening socket still takes the connections
             job = asyncio.create_task(rollout_groups(tasks, CalculatorEnv, sampler, renderer, limits, 2))
-            await asyncio.sleep(1.5)
-            os.killpg(pgid, signal.SIGKILL)  # the server dies mid-generation
+            await until(lambda: sampler.in_flight(server.url) == 8)
+            await asyncio.sleep(0.2)  # the requests written
+            os.killpg(pgid, signal.SIGKILL)  # the server dies with all of them in flight
             return await asyncio.wait_for(job, 60)
 
     try:
@@ -189,7 +194,7 @@ def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, r
         server.stop()
     trajs = [t for g in groups for t in g.trajectories]
     errors = [t for t in trajs if t.infra_error]
-    assert len(errors) >= 6, [t.stop_reason for t in trajs]
+    assert len(errors) == 8, [t.stop_reason for t in trajs]
     assert all(server.url in t.error and "did not answer" in t.error for t in errors)
     assert elapsed < 30
     with pytest.raises(ProcessLookupError):

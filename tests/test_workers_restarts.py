@@ -181,7 +181,9 @@ class StandInProcess:
 
 
 async def kill_while_both_workers_use(sampler, server: StandInProcess) -> list[int]:
-    """SIGKILL `server` once every worker has a request in flight on it; the counts then, by worker."""
+    """SIGKILL `server` (frozen before the run: `play_supervised`) once every worker has a request in flight on it;
+    the counts then, by worker. Frozen, it answers none of them before the kill: a server that ran on could answer
+    a counted request (~0.25 s) before the kill that the count waited for."""
     deadline = time.monotonic() + 60
     while True:
         counts = [n or 0 for _, n in sampler.pool.control("in_flight", server.url, None)]
@@ -252,6 +254,9 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
             failures: list[Exception] = []
             supervisor.start(slow_restore, failures.append)
             run.supervisor = supervisor
+            if kill is not None:  # frozen: its listening socket still takes the connections (see the kill)
+                assert kill.proc is not None
+                os.kill(kill.proc.pid, signal.SIGSTOP)
             killing = asyncio.ensure_future(kill_while_both_workers_use(sampler, kill)) if kill else None
 
             async def before_push(version: int) -> None:
