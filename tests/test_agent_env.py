@@ -309,8 +309,10 @@ async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(script
     async def agent(task, base_url):
         async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as client:
             ask = lambda messages: client.chat.completions.create(model="m", messages=messages)  # noqa: E731
-            first, second = await asyncio.gather(ask([{"role": "user", "content": "A?"}]),
-                                                 ask([{"role": "user", "content": "B?"}]), return_exceptions=True)
+            both = [asyncio.ensure_future(ask([{"role": "user", "content": q}])) for q in ("A?", "B?")]
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)  # the refusal: the other one is held
+            answered.set()
+            first, second = await asyncio.gather(*both, return_exceptions=True)
             [ok] = [r for r in (first, second) if not isinstance(r, Exception)]
             [refused] = [r for r in (first, second) if isinstance(r, Exception)]
             lines.append(str(refused))
@@ -328,12 +330,14 @@ async def test_a_second_request_in_flight_and_a_changed_reply_are_refused(script
                                                   "content": "1"}])
             return answer.choices[0].message.content
 
-    class Slow:  # the first request is still waiting when the second arrives
+    answered = asyncio.Event()
+
+    class Slow:  # the first request waits until the other one was answered (refused), however late it came
         policy_version = 0
         inner = scripted(lambda p: CALL.format("1") if "<tool_response>" not in p else "One.")
 
         async def sample(self, prompt_ids, params, messages=()):
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(answered.wait(), 30)
             return await self.inner.sample(prompt_ids, params, messages)
 
     traj = await play_agent(agent, Slow(), renderer)

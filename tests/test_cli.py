@@ -213,7 +213,8 @@ def server():  # stands in for the vLLM server fixtures: a process in its own se
     proc.wait()
 
 def test_waits(server):
-    Path("server.pid").write_text(str(server.pid))
+    Path("server.pid.part").write_text(str(server.pid))
+    Path("server.pid.part").replace("server.pid")  # whole when it appears: the parent reads it at once
     time.sleep(120)
 '''
 

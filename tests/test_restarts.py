@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
+from conftest import until
 from test_on_error import total
 from test_push_in_flight import SavesAFile, StandInVLLM
 from test_stream import TimedSampler, play, scripted_run
@@ -49,14 +50,17 @@ class Gate:
 
 
 class Listing(StandInVLLM):
-    """The stand-in, which also lists its adapters (`GET /v1/models`), as vLLM does; each adapter load takes
-    `load_s`."""
+    """The stand-in, which also lists its adapters (`GET /v1/models`), as vLLM does; while `loads_wait_for` is an
+    unset event, each adapter load waits for it (`loading` set as one begins)."""
 
-    load_s = 0.0
+    loads_wait_for: asyncio.Event | None = None
+    loading: asyncio.Event | None = None
 
     async def control(self, request: web.Request) -> web.Response:
-        if request.path == "/v1/load_lora_adapter":
-            await asyncio.sleep(self.load_s)
+        if request.path == "/v1/load_lora_adapter" and self.loads_wait_for is not None:
+            assert self.loading is not None
+            self.loading.set()
+            await self.loads_wait_for.wait()
         return await super().control(request)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -194,11 +198,14 @@ async def test_a_restore_waits_for_the_push_under_way_and_brings_its_version(tmp
         await sync.push(SavesAFile(), 0)
         gate.down.add(b.url)
         b.adapters.clear()
-        a.load_s = 0.3  # the push's load takes a while on the server that is up
+        a.loads_wait_for, a.loading = asyncio.Event(), asyncio.Event()  # the push's load on the server that is up waits
         push = asyncio.ensure_future(sync.push(SavesAFile(), 1))
+        await until(a.loading.is_set)  # the push holds the servers' lock (it wrote v1 first, in a thread)
+        restore = asyncio.ensure_future(sync.restore(b.url))  # read now, the versions loaded would lack v1
         await asyncio.sleep(0.1)
-        assert not push.done()
-        await sync.restore(b.url)  # read before the push ended, the versions loaded would lack v1
+        assert not restore.done() and not push.done()
+        a.loads_wait_for.set()
+        await asyncio.wait_for(restore, 10)
         assert b.adapters == {"p-v0", "p-v1"} and "p-v1" in a.adapters
         # the push may still be pruning old version folders (off the lock, in a thread): it ends by itself
         assert await asyncio.wait_for(push, 10) >= 0
