@@ -1,12 +1,15 @@
 """A training run for tests/test_preemption.py, in a process of its own so that the test can signal it.
 
-argv: RUN_DIR [--resume] [--slow] [--stand-in]. The real `trainer.prepare` (the tiny model's LoRA, checkpoints, resume),
-the real loop and stream at staleness 0 (each step's batch fixed by its seeds) under `preemption.watch`, as
-`trainer.train` runs it; a scripted sampler (tests/test_stream.py's `TimedSampler`; each request 0.01 s, 1 s
-with --slow) and a scripted update that moves every LoRA weight by a rule of the step's batch and seed (so the
-final weights say which batches were trained, in which order). Each step's trained task ids are appended to
-RUN_DIR/trained.jsonl; the final LoRA weights go to RUN_DIR/final.pt. With --stand-in, a stand-in server: a
-process (its pid in RUN_DIR/server.pid) that a push needs alive, as a vLLM server's /pause must answer. Errors
+argv: RUN_DIR [--resume] [--slow] [--hold] [--stand-in]. The real `trainer.prepare` (the tiny model's LoRA,
+checkpoints, resume), the real loop and stream at staleness 0 (each step's batch fixed by its seeds) under
+`preemption.watch`, as `trainer.train` runs it; a scripted sampler (tests/test_stream.py's `TimedSampler`; each
+request 0.01 s; with --slow, step 3's (version 2) wait 600 s, so that a signal after step 2 is logged finds step 3
+sampling however late it comes) and a scripted update that moves every LoRA weight by a rule of the step's batch and
+seed (so the final weights say which batches were trained, in which order); with --hold, step 2's update waits
+(up to 120 s) for a stop signal or the stand-in server's end, so that the test's signal or kill comes during it
+however late. Each step's trained task ids are appended to RUN_DIR/trained.jsonl; the final LoRA weights go to
+RUN_DIR/final.pt. With --stand-in, a stand-in server: a process (its pid in RUN_DIR/server.pid) that a push needs
+alive, as a vLLM server's /pause must answer. Errors
 end it as `agent-rl train` does (`commands.errors_as_lines`): one line on stderr, the exit status.
 """
 
@@ -50,16 +53,25 @@ class StandInSync(VersionSync):
         return await super().push(model, version)
 
 
-def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False) -> None:
+def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False, hold: bool = False) -> None:
     tiny = build_tiny_model(resolve_model("smollm2-135m"), cache_dir() / "models" / "tiny-smollm2")
     cfg = load_config(None, [f"model.name={tiny}", "model.lora_rank=4", "rollout.env=toy",
                              "rollout.tasks_per_step=3", "rollout.group_size=2", "rollout.max_turns=1",
                              "algorithm.max_staleness=0", f"run.steps={STEPS}", f"run.run_dir={run_dir}",
                              "run.save_every=3", "run.tensorboard=false", "run.trace_groups=0"])
     run = trainer.prepare(cfg, resume=resume)
-    sampler = TimedSampler(run.session.renderer, lambda prompt: 1.0 if slow else 0.01)
+    sampler = TimedSampler(run.session.renderer, lambda prompt: 600.0 if slow and sampler.policy_version == 2 else 0.01)
     trained = run_dir / "trained.jsonl"
     steps = iter(range(run.start, STEPS))
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if stand_in else None
+    updates = iter(range(run.start, STEPS))
+
+    def held() -> None:
+        """Step 2's update, with --hold: until the test's signal or kill (module doc)."""
+        deadline = time.monotonic() + 120
+        while not (run.stop.requested or (server is not None and server.poll() is not None)):
+            assert time.monotonic() < deadline, "no signal came during step 2's update"
+            time.sleep(0.01)
 
     def advantages(groups, advantage_fn, truncated_reward, credit):
         with trained.open("a") as f:
@@ -67,7 +79,8 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
         return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
-        time.sleep(0.5)  # a step's training time: the test signals the run in it
+        if next(updates) == 1 and hold:
+            held()
         shift = float(batch.input_ids_B_T.float().mean()) * 1e-3 + (seed % 7) * 1e-4
         with torch.no_grad():
             for p in policy.model.parameters():
@@ -82,7 +95,6 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
             with watch(run.stop):
                 await trainer.loop(run, sampler, sync, log, trainer.Stages(advantages=advantages, update=update))
 
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if stand_in else None
     try:
         (run_dir / "server.pid").write_text(str(server.pid if server else ""))
         with errors_as_lines():
@@ -99,4 +111,5 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), "--resume" in sys.argv[2:], "--slow" in sys.argv[2:], "--stand-in" in sys.argv[2:])
+    flags = sys.argv[2:]
+    main(Path(sys.argv[1]), "--resume" in flags, "--slow" in flags, "--stand-in" in flags, "--hold" in flags)

@@ -32,11 +32,12 @@ def _pids() -> list[int]:
 
 
 def _train_until_step_1(run_dir: Path, tiny_dir: Path) -> tuple[subprocess.Popen, int]:
-    """`agent-rl train` of 4 steps, returned once step 1 is logged, with the pid of its server."""
+    """`agent-rl train` of 1,000 steps (more than any machine plays before the test signals it: with 4, a fast
+    machine could end the run first), returned once step 1 is logged, with the pid of its server."""
     sets = [f"model.name={tiny_dir}", "model.lora_rank=4", "sampler.kv_cache_gib=1", "sampler.max_model_len=2048",
             "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_turns=1",
-            "rollout.max_tokens_per_turn=16", "rollout.max_total_tokens=128", "run.steps=4",
-            "run.save_every=10", f"run.run_dir={run_dir}", "run.tensorboard=false"]
+            "rollout.max_tokens_per_turn=16", "rollout.max_total_tokens=128", "run.steps=1000",
+            "run.save_every=1000", f"run.run_dir={run_dir}", "run.tensorboard=false"]
     proc = subprocess.Popen([sys.executable, "-m", "agent_rl.cli", "train", "--no-plot",
                              *[x for s in sets for x in ("--set", s)]], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
@@ -70,7 +71,7 @@ def test_a_sigterm_checkpoints_the_last_step_and_stops_the_server(tmp_path, tiny
         proc.kill()
     assert proc.returncode == 143, err
     last = err.strip().splitlines()[-1]
-    assert re.fullmatch(rf"error: preempted by SIGTERM after step ([12]) of 4 \(checkpoint of step \1 in "
+    assert re.fullmatch(rf"error: preempted by SIGTERM after step (\d+) of 1000 \(checkpoint of step \1 in "
                         rf"{re.escape(str(run_dir))}/checkpoints\); continue with the same command and --resume",
                         last), err
     assert "Traceback" not in err and "never retrieved" not in err

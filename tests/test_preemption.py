@@ -45,11 +45,11 @@ def test_a_signal_checkpoints_the_last_step_and_resume_ends_as_a_straight_run(si
 
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     preempt_worker.main(straight, resume=False)  # here: one process start fewer
-    slow = ["--slow"] if when == "sampling" else []
-    proc = subprocess.Popen([*WORKER, str(stopped), *slow], stderr=subprocess.PIPE, text=True)
-    if when == "update":  # step 2's advantages are computed: its update (0.5 s) runs, and is finished
+    flag = "--hold" if when == "update" else "--slow"
+    proc = subprocess.Popen([*WORKER, str(stopped), flag], stderr=subprocess.PIPE, text=True)
+    if when == "update":  # step 2's advantages are computed: its update runs until the signal, and is finished
         _wait_for(stopped / "trained.jsonl", 2, proc)
-    else:  # step 2 is logged: step 3 samples (1 s a request) and is abandoned
+    else:  # step 2 is logged: step 3 samples (600 s a request) and is abandoned
         _wait_for(stopped / "metrics.jsonl", 2, proc)
     os.kill(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
@@ -74,8 +74,8 @@ def test_a_server_killed_ends_the_run_with_one_line_and_a_checkpoint(tmp_path):
 
     straight, gone = tmp_path / "straight", tmp_path / "gone"
     preempt_worker.main(straight, resume=False)
-    proc = subprocess.Popen([*WORKER, str(gone), "--stand-in"], stderr=subprocess.PIPE, text=True)
-    _wait_for(gone / "trained.jsonl", 2, proc)  # step 2 in its update: its push will find the server gone
+    proc = subprocess.Popen([*WORKER, str(gone), "--stand-in", "--hold"], stderr=subprocess.PIPE, text=True)
+    _wait_for(gone / "trained.jsonl", 2, proc)  # step 2 in its update (until the kill): its push finds the server gone
     server = int((gone / "server.pid").read_text())
     os.kill(server, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
