@@ -51,6 +51,22 @@ class TimedSampler:
         return Completion(tuple(ids), (-0.5,) * len(ids), "stop", self.policy_version)
 
 
+class SnailsAfter(TimedSampler):
+    """TimedSampler whose "snails" requests also wait until version `version` is served."""
+
+    def __init__(self, version: int, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.after = version
+
+    async def sample(self, prompt_ids, params, messages=()):
+        if "snails" in self.renderer.render_text(prompt_ids):
+            deadline = time.monotonic() + 30
+            while self.policy_version < self.after:
+                assert time.monotonic() < deadline, f"version {self.after} was never served"
+                await asyncio.sleep(0.005)
+        return await super().sample(prompt_ids, params, messages)
+
+
 class VersionSync:
     """A push makes the servers sample with the new version, and the episodes in flight go on."""
 
@@ -105,7 +121,9 @@ def toy_tasks(n: int, slow: int | None = None) -> list[dict]:
 async def test_a_task_10x_slower_is_trained_and_no_token_is_more_than_k_versions_old(
         staleness, tmp_path, smol_dir, renderer):
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12, slow=4), f"algorithm.max_staleness={staleness}")
-    seen, lines = await play(run, TimedSampler(renderer, slow_snails))
+    # at k >= 2 the slow task's first request ends only once step 1 went on without it (version 2 served): at
+    # 0.1 s, a step 0 slow by ~0.09 s would have let step 1 take it
+    seen, lines = await play(run, SnailsAfter(2 if staleness >= 2 else 0, renderer, slow_snails))
     trained = [g.task_id for groups in seen for g in groups]
     # 8 steps x 3 slots, slot n given task n mod 12: every task twice, the slow one included (not starved)
     assert sorted(trained) == sorted(f"t{i % 12}" for i in range(24))
