@@ -9,8 +9,8 @@ seed (so the final weights say which batches were trained, in which order); with
 (up to 120 s) for a stop signal or the stand-in server's end, so that the test's signal or kill comes during it
 however late. Each step's trained task ids are appended to RUN_DIR/trained.jsonl; the final LoRA weights go to
 RUN_DIR/final.pt. With --stand-in, a stand-in server: a process (its pid in RUN_DIR/server.pid) that a push needs
-alive, as a vLLM server's /pause must answer. Errors
-end it as `agent-rl train` does (`commands.errors_as_lines`): one line on stderr, the exit status.
+alive, as a vLLM server's /pause must answer. Errors end it as `agent-rl train` does (`commands.errors_as_lines`):
+one line on stderr, the exit status.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
     sampler = TimedSampler(run.session.renderer, lambda prompt: 600.0 if slow and sampler.policy_version == 2 else 0.01)
     trained = run_dir / "trained.jsonl"
     steps = iter(range(run.start, STEPS))
+    at = {"step": -1}  # the step being trained (its advantages come first)
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if stand_in else None
-    updates = iter(range(run.start, STEPS))
 
     def held() -> None:
         """Step 2's update, with --hold: until the test's signal or kill (module doc)."""
@@ -75,11 +75,12 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
 
     def advantages(groups, advantage_fn, truncated_reward, credit):
         with trained.open("a") as f:
-            f.write(json.dumps({"step": next(steps), "tasks": [g.task_id for g in groups]}) + "\n")
+            at["step"] = next(steps)
+            f.write(json.dumps({"step": at["step"], "tasks": [g.task_id for g in groups]}) + "\n")
         return group_advantages(groups, advantage_fn, truncated_reward, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
-        if next(updates) == 1 and hold:
+        if at["step"] == 1 and hold:
             held()
         shift = float(batch.input_ids_B_T.float().mean()) * 1e-3 + (seed % 7) * 1e-4
         with torch.no_grad():

@@ -182,7 +182,7 @@ def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, r
             os.killpg(pgid, signal.SIGSTOP)  # its listening socket still takes the connections
             job = asyncio.create_task(rollout_groups(tasks, CalculatorEnv, sampler, renderer, limits, 2))
             await until(lambda: sampler.in_flight(server.url) == 8)
-            await asyncio.sleep(0.2)  # the requests written
+            await asyncio.sleep(0.2)  # their bytes written (one still being written fails the same way)
             os.killpg(pgid, signal.SIGKILL)  # the server dies with all of them in flight
             return await asyncio.wait_for(job, 60)
 
