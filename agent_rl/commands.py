@@ -199,8 +199,8 @@ def sft(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
-    from agent_rl.evaluate import evaluate as run_eval
-    from agent_rl.evaluate import format_report, resolve_policy
+    from agent_rl.evaluation.evaluate import evaluate as run_eval
+    from agent_rl.evaluation.evaluate import format_report, resolve_policy
     from agent_rl.rollout.server import serve_or_attach
     from agent_rl.runs.display import format_trajectory
     from agent_rl.session import open_session
@@ -242,9 +242,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def benchmark(args: argparse.Namespace) -> int:
     """`agent-rl eval --benchmark bfcl`: the config's model (and `--adapter`s) on BFCL, judged by bfcl-eval."""
-    from agent_rl.bfcl import bfcl_settings, evaluate_bfcl, format_table
-    from agent_rl.bfcl_checker import BFCLError
     from agent_rl.core.files import write_json
+    from agent_rl.evaluation.bfcl import bfcl_settings, evaluate_bfcl, format_table
+    from agent_rl.evaluation.bfcl_checker import BFCLError
     from agent_rl.rollout.server import serve_or_attach
     from agent_rl.session import open_session
 
@@ -313,7 +313,7 @@ def audit_reward(args: argparse.Namespace) -> int:
     from agent_rl.audit.report import format_matrix, format_report
     from agent_rl.core.files import write_json
     from agent_rl.core.registry import load_env
-    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.learn.models import resolve_model
 
     if args.tasks < 1:

@@ -5,7 +5,7 @@ tool-using, direct-answer and imperfect demonstrations (one recoverable mistake:
 `mistake` at a random early turn, then `solve` repairs it; the mistake stays in the context with loss
 mask 0, so SFT teaches the repair and not the slip), `Demo` (what SFT trains on: ids and loss mask), and
 the JSONL file they live in (`write_demos`, `read_demos`).
-Does not own: the solvers (each environment's `solve`), rendering (`core.renderer`), training on
+Does not own: the solvers (each environment's `solve`), rendering (`core.renderers.base`), training on
 them (`sft`).
 
 Why through the runner: a demonstration is then a `Trajectory` built by exactly the code that builds
@@ -24,7 +24,7 @@ from typing import Any
 
 from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message, Segment, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.scripted import ScriptedSampler

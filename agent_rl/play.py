@@ -3,7 +3,7 @@
 Owns: `HumanSampler` (a `Sampler` whose completions are typed by a person, or read from a script)
 and `play` (one episode through the real rollout runner, then its reward and tool calls).
 Does not own: the episode loop (`rollout.runner.run_episode`: what you see is what a model would
-get), rendering (`core.renderer`), the environment.
+get), rendering (`core.renderers.base`), the environment.
 
 Typing a reply: end it with a line holding only `.` (or end of input). Shortcuts:
     /call NAME {"arg": value}     one tool call, written out in the model's tool-call format
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message, ToolCall, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import Completion, SamplingParams

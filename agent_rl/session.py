@@ -23,8 +23,8 @@ from pathlib import Path
 from agent_rl.core.config import JudgeConfig, TrainConfig
 from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import EnvSpec, load_env
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge

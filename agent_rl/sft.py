@@ -25,7 +25,7 @@ import torch
 from agent_rl.core.config import TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.demos import Demo, read_demos
 from agent_rl.learn.batching import collate, micro_batches
 from agent_rl.learn.device import model_device

@@ -8,7 +8,7 @@ torchrun, what the other ranks do (`follow`) and the collectives every rank join
 a checkpoint (`served_weights`, `checkpoint`); what a stop signal, or a server past mending, does to the loop
 (`stop`: the step being sampled abandoned, the last completed one checkpointed).
 Does not own: the signal handlers (`preemption`), any of the maths (`learn.advantages`, `learn.loss`,
-`learn.update`), tokens (`rollout.runner`, `core.renderer`), which groups a step trains and when they are played
+`learn.update`), tokens (`rollout.runner`, `core.renderers.base`), which groups a step trains and when they are played
 (`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
 

@@ -54,7 +54,7 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
     if mode != "cap":  # build_policy caps heap buffers; every other mode measures the heap without it
         policy_module.cap_heap_buffers = lambda: False
     from agent_rl.core.config_file import load_config
-    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.demos import read_demos
     from agent_rl.learn.allocator import release_freed_memory
     from agent_rl.learn.models import resolve_model
@@ -86,7 +86,7 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
 
 def make_demos_file(path: Path) -> None:
     from agent_rl.core.registry import load_env
-    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.demos import make_demos, write_demos
     from agent_rl.learn.models import resolve_model
     from agent_rl.rollout.runner import EpisodeLimits

@@ -53,7 +53,7 @@ import torch
 
 from agent_rl import trainer
 from agent_rl.core.config_file import load_config
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.core.types import Message
 from agent_rl.envs.base import ToolEnv, turn_rewards_on
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks

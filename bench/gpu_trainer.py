@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message
 from agent_rl.rollout.sampler import Completion, SamplingParams
 
@@ -240,7 +240,7 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
 
 
 def measure(source: Path, steps: int, device: torch.device, work: Path) -> dict[str, Any]:
-    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.renderers.choose import load_renderer
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model_dir = work / f"{source.name}-random"

@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiohttp
 
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.core.types import Message
 from agent_rl.envs.base import Env, StepResult
 from agent_rl.learn.models import resolve_model

@@ -63,8 +63,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks, calculator

@@ -38,7 +38,7 @@ from typing import Any
 import ray
 
 from agent_rl.core.config import RayConfig
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 
 T = TypeVar("T")
 

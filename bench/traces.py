@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from agent_rl.core.registry import load_env
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups

@@ -32,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench.runner_scale as scale
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout import runner, sampler
 from agent_rl.tools import base, worker_pool

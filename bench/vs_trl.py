@@ -196,7 +196,7 @@ def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path, micr
 
 def work_settings(cfg: Any, steps: int) -> dict[str, Any]:
     """The agent-rl config's numbers that TRL's side must use too."""
-    from agent_rl.core.renderers import load_renderer
+    from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.core.types import Message
     from agent_rl.learn.models import resolve_model
     from agent_rl.tools.base import Tool

@@ -38,7 +38,7 @@ from zoneinfo import ZoneInfo
 from agent_rl.core.audit_target import ANSWERED, AuditTarget, Target
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.toolcalls import parse_bare_calls
+from agent_rl.core.renderers.toolcalls import parse_bare_calls
 from agent_rl.core.types import Message, Reward, ToolCall
 from agent_rl.envs.mcp_env import MCPEnv
 from agent_rl.tools.mcp import MCPServerSpec, mcp_server

@@ -13,7 +13,7 @@ Extraction takes exactly ONE candidate from the final reply, in this order: the 
 digit (math-verify then reads that line: "the answer is 84", $\\frac{1}{2}$, or its last number). A
 reply that still holds tool-call markup is a tool call, not an answer, and so is a reply of bare
 JSON calls (`{"name": "calculator", "arguments": {"expression": "27"}}`,
-`core.toolcalls.parse_bare_calls`), whether or not the renderer read it as a call. Guard against
+`core.renderers.toolcalls.parse_bare_calls`), whether or not the renderer read it as a call. Guard against
 hedging: a candidate whose last number ends a list of numbers ("82, 83, 84", "84 or 85", "$84$ $85$")
 is no answer at all unless the reference is itself a list, so a reply cannot spread its bets over
 several numbers; and only the one candidate is ever compared, never "any number in the text".
@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
 
-from agent_rl.core.toolcalls import parse_bare_calls
+from agent_rl.core.renderers.toolcalls import parse_bare_calls
 from agent_rl.rewards.rubric import Messages, final_reply
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from agent_rl.core.toolcalls import parse_bare_calls
+from agent_rl.core.renderers.toolcalls import parse_bare_calls
 from agent_rl.tools.sandbox import Backend
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -197,7 +197,7 @@ def __grade_run(source):
 
 def extract_code(text: str) -> str | None:
     """The last fenced code block (```python, ```py or bare ```) outside tool calls, or None (also for a
-    reply of bare JSON calls, `core.toolcalls.parse_bare_calls`: a call, not a submission)."""
+    reply of bare JSON calls, `core.renderers.toolcalls.parse_bare_calls`: a call, not a submission)."""
     if parse_bare_calls(text):
         return None
     blocks = _FENCE.findall(_TOOL_CALL.sub(" ", text))

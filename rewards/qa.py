@@ -23,7 +23,7 @@ import unicodedata
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from agent_rl.core.toolcalls import parse_bare_calls
+from agent_rl.core.renderers.toolcalls import parse_bare_calls
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.DOTALL)

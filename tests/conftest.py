@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent_rl.cli import raise_on_sigterm
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
 from agent_rl.rollout.scripted import ScriptedSampler
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent_rl.core.config import TrainConfig
 from agent_rl.core.registry import load_env
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.rollout.sampler import Completion, VLLMSampler
 from agent_rl.rollout.worker import Kit
 from agent_rl.session import env_of

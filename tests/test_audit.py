@@ -25,7 +25,7 @@ from agent_rl.audit.play import audit_env
 from agent_rl.audit.report import format_matrix, format_report
 from agent_rl.core.audit_target import HACK_GROUPS, AuditTarget, NotAudited, Target
 from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
-from agent_rl.core.renderers import get_renderer
+from agent_rl.core.renderers.choose import get_renderer
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.base import ToolEnv
 from agent_rl.tools.sandbox_bwrap import unavailable_reason

@@ -13,12 +13,12 @@ import sys
 
 import pytest
 
-from agent_rl import bfcl_checker
-from agent_rl.bfcl import QuestionEnv, bfcl_calls, bfcl_settings, evaluate_bfcl, format_table, pick
-from agent_rl.bfcl_checker import BFCLChecker, BFCLError
 from agent_rl.cli import main
 from agent_rl.core.config import ConfigError
 from agent_rl.core.registry import load_env
+from agent_rl.evaluation import bfcl_checker
+from agent_rl.evaluation.bfcl import QuestionEnv, bfcl_calls, bfcl_settings, evaluate_bfcl, format_table, pick
+from agent_rl.evaluation.bfcl_checker import BFCLChecker, BFCLError
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,7 +61,8 @@ def test_settings_take_bfcl_names_and_refuse_others_in_one_line():
         bfcl_settings(per_category=0)
 
 
-@pytest.mark.parametrize("name", ["bfcl", "agent_rl.bfcl", "agent_rl.bfcl_worker", "/somewhere/bfcl.py"])
+@pytest.mark.parametrize("name", ["bfcl", "agent_rl.evaluation.bfcl", "agent_rl.evaluation.bfcl_worker",
+                                  "/somewhere/bfcl.py"])
 def test_bfcl_is_never_a_training_environment(name):
     with pytest.raises(ValueError, match=r"is a benchmark, never a training environment: its questions are for "
                                          r"evaluation only \(agent-rl eval --benchmark bfcl\)$"):
@@ -69,9 +70,11 @@ def test_bfcl_is_never_a_training_environment(name):
 
 
 def test_train_refuses_bfcl_before_anything_starts(capsys):
-    assert main(["train", "--set", "rollout.env=agent_rl.bfcl", "--set", "run.run_dir=/nonexistent/x"]) == 2
-    assert capsys.readouterr().err == ("error: 'agent_rl.bfcl' is a benchmark, never a training environment: its "
-                                       "questions are for evaluation only (agent-rl eval --benchmark bfcl)\n")
+    assert main(["train", "--set", "rollout.env=agent_rl.evaluation.bfcl", "--set",
+                 "run.run_dir=/nonexistent/x"]) == 2
+    assert capsys.readouterr().err == ("error: 'agent_rl.evaluation.bfcl' is a benchmark, never a training "
+                                       "environment: its questions are for evaluation only "
+                                       "(agent-rl eval --benchmark bfcl)\n")
 
 
 @pytest.mark.parametrize("argv, message", [

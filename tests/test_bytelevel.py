@@ -1,4 +1,4 @@
-"""Decoding through a table of each id's bytes (`core.bytelevel`) gives exactly the fast tokenizer's own text:
+"""Decoding through a table of each id's bytes (`core.renderers.bytelevel`) gives exactly the fast tokenizer's own text:
 on SmolLM2's, Qwen2.5's and stand-in tokenizers with added tokens, for every id alone, for random sequences
 (which cut characters in half and mix in special tokens), and for sampled-looking turns; a tokenizer whose
 decoder is not byte-level (Gemma 3's) keeps its own decode."""
@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from agent_rl.core import bytelevel
-from agent_rl.core.chatml import ChatMLRenderer
-from agent_rl.core.gemma3 import Gemma3Renderer
+from agent_rl.core.renderers import bytelevel
+from agent_rl.core.renderers.chatml import ChatMLRenderer
+from agent_rl.core.renderers.gemma3 import Gemma3Renderer
 
 
 def own(tokenizer, ids):

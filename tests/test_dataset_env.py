@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from agent_rl.core.chatml import format_tool_call
+from agent_rl.core.renderers.chatml import format_tool_call
 from agent_rl.core.types import Message, Reward
 from agent_rl.envs.dataset import RubricEnv, row_to_task, tasks_from_dataset
 from agent_rl.rewards.answers import correct_answer

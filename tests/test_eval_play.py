@@ -14,7 +14,7 @@ import pytest
 from agent_rl.cli import main
 from agent_rl.core.config_file import load_config
 from agent_rl.core.registry import load_env
-from agent_rl.evaluate import (
+from agent_rl.evaluation.evaluate import (
     PolicySpec,
     eval_report,
     evaluate,

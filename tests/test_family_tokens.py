@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 from test_rollout_tokens import AddEnv
 
-from agent_rl.core.chatml import Qwen25Renderer
-from agent_rl.core.gemma3 import Gemma3Renderer
-from agent_rl.core.harmony import HarmonyRenderer
-from agent_rl.core.llama3 import Llama3Renderer
-from agent_rl.core.qwen3 import Qwen3Renderer, format_thinking
+from agent_rl.core.renderers.chatml import Qwen25Renderer
+from agent_rl.core.renderers.gemma3 import Gemma3Renderer
+from agent_rl.core.renderers.harmony import HarmonyRenderer
+from agent_rl.core.renderers.llama3 import Llama3Renderer
+from agent_rl.core.renderers.qwen3 import Qwen3Renderer, format_thinking
 from agent_rl.core.types import Message, StopReason, ToolCall
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.scripted import ScriptedSampler

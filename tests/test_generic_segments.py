@@ -11,11 +11,11 @@ import pytest
 import torch
 from test_rollout_tokens import AddEnv
 
-from agent_rl.core import renderers
 from agent_rl.core.config import ConfigError
 from agent_rl.core.config_file import load_config
-from agent_rl.core.generic import GenericRenderer
-from agent_rl.core.renderers import GENERIC_NOTICE, detect, get_renderer
+from agent_rl.core.renderers import choose as renderers
+from agent_rl.core.renderers.choose import GENERIC_NOTICE, detect, get_renderer
+from agent_rl.core.renderers.generic import GenericRenderer
 from agent_rl.core.types import Message, Segment, StopReason, ToolCall, Trajectory
 from agent_rl.learn.batching import collate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode

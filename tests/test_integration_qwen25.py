@@ -19,8 +19,8 @@ from test_train_integration import LOGPROB_TOL, config, served_name_of, server_l
 
 from agent_rl import trainer
 from agent_rl.cli import main
-from agent_rl.core.chatml import Qwen25Renderer
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.chatml import Qwen25Renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.models import build_tiny_model, cache_dir
 from agent_rl.learn.policy import load_causal_lm

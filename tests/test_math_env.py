@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.core.chatml import format_tool_call
+from agent_rl.core.renderers.chatml import format_tool_call
 from agent_rl.envs.calculator import calculator
 from agent_rl.envs.math import MathEnv, final_step, load_tasks, make_env, math_dataset, solve
 from agent_rl.rollout.runner import EpisodeLimits, run_episode

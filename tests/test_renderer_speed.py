@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.core.chatml import ChatMLRenderer
+from agent_rl.core.renderers.chatml import ChatMLRenderer
 from agent_rl.core.types import Message
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.core.chatml import ChatMLRenderer, Qwen25Renderer
-from agent_rl.core.gemma3 import Gemma3Renderer, format_tool_calls, tools_text
-from agent_rl.core.harmony import HarmonyRenderer
-from agent_rl.core.llama3 import Llama3Renderer
-from agent_rl.core.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer, format_thinking
+from agent_rl.core.renderers.chatml import ChatMLRenderer, Qwen25Renderer
+from agent_rl.core.renderers.gemma3 import Gemma3Renderer, format_tool_calls, tools_text
+from agent_rl.core.renderers.harmony import HarmonyRenderer
+from agent_rl.core.renderers.llama3 import Llama3Renderer
+from agent_rl.core.renderers.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer, format_thinking
 from agent_rl.core.types import Message, ToolCall
 
 trl = pytest.importorskip("trl", reason="trl ships the official chat templates (pip install -e '.[dev]')")

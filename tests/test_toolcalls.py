@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent_rl.core.renderers import get_renderer
-from agent_rl.core.toolcalls import parse_bare_calls, parse_tool_calls
+from agent_rl.core.renderers.choose import get_renderer
+from agent_rl.core.renderers.toolcalls import parse_bare_calls, parse_tool_calls
 from agent_rl.core.types import ToolCall
 
 

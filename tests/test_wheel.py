@@ -30,7 +30,7 @@ from envs import my_env
 from rewards import my_reward
 
 import agent_rl
-from agent_rl.core.renderers import load_renderer
+from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.envs.calculator import load_tasks, make_env, solve
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.scripted import ScriptedSampler

@@ -4,8 +4,8 @@ Owns: `Tool` (name, description, JSON schema from the signature and docstring th
 argument validation, calling sync or async functions with a deadline that holds), `tool_options`
 (a function's own defaults: deadline, isolation), `ToolError`, and `ToolLike`, the interface every
 tool has (`Tool`, and MCP servers' tools in `tools.mcp`).
-Does not own: parsing tool calls out of model text (`agent_rl.core.toolcalls`), rendering schemas
-into a prompt (`agent_rl.core.chatml`), or the threads and worker processes sync tools run in
+Does not own: parsing tool calls out of model text (`agent_rl.core.renderers.toolcalls`), rendering schemas
+into a prompt (`agent_rl.core.renderers.chatml`), or the threads and worker processes sync tools run in
 (`tools.runners`, `tools.worker_pool`).
 
 A tool function returns a string (what the model reads) or anything JSON-serialisable. It raises

@@ -18,7 +18,7 @@ from agent_rl.audit.report import AuditReport, judge
 from agent_rl.audit.targets import plan_for
 from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
 from agent_rl.rollout.scripted import ScriptedSampler

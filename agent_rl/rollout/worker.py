@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from agent_rl.core.config import RayConfig
 from agent_rl.core.env import Env
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message, Trajectory
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.remote_gate import GateState, MirrorGate

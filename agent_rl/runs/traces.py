@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.core.files import write_lines
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Trajectory, TrajectoryGroup, Turn
 from agent_rl.runs.display import mask_runs
 

@@ -4,7 +4,7 @@ Owns: `Qwen3Renderer` (thinking on: the model opens its turn with `<think>`) and
 `Qwen3NoThinkRenderer` (`enable_thinking=False`: the generation prompt carries an empty
 `<think>\\n\\n</think>\\n\\n` block), both matching Qwen3's official chat template for the prompt and
 for tool episodes (tests/test_renderers.py).
-Does not own: ChatML itself (`core.chatml`), the `<tool_call>` JSON parser (`core.toolcalls`).
+Does not own: ChatML itself (`core.renderers.chatml`), the `<tool_call>` JSON parser (`core.renderers.toolcalls`).
 
 Differences from Qwen2.5: no default system prompt (no system turn at all without a system message
 or tools); with tools, the system turn is "{system}\\n\\n# Tools..."; a reply is
@@ -30,7 +30,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.chatml import (
+from agent_rl.core.renderers.chatml import (
     TOOLS_POSTAMBLE,
     TOOLS_PREAMBLE,
     ChatMLRenderer,

@@ -2,7 +2,7 @@
 
 Owns: `HarmonyRenderer`, token for token the official gpt-oss chat template for prompts and for
 tool episodes written canonically (tests/test_renderers.py), and the parser of its tool calls.
-Does not own: the JSON checks it shares (`core.toolcalls.call_from_json`), checking names and
+Does not own: the JSON checks it shares (`core.renderers.toolcalls.call_from_json`), checking names and
 arguments against the environment's tools (`envs.base.ToolEnv`).
 
 Format:
@@ -35,8 +35,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import bad_call, call_from_json, short
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.toolcalls import bad_call, call_from_json, short
 from agent_rl.core.types import Message, ToolCall
 
 IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."

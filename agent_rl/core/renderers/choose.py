@@ -2,9 +2,9 @@
 
 Owns: `RENDERERS` (the known families by name), `detect` (a tokenizer's family), `get_renderer` and
 `load_renderer` (from a model folder), and the one-line notice when the generic fallback is used.
-A new family is one module beside `core.chatml` and one line in `RENDERERS` and `detect`.
+A new family is one module beside `core.renderers.chatml` and one line in `RENDERERS` and `detect`.
 It also sets a renderer's `bare_calls` switch from `model.bare_tool_calls` (families that have one).
-Does not own: any family's format, the `Renderer` interface (`core.renderer`).
+Does not own: any family's format, the `Renderer` interface (`core.renderers.base`).
 
 Automatic choice (`model.renderer: auto`), first match wins, from the tokenizer's special tokens and
 chat template: `<|start_header_id|>` -> llama3; `<start_of_turn>` -> gemma3; `<|channel|>` ->
@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_rl.core.chatml import ChatMLRenderer, Qwen25Renderer
-from agent_rl.core.gemma3 import Gemma3Renderer
-from agent_rl.core.generic import GenericRenderer
-from agent_rl.core.harmony import HarmonyRenderer
-from agent_rl.core.llama3 import Llama3Renderer
-from agent_rl.core.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer
-from agent_rl.core.renderer import Renderer
+from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.renderers.chatml import ChatMLRenderer, Qwen25Renderer
+from agent_rl.core.renderers.gemma3 import Gemma3Renderer
+from agent_rl.core.renderers.generic import GenericRenderer
+from agent_rl.core.renderers.harmony import HarmonyRenderer
+from agent_rl.core.renderers.llama3 import Llama3Renderer
+from agent_rl.core.renderers.qwen3 import Qwen3NoThinkRenderer, Qwen3Renderer
 
 RENDERERS: dict[str, type[Renderer]] = {
     r.name: r for r in (ChatMLRenderer, Qwen25Renderer, Qwen3Renderer, Qwen3NoThinkRenderer, Llama3Renderer,
