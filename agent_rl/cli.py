@@ -3,7 +3,7 @@
 Owns: the sub-commands' arguments (`build_parser`) and `main`, which prints a `CLIError` as
 `error: ...` and exits non-zero (2 for bad input, 1 for a failed run); `raise_on_sigterm` (a SIGTERM
 unwinds the command like Ctrl-C, so that the vLLM servers and sandboxes it started are stopped; `main` does
-the same for SIGUSR1; `train`'s loop preempts the run instead, `agent_rl.preemption`).
+the same for SIGUSR1; `train`'s loop preempts the run instead, `agent_rl.stopping`).
 Does not own: what the commands do (`commands`), or any logic beyond wiring.
 """
 

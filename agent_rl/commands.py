@@ -40,12 +40,12 @@ def errors_as_lines() -> Iterator[None]:
     number) as CLIError."""
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
-    from agent_rl.preemption import Preempted
     from agent_rl.rollout.sampler import SamplerError
     from agent_rl.rollout.server import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
     from agent_rl.rollout.worker import WorkerError
     from agent_rl.runs.checkpoint import CheckpointError
+    from agent_rl.stopping import Preempted
 
     try:
         yield
@@ -75,11 +75,11 @@ def _rounded(metrics: dict[str, float]) -> str:
 
 
 def rollout(args: argparse.Namespace) -> int:
-    from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-    from agent_rl.rollout.stream import remote_players
+    from agent_rl.rollout.engine import play_groups
+    from agent_rl.rollout.runner import EpisodeLimits
     from agent_rl.runs.display import format_trajectory
     from agent_rl.runs.metrics import rollout_metrics
-    from agent_rl.session import open_session, sampling
+    from agent_rl.session import episodes, open_session, sampling
 
     urls = f"[{','.join(args.server_url)}]" if args.server_url else "[]"
     cfg = config(argparse.Namespace(config=None, set=[
@@ -99,11 +99,9 @@ def rollout(args: argparse.Namespace) -> int:
     limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature)
 
     async def run():
-        async with sampling(cfg, session.model_dir) as sampler:
-            players = remote_players(sampler)  # --workers: the episodes play on Ray workers
-            return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits, args.group_size,
-                                        group_reward=session.env.group_reward,
-                                        play=None if players is None else players.play)
+        async with sampling(session) as fleet:  # --workers: the episodes play on Ray workers
+            return await play_groups(tasks, episodes(session, fleet.players, limits, args.group_size),
+                                     cfg.rollout.max_concurrent)
 
     announce_server(cfg)
     with errors_as_lines():

@@ -26,7 +26,9 @@ from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Message, Segment, Trajectory
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import Episodes, play_groups
+from agent_rl.rollout.players import LocalPlayers
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.scripted import ScriptedSampler
 
 
@@ -118,7 +120,7 @@ async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0
         script = _Script(spec, task, tid in direct_ids, rng.randrange(MISTAKE_TURNS) if tid in imperfect_ids else None,
                          random.Random(f"{seed}-{tid}"))
         sampler = ScriptedSampler(renderer, script, logprob=0.0, on_messages=True)
-        [group] = await rollout_groups([task], spec.make_env, sampler, renderer, limits, group_size=1)
+        [group] = await play_groups([task], Episodes(LocalPlayers(spec.make_env, sampler, renderer), limits, 1))
         traj = group.trajectories[0]
         if traj.infra_error or traj.truncated or traj.reward < min_reward:
             dropped += 1

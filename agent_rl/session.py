@@ -2,10 +2,13 @@
 
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
-servers (started here or attached) with a sampler on them, as one async context, and with `rollout.workers` the
-Ray workers behind it (`with_workers`; what each plays with: `worker_kit`); `supervised_sampling`, the same with
-the servers watched and mended (`rollout.supervisor`, what `train` uses; the workers route by it too); and
-`judging`: the session with the LLM judge of `cfg.judge` added to its group rewards, on those servers or another.
+servers (started here or attached) with a sampler on them and where the episodes play, as one async context
+(a `rollout.players.Fleet`: in this process, or with `rollout.workers` on that many Ray workers, `with_workers`;
+what each plays with: `worker_kit`); `supervised_sampling`, the same with the servers watched and mended
+(`rollout.supervisor`, what `train` uses; the workers route by it too); `episodes`, how every command plays a
+group (`rollout.engine.Episodes`: the environment's group reward, the failure policy and the return's rule, as the
+config says, for training, evaluation and `agent-rl rollout` alike); and `judging`: the session with the LLM judge
+of `cfg.judge` added to its group rewards, on those servers or another.
 `agent-rl train`, `eval`, `rollout`, `demos`, `sft` and `play` all open their run through these, so
 a model spec, a renderer name or a server URL means the same everywhere.
 Does not own: the model's weights (`learn.policy`), weight sync (`rollout.weight_sync`), metrics.
@@ -28,6 +31,9 @@ from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
+from agent_rl.rollout.engine import Episodes
+from agent_rl.rollout.players import Fleet, LocalPlayers, Players
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import ServedSampler, VLLMSampler
 from agent_rl.rollout.server import fleet, running, serve_or_attach
 from agent_rl.rollout.supervisor import Supervisor
@@ -95,40 +101,53 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 
 
 @contextlib.asynccontextmanager
-async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
-                   ) -> AsyncIterator[ServedSampler]:
-    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit; with
-    `rollout.workers`, its episodes play on that many Ray workers (the cluster joined before any server starts)."""
-    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, model_dir, log_path) as urls:
+async def sampling(session: Session, log_path: Path | None = None) -> AsyncIterator[Fleet]:
+    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit, and where the episodes
+    play (`with_workers`; with `rollout.workers`, the cluster is joined before any server starts)."""
+    cfg = session.cfg
+    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, session.model_dir, log_path) as urls:
         async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
-                with_workers(cfg, urls, sampler) as served:
-            yield served
+                with_workers(session, urls, sampler) as fleet:
+            yield fleet
 
 
 @contextlib.asynccontextmanager
-async def supervised_sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
-                              ) -> AsyncIterator[tuple[ServedSampler, Supervisor]]:
+async def supervised_sampling(session: Session, log_path: Path | None = None
+                              ) -> AsyncIterator[tuple[Fleet, Supervisor]]:
     """`sampling`, and a supervisor of its servers that the sampler routes by: one started here is restarted when
     it dies, one attached by URL waited for (`rollout.supervisor`; supervision begins at `Supervisor.start`).
     With `rollout.workers`, the cluster is joined before any server starts, and the sampler is bound to the
     supervisor before the workers wrap it, so that every worker routes by it too (`rollout.workers`). On exit the
     workers stop first, then the supervisor, so that no restart outlives the servers' own stop."""
+    cfg, model_dir = session.cfg, session.model_dir
     started = [] if cfg.sampler.server_urls else fleet(cfg, model_dir, log_path)
     with ray_cluster(cfg.ray, cfg.rollout.workers), \
             (running(started) if started else serve_or_attach(cfg, model_dir)) as urls:
         async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
                 Supervisor.from_config(cfg.sampler, urls, started or None) as supervisor:
             supervisor.bind(sampler)
-            async with with_workers(cfg, urls, sampler) as served:
+            async with with_workers(session, urls, sampler) as served:
                 yield served, supervisor
 
 
-def with_workers(cfg: TrainConfig, urls: Sequence[str], sampler: ServedSampler
-                 ) -> contextlib.AbstractAsyncContextManager[ServedSampler]:
-    """`sampler`, with `rollout.workers` Ray workers behind it playing the episodes (`rollout.workers`)."""
+def with_workers(session: Session, urls: Sequence[str], sampler: ServedSampler
+                 ) -> contextlib.AbstractAsyncContextManager[Fleet]:
+    """`sampler`, and where the episodes play: here, through it, with the session's environments and renderer; or
+    with `rollout.workers`, on that many Ray workers (`rollout.workers`), which the sampler then tells of every
+    change of the served policy."""
+    cfg = session.cfg
     settings = WorkerSettings(cfg.ray, cfg.sampler.request_timeout_s)
     kit = functools.partial(worker_kit, cfg, tuple(urls))
-    return rollout_workers(cfg.rollout.workers, kit, sampler, settings)
+    here = LocalPlayers(session.env.make_env, sampler, session.renderer, servers=len(urls))
+    return rollout_workers(cfg.rollout.workers, kit, sampler, here, settings)
+
+
+def episodes(session: Session, players: Players, limits: EpisodeLimits, group_size: int) -> Episodes:
+    """How every command plays a group: on `players`, with the environment's group reward, the config's failure
+    policy (`rollout.on_error`, `max_retries`) and its return rule (`algorithm.truncated_reward`)."""
+    cfg = session.cfg
+    return Episodes(players, limits, group_size, session.env.group_reward, cfg.rollout.on_error,
+                    cfg.rollout.max_retries, cfg.algorithm.truncated_reward)
 
 
 def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:

@@ -5,9 +5,10 @@ Owns: `train(cfg)`: set-up (run directory, seeds, session, policy, tasks, resume
 `UpdateStage`, `SyncStage`; a bench times them, a test scripts them, by argument); `open_stream`, the
 run's rollout stream on rank 0 as the config sets it (staleness, dynamic sampling's refills); under
 torchrun, what the other ranks do (`follow`) and the collectives every rank joins for a weight push and
-a checkpoint (`served_weights`, `checkpoint`); what a stop signal, or a server past mending, does to the loop
-(`stop`: the step being sampled abandoned, the last completed one checkpointed).
-Does not own: the signal handlers (`preemption`), any of the maths (`learn.advantages`, `learn.loss`,
+a checkpoint (`served_weights`, `checkpoint`); what the loop does on a stop (`stop`: the step being sampled
+abandoned, the last completed one checkpointed).
+Does not own: signals, whether a faulted step may be checkpointed and the line a stopped run ends with
+(`stopping`), any of the maths (`learn.advantages`, `learn.loss`,
 `learn.update`), tokens (`rollout.runner`, `core.renderers.base`), which groups a step trains and when they are played
 (`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
@@ -21,10 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -34,8 +34,8 @@ import torch
 from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
+from agent_rl.core.seeds import step_seed
 from agent_rl.core.types import TrajectoryGroup
-from agent_rl.faults import mended, server_gone
 from agent_rl.learn.advantages import (
     AdvantageFn,
     CreditRule,
@@ -59,11 +59,12 @@ from agent_rl.learn.distributed import (
 )
 from agent_rl.learn.policy import Policy, build_policy
 from agent_rl.learn.update import policy_update
-from agent_rl.preemption import Preempted, Preemption, watch
 from agent_rl.rollout.admission import Admission
-from agent_rl.rollout.runner import EpisodeLimits, step_seed
-from agent_rl.rollout.sampler import Sampler, ServedSampler
-from agent_rl.rollout.stream import Episodes, RolloutStream, TaskStream, legacy_state, remote_players
+from agent_rl.rollout.players import Players
+from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.rollout.sampler import ServedSampler
+from agent_rl.rollout.stream import Batch as StreamBatch
+from agent_rl.rollout.stream import RolloutStream, TaskStream, resumable
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
@@ -72,29 +73,30 @@ from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
 from agent_rl.runs.traces import write_step as write_traces
-from agent_rl.session import Session, judging, open_session, supervised_sampling
+from agent_rl.session import Session, episodes, judging, open_session, supervised_sampling
+from agent_rl.stopping import Preemption, end_of_run, mended, server_gone, unless_stopped, watch
 
 T = TypeVar("T")
 ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
 class StreamStage(Protocol):
-    """The run's rollout stream on `sampler`, not yet started: `open_stream`."""
+    """The run's rollout stream, its episodes played by `players`, not yet started: `open_stream`."""
 
-    def __call__(self, run: Run, sampler: Sampler, /) -> RolloutStream: ...
+    def __call__(self, run: Run, players: Players, /) -> RolloutStream: ...
 
 
 class AdvantageStage(Protocol):
     """Each group's advantages by `advantage_fn`, groups without signal dropped, and with `credit` each turn's
     (`learn.credit`; None: one per trajectory): `learn.advantages.group_advantages`."""
 
-    def __call__(self, groups: Sequence[TrajectoryGroup], advantage_fn: AdvantageFn, truncated_reward: float | None,
-                 credit: CreditRule | None, /) -> GroupAdvantages: ...
+    def __call__(self, groups: Sequence[TrajectoryGroup], advantage_fn: AdvantageFn, credit: CreditRule | None, /
+                 ) -> GroupAdvantages: ...
 
 
 class UpdateStage(Protocol):
     """The optimizer steps on one batch, run in a thread; returns their statistics: `learn.update.policy_update`
-    (`seed`: the step's, which shuffles mini-batches, `rollout.runner.step_seed`; `version`: the policy version
+    (`seed`: the step's, which shuffles mini-batches, `core.seeds.step_seed`; `version`: the policy version
     the update starts from, which the batch's per-token versions lag behind)."""
 
     def __call__(self, policy: Policy, batch: Batch, algo: AlgorithmConfig, optim: OptimConfig, temperature: float,
@@ -108,20 +110,16 @@ class SyncStage(Protocol):
                        /) -> WeightSync: ...
 
 
-def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
+def open_stream(run: Run, players: Players) -> RolloutStream:
     """Rank 0's rollout stream: slots by `algorithm.max_staleness` (as the checkpoint left them, when resuming),
-    each group a task of `run.tasks` played as the config says; with dynamic sampling, a group without signal
-    gives its slot to the next task (`learn.advantages.has_signal`)."""
+    each group a task of `run.tasks` played on `players` as every command plays a group (`session.episodes`); with
+    dynamic sampling, a group without signal gives its slot to the next task (`learn.advantages.has_signal`)."""
     cfg, algo, rollout = run.cfg, run.cfg.algorithm, run.cfg.rollout
     shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps, algo.slots_ahead(rollout.tasks_per_step))
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
-    signal = functools.partial(has_signal, truncated_reward=algo.truncated_reward) if algo.dynamic_sampling else None
-    env = run.session.env
-    episodes = Episodes(env.make_env, sampler, run.session.renderer, run.limits, rollout.group_size, env.group_reward,
-                        rollout.on_error, rollout.max_retries, remote_players(sampler))  # on workers, if any
-    servers = len(getattr(sampler, "urls", [sampler]))  # a scripted sampler: one
-    return RolloutStream(run.tasks, episodes, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
-                         max_rounds=algo.max_resample_batches, signal=signal, servers=servers)
+    return RolloutStream(run.tasks, episodes(run.session, players, run.limits, rollout.group_size), admission,
+                         run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
+                         max_rounds=algo.max_resample_batches, signal=has_signal if algo.dynamic_sampling else None)
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ class Run:
     limits: EpisodeLimits
     start: int = 0  # steps already done (resumed)
     saved: dict[str, Any] | None = None  # the rollout stream's state in the checkpoint resumed from
-    stop: Preemption = field(default_factory=Preemption)  # set by SIGTERM / SIGUSR1 while the loop runs (`watch`)
+    stop: Preemption = field(default_factory=Preemption)  # set by SIGTERM / SIGUSR1 while the loop runs (`stopping`)
     supervisor: Supervisor | None = None  # of the servers (rank 0 of `train`): restarts counted each step
 
 
@@ -170,7 +168,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, dist: Dist = Dist()) -> Run:
     run = Run(cfg, run_dir, session, policy, TaskStream(pool), limits)
     if resume and (ck := load_checkpoint(run_dir, policy.model, policy.optimizer, policy.scheduler)) is not None:
         run.start = ck.step
-        run.saved = legacy_state(ck.data_position, ck.step, rollout.tasks_per_step)
+        run.saved = resumable(ck.data_position)
     return run
 
 
@@ -186,10 +184,10 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
         close_distributed(dist)
         return {}
     # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
-    async with supervised_sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as (sampler, supervisor), \
-            judging(run.session, sampler.urls, run.run_dir) as run.session:
+    async with supervised_sampling(run.session, run.run_dir / "vllm.log") as (fleet, supervisor), \
+            judging(run.session, fleet.sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
-        sync = await stages.sync(cfg, run.run_dir, sampler, first, run.start)
+        sync = await stages.sync(cfg, run.run_dir, fleet.sampler, first, run.start)
         del first
         # from here a server that dies comes back with the current weights; one that cannot stops the loop
         run.supervisor = supervisor
@@ -201,7 +199,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             truncate_traces(run.run_dir, run.start)  # a fresh run (start 0) drops an earlier run's traces
             try:
                 with watch(run.stop):
-                    final = await loop(run, sampler, sync, log, stages)
+                    final = await loop(run, fleet.players, sync, log, stages)
             except BaseException:
                 with contextlib.suppress(Exception):  # the run's own error is the one to report
                     await sync.finish()
@@ -213,12 +211,12 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     return final
 
 
-async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, stages: Stages) -> dict[str, float]:
-    """Steps `run.start` .. `run.cfg.run.steps`; returns the last step's metrics. On a stop signal
-    (`run.stop`, `preemption`): a step still sampling is abandoned, one past its sampling is finished, then
-    the last completed step is checkpointed (if it is not already) and `Preempted` raised."""
+async def loop(run: Run, players: Players, sync: WeightSync, log: RunLogger, stages: Stages) -> dict[str, float]:
+    """Steps `run.start` .. `run.cfg.run.steps`, the episodes played by `players`; returns the last step's metrics.
+    On a stop (`run.stop`, `stopping`): a step still sampling is abandoned, one past its sampling is finished, then
+    the last completed step is checkpointed (if it is not already) and the run ends with `stopping.end_of_run`."""
     cfg, final, done = run.cfg, {}, run.start
-    async with stages.stream(run, sampler) as stream:
+    async with stages.stream(run, players) as stream:
         stream.start(run.start, run.saved)  # the slots the served version opens (a checkpoint's, resumed)
         for step in range(run.start, cfg.run.steps):
             t_step = time.perf_counter()
@@ -226,7 +224,7 @@ async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, sta
             sampled = await unless_stopped(stream.batch(step), run.stop)
             if sampled is None:
                 break  # preempted while sampling: the step is abandoned, its groups stay open in the stream
-            final, done = await train_step(run, stream, sync, log, stages, step, *sampled, t_step), step + 1
+            final, done = await train_step(run, stream, sync, log, stages, step, sampled, t_step), step + 1
             if run.stop.requested:
                 break
         if run.stop.requested and done < cfg.run.steps:  # a signal in the last step: the run ends as it would
@@ -235,14 +233,15 @@ async def loop(run: Run, sampler: Sampler, sync: WeightSync, log: RunLogger, sta
 
 
 async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: RunLogger, stages: Stages, step: int,
-                     groups: list[TrajectoryGroup], metrics: dict[str, float], t_step: float) -> dict[str, float]:
+                     sampled: StreamBatch, t_step: float) -> dict[str, float]:
     """Steps 2-8 of one step on its sampled groups; returns its metrics as logged."""
-    cfg, algo = run.cfg, run.cfg.algorithm
+    cfg, algo, groups = run.cfg, run.cfg.algorithm, sampled.groups
+    metrics = {**sampled.metrics, **sampled.failures.metrics()}
     trajs = [t for g in groups for t in g.trajectories]
-    # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
+    # 2. score: rewards and returns came back with each trajectory (env.reward, + group rewards, each turn's own)
     # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
     credit = credit_of(algo)
-    adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
+    adv = stages.advantages(groups, ADVANTAGES[algo.advantage], credit)
     metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
                     **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
     t_train = time.perf_counter()
@@ -264,7 +263,8 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     metrics.update(run.tasks.positions(stream.data_position()))
     final = log.log(step + 1, metrics)
     write_traces(run.run_dir, step + 1, groups, adv, run.session.renderer, cfg.run.trace_groups)
-    saved = checkpoint_due(cfg, step) or (failed is not None and mended(metrics, trajs) and not sharded_full(run))
+    saved = checkpoint_due(cfg, step) or (failed is not None and mended(sampled.failures, trajs)
+                                          and not sharded_full(run))
     if saved:
         checkpoint(run, step + 1, stream.state())
     if failed is not None:
@@ -283,29 +283,14 @@ async def push(run: Run, sync: WeightSync, stream: RolloutStream, version: int) 
     return None
 
 
-async def unless_stopped(work: Awaitable[T], stop: Preemption) -> T | None:
-    """`work`'s result, or None (and `work` cancelled) if a stop signal comes first."""
-    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.event.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, stopped):
-            if not t.done():
-                t.cancel()
-        await asyncio.gather(task, stopped, return_exceptions=True)
-    return task.result() if task.done() and not task.cancelled() else None
-
-
 def stop(run: Run, done: int, stream_state: dict[str, Any]) -> None:
-    """A stop signal came: checkpoint step `done` unless it is already (the slots not yet trained are the
-    stream's now, as no update happened since), then end the run with `Preempted`'s line; or a server that
-    cannot be mended (`Preemption.fail`): the same, ending with its line."""
+    """A stop came (a signal, or a server that cannot be mended: `stopping.Preemption`): checkpoint step `done`
+    unless it is already (the slots not yet trained are the stream's now, as no update happened since), then end
+    the run with the stop's line."""
     saved = done > 0 and (done == run.start or checkpoint_due(run.cfg, done - 1))
     if done > 0 and not saved:
         checkpoint(run, done, stream_state)
-    if run.stop.error is not None:
-        raise server_gone(run.run_dir, run.stop.error, done or None)
-    raise Preempted(run.stop.signal_name or "SIGTERM", done, run.cfg.run.steps, run.run_dir, checkpoint=done > 0)
+    raise end_of_run(run.stop, done, run.cfg.run.steps, run.run_dir)
 
 
 async def learn(run: Run, batch: Batch | None, stages: Stages, step: int) -> dict[str, float]:
@@ -385,9 +370,9 @@ def for_ranks(cfg: TrainConfig, dist: Dist) -> TrainConfig:
 
 
 def group_metrics(groups: list[TrajectoryGroup], adv: GroupAdvantages) -> dict[str, float]:
-    usable = [t.reward for g in groups for t in g.trajectories if not t.infra_error]
-    mean = sum(usable) / len(usable) if usable else 0.0
-    std = (sum((x - mean) ** 2 for x in usable) / len(usable)) ** 0.5 if usable else 0.0
-    return {"reward_std": std, "zero_variance_group_share": adv.num_zero_variance_groups / max(len(groups), 1),
+    """The groups' figures: `reward_std`, the spread the estimator normalised (`GroupAdvantages.spread`); the share
+    of groups without signal; trajectories kept and dropped."""
+    return {"reward_std": adv.spread,
+            "zero_variance_group_share": adv.num_zero_variance_groups / max(len(groups), 1),
             "kept_trajectories": float(len(adv.trajectories)),
             "dropped_trajectories": float(adv.num_dropped_trajectories)}

@@ -60,6 +60,7 @@ from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.advantages import GroupAdvantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.policy import Policy
+from agent_rl.rollout.players import LocalPlayers
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import Session, env_of
@@ -204,7 +205,7 @@ class SimPush:
         return Gated(task)
 
 
-def all_trained(groups: Any, advantage_fn: Any, truncated_reward: Any, credit: Any = None) -> GroupAdvantages:
+def all_trained(groups: Any, advantage_fn: Any, credit: Any = None) -> GroupAdvantages:
     """Every episode enters the batch (advantages +1, -1, ...): the scripted replies are all right, so GRPO
     would drop every group, and the trainer's cost is its tokens'."""
     trajs = tuple(t for g in groups for t in g.trajectories if not t.infra_error)
@@ -248,14 +249,15 @@ async def measure(servers: int, staleness: int, drain: bool, args: Any, renderer
         loop = asyncio.get_running_loop()
         marks: list[tuple[float, float, float]] = []  # (time, busy server-seconds, sampled tokens) at each batch
 
-        def advantages(groups: Any, advantage_fn: Any, truncated_reward: Any, credit: Any) -> GroupAdvantages:
-            adv = all_trained(groups, advantage_fn, truncated_reward)  # one advantage per episode, whatever the credit
+        def advantages(groups: Any, advantage_fn: Any, credit: Any) -> GroupAdvantages:
+            adv = all_trained(groups, advantage_fn)  # one advantage per episode, whatever the credit
             marks.append((loop.time(), cluster.busy_s(), float(sum(t.num_sampled for t in adv.trajectories))))
             return adv
 
         stages = trainer.Stages(advantages=advantages, update=sim.update)
         with RunLogger(run.run_dir, cfg.run.steps, tensorboard=False, progress=False) as log:
-            await trainer.loop(run, sampler, push, log, stages)
+            players = LocalPlayers(run.session.env.make_env, sampler, renderer, servers=len(sampler.urls))
+            await trainer.loop(run, players, push, log, stages)
         lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
         cluster.close()
     a, b, tasks = args.warm, args.steps - args.warm, cfg.rollout.tasks_per_step

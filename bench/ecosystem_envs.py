@@ -27,7 +27,8 @@ import test_rollout_tokens as tokens  # noqa: E402
 from agent_rl.core.renderers.choose import load_renderer  # noqa: E402
 from agent_rl.envs import openenv_env, verifiers_env  # noqa: E402
 from agent_rl.learn.models import resolve_model  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
+from agent_rl.rollout.engine import rollout_groups  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits  # noqa: E402
 from agent_rl.rollout.scripted import ScriptedSampler  # noqa: E402
 
 GUESS = str(ROOT / "examples" / "openenv_guess")

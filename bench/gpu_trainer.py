@@ -222,6 +222,7 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
     the run's last checkpoint was written."""
     from agent_rl import trainer
     from agent_rl.core.config_file import load_config
+    from agent_rl.rollout.players import LocalPlayers
     from agent_rl.runs.runlog import RunLogger
 
     cfg = load_config(None, [f"model.name={model_dir}", "model.sync=adapter", f"model.device={device}",
@@ -234,7 +235,8 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
     sync = CopySync(sampler)
     await sync.push(run.policy.model, 0)
     with RunLogger(run_dir, steps, tensorboard=False, progress=False) as log:
-        await trainer.loop(run, sampler, sync, log, trainer.Stages())
+        players = LocalPlayers(run.session.env.make_env, sampler, run.session.renderer)
+        await trainer.loop(run, players, sync, log, trainer.Stages())
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return lines, any((run_dir / "checkpoints").glob("*"))  # a folder that is not there globs to nothing
 

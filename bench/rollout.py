@@ -82,7 +82,8 @@ from agent_rl.core.types import Message
 from agent_rl.envs.base import Env, StepResult
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.policy import apply_lora, load_causal_lm
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import VLLMSampler
 from agent_rl.rollout.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.adapter import AdapterSync

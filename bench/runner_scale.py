@@ -69,8 +69,9 @@ from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.base import ToolEnv
 from agent_rl.envs.calculator import SYSTEM, CalculatorEnv, arithmetic_tasks, calculator
 from agent_rl.learn.models import resolve_model
+from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
 from bench.loop_meters import CollectionTimes, LagMeter, page_faults, run_queue_s
 from bench.sim_responses import Responses, ServerWork, token_pieces

@@ -41,8 +41,9 @@ from agent_rl.core.config import RayConfig
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.stream import remote_players
+from agent_rl.rollout.engine import Episodes, play_groups
+from agent_rl.rollout.players import LocalPlayers
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.worker import Kit, WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
 from bench.loop_meters import LagMeter
@@ -154,11 +155,12 @@ async def measure_workers(workers: int, servers: int, concurrency: int, gpu: Gpu
     meter = LagMeter()
     try:
         kit = functools.partial(sim_kit, address, model, asdict(work))
-        async with rollout_workers(workers, kit, _Here(), settings) as sampler:  # type: ignore[arg-type]
-            play = remote_players(sampler)
-            assert play is not None
-            load = asyncio.ensure_future(rollout_groups(tasks, CalculatorEnv, sampler, renderer, limits,
-                                                        work.group_size, concurrency, play=play.play))
+        here = _Here()
+        async with rollout_workers(workers, kit, here, LocalPlayers(CalculatorEnv, here, renderer),  # type: ignore
+                                   settings) as fleet:
+            sampler = fleet.sampler
+            episodes = Episodes(fleet.players, limits, work.group_size)
+            load = asyncio.ensure_future(play_groups(tasks, episodes, concurrency))
             lag = asyncio.ensure_future(meter.run())
             try:
                 await asyncio.sleep(warmup)

@@ -24,7 +24,8 @@ from agent_rl.core.registry import load_env
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.scripted import ScriptedSampler
 from agent_rl.runs import traces, view
 

@@ -68,6 +68,7 @@ from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.update import policy_update
+from agent_rl.rollout.players import LocalPlayers
 from agent_rl.rollout.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.runlog import read_metrics
@@ -134,7 +135,7 @@ class TimedSync:
         return getattr(self.sync, name)
 
 
-def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=None, credit=None):
+def forced_advantages(groups, advantage_fn=grpo_advantages, credit=None):
     """Groups without signal still enter the batch, with advantages +1, -1, +1, ... (each turn its
     trajectory's, with credit per turn).
 
@@ -143,7 +144,7 @@ def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=Non
     this times a step in which every rollout is learned from. The logged group counts
     (`zero_variance_group_share`, `dropped_trajectories`) still describe the real rewards.
     """
-    adv = group_advantages(groups, advantage_fn, truncated_reward, credit)
+    adv = group_advantages(groups, advantage_fn, credit)
     kept = {id(t) for t in adv.trajectories}
     extra = [t for g in groups if not any(id(t) in kept for t in g.trajectories)
              for t in g.trajectories if not t.infra_error]
@@ -157,8 +158,10 @@ def forced_advantages(groups, advantage_fn=grpo_advantages, truncated_reward=Non
 def timed_stages(probe: Probe, force: bool) -> Stages:
     """The trainer's own stages, each wrapped in a probe: the loop runs unchanged."""
 
-    def stream(run, sampler):
-        return open_stream(run, TimedSampler(sampler, probe))
+    def stream(run, players):  # the episodes played here, through the probe's sampler
+        sampler = TimedSampler(players.meter.inner, probe)
+        return open_stream(run, LocalPlayers(run.session.env.make_env, sampler, run.session.renderer,
+                                             players.meter.servers))
 
     def update(*args, **kwargs):
         probe.stage = "update"

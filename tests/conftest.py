@@ -155,7 +155,8 @@ def play_on_server(vllm_server, renderer):
     """
     from dataclasses import replace
 
-    from agent_rl.rollout.runner import request_seed, rollout_groups
+    from agent_rl.core.seeds import request_seed
+    from agent_rl.rollout.engine import rollout_groups
     from agent_rl.rollout.sampler import VLLMSampler
 
     async def play(tasks, make_env, limits, group_size: int = 2):

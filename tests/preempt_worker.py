@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from helpers import here
 from test_stream import TimedSampler, VersionSync
 
 from agent_rl import trainer
@@ -32,9 +33,9 @@ from agent_rl.commands import CLIError, errors_as_lines
 from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
-from agent_rl.preemption import watch
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 from agent_rl.runs.runlog import RunLogger
+from agent_rl.stopping import watch
 
 STEPS = 4
 
@@ -73,11 +74,11 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
             assert time.monotonic() < deadline, "no signal came during step 2's update"
             time.sleep(0.01)
 
-    def advantages(groups, advantage_fn, truncated_reward, credit):
+    def advantages(groups, advantage_fn, credit):
         with trained.open("a") as f:
             at["step"] = next(steps)
             f.write(json.dumps({"step": at["step"], "tasks": [g.task_id for g in groups]}) + "\n")
-        return group_advantages(groups, advantage_fn, truncated_reward, credit)
+        return group_advantages(groups, advantage_fn, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         if at["step"] == 1 and hold:
@@ -94,7 +95,8 @@ def main(run_dir: Path, resume: bool, slow: bool = False, stand_in: bool = False
         with RunLogger(run_dir, STEPS, tensorboard=False, progress=False, start_step=run.start) as log:
             log.truncate_after(run.start)
             with watch(run.stop):
-                await trainer.loop(run, sampler, sync, log, trainer.Stages(advantages=advantages, update=update))
+                stages = trainer.Stages(advantages=advantages, update=update)
+                await trainer.loop(run, here(run, sampler), sync, log, stages)
 
     try:
         (run_dir / "server.pid").write_text(str(server.pid if server else ""))

@@ -25,6 +25,7 @@ from agent_rl.core.config_file import load_config
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import cache_dir
+from agent_rl.rollout.players import Fleet, LocalPlayers
 from agent_rl.rollout.sampler import Completion
 from agent_rl.rollout.supervisor import Supervisor
 
@@ -81,20 +82,20 @@ def main(run_dir: Path) -> None:
     sampler: list[VersionPaced] = []
 
     @contextlib.asynccontextmanager
-    async def servers(cfg, model_dir, log_path=None):  # `session.supervised_sampling` without a server to watch
-        sampler.append(VersionPaced(load_renderer(model_dir)))
+    async def servers(session, log_path=None):  # `session.supervised_sampling` without a server to watch
+        sampler.append(VersionPaced(load_renderer(session.model_dir)))
         async with Supervisor([], None, max_restarts=0, health_timeout_s=60.0, attach_wait_s=0.0) as supervisor:
-            yield sampler[0], supervisor
+            yield Fleet(sampler[0], LocalPlayers(session.env.make_env, sampler[0], session.renderer)), supervisor
 
     async def sync(cfg, run_dir, served, model, version):
         return Push(served)
 
-    def advantages(groups, advantage_fn, truncated_reward, credit):
+    def advantages(groups, advantage_fn, credit):
         with (run_dir / "trained.jsonl").open("a") as f:
             f.write(json.dumps({"tasks": [g.task_id for g in groups], "versions": [
                 sorted({v for v, m in zip(t.versions, t.loss_mask) if m}) for g in groups for t in g.trajectories],
                 "snails": sum("snails" in t.messages[0].content for g in groups for t in g.trajectories)}) + "\n")
-        return group_advantages(groups, advantage_fn, truncated_reward, credit)
+        return group_advantages(groups, advantage_fn, credit)
 
     trainer.supervised_sampling = servers  # the one stand-in: no vLLM server
     prepare = trainer.prepare

@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from helpers import here
 from test_stream import TimedSampler, VersionSync, slow_snails
 
 from agent_rl import trainer
@@ -41,10 +42,10 @@ def main(run_dir: Path, resume: bool) -> None:
     trained = run_dir / "trained.jsonl"
     steps = iter(range(run.start, STEPS))
 
-    def advantages(groups, advantage_fn, truncated_reward, credit):
+    def advantages(groups, advantage_fn, credit):
         with trained.open("a") as f:  # flushed at close: a SIGKILL after this keeps the line
             f.write(json.dumps({"step": next(steps), "tasks": [g.task_id for g in groups]}) + "\n")
-        return group_advantages(groups, advantage_fn, truncated_reward, credit)
+        return group_advantages(groups, advantage_fn, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(0.25)  # a step's training time: long enough for the test to kill the run mid-way
@@ -54,7 +55,7 @@ def main(run_dir: Path, resume: bool) -> None:
     async def go() -> None:
         with RunLogger(run_dir, STEPS, tensorboard=False, progress=False, start_step=run.start) as log:
             log.truncate_after(run.start)
-            await trainer.loop(run, sampler, VersionSync(sampler), log,
+            await trainer.loop(run, here(run, sampler), VersionSync(sampler), log,
                                trainer.Stages(advantages=advantages, update=update))
 
     asyncio.run(go())

@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from agent_rl.rollout.admission import Admission
+from agent_rl.rollout.admission import Admission, StaleCheckpoint
+from agent_rl.rollout.stream import resumable
 
 
 def test_staleness_0_opens_a_step_at_a_time_and_takes_it_whole():
@@ -75,8 +76,20 @@ def test_a_checkpoint_restores_the_slots_with_the_versions_they_opened_at():
     b = Admission.from_json(saved, batch=2, staleness=1, steps=5, slots_ahead=0)  # resumed with sample_ahead 0
     assert (b.opened, b.open) == (4, {0: 0, 2: 0}) and b.deadline(2) == 1  # opened at 0: still due at 1
     assert list(b.open_up_to(1)) == [] and list(b.open_up_to(2)) == [4, 5]  # from now on B + 0 open
-    legacy = Admission.from_json({"opened": 4, "open": [0, 2]}, batch=2, staleness=1, steps=5)  # no versions kept
-    assert legacy.open == {0: 0, 2: 0}  # SkyRL's rule opened them: slot n at n // B - k, at least 0
+
+
+def test_a_checkpoint_from_before_0_1_is_refused_in_one_line():
+    """Slots listed without their versions, or a stream state that is a bare task position: written before agent-rl
+    0.1.0, refused with one line that says so and what to do (no silent guess at the versions)."""
+    line = (r"^checkpoint from before agent-rl 0\.1\.0: its stream state lists open slots without the version each "
+            r"opened at; resume it with the version that wrote it, or start the run afresh without --resume$")
+    with pytest.raises(StaleCheckpoint, match=line):
+        Admission.from_json({"opened": 4, "open": [0, 2]}, batch=2, staleness=1, steps=5)
+    with pytest.raises(StaleCheckpoint, match=r"^checkpoint from before agent-rl 0\.1\.0: its stream state is a task "
+                                             r"position, not the stream's open slots; "):
+        resumable(12)
+    state = {"position": 6, "opened": 4, "open": [[0, 0], [2, 0]], "groups": [[0, 0, 3]]}
+    assert resumable(state) is state
 
 
 def simulate(batch: int, staleness: int, steps: int, ahead: int, rng: random.Random,

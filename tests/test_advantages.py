@@ -4,15 +4,17 @@ import math
 
 import pytest
 import torch
+from helpers import scored_groups
 
-from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup
+from agent_rl.core.returns import episode_return
+from agent_rl.core.types import Return, StopReason, Trajectory, TrajectoryGroup, Turn
 from agent_rl.learn.advantages import (
     dr_grpo_advantages,
     group_advantages,
     grpo_advantages,
     has_signal,
     rloo_advantages,
-    usable_rewards,
+    usable,
 )
 
 
@@ -81,7 +83,7 @@ def _traj(reward: float, stop: StopReason = StopReason.NO_TOOL_CALL, name: str =
     )
 
 
-def _groups():
+def _groups(truncated_reward=None):
     a = TrajectoryGroup(
         "a",
         (
@@ -93,11 +95,11 @@ def _groups():
     )
     b = TrajectoryGroup("b", tuple(_traj(1.0, name=f"b{i}") for i in range(4)))  # no variance
     c = TrajectoryGroup("c", (_traj(0.0, name="c0"), _traj(1.0, StopReason.ERROR, name="c1")))
-    return [a, b, c]
+    return scored_groups([a, b, c], truncated_reward)
 
 
 def test_truncated_masked_out():
-    result = group_advantages(_groups(), dr_grpo_advantages, truncated_reward=None)
+    result = group_advantages(_groups(truncated_reward=None), dr_grpo_advantages)
     # group a usable: a0 (1), a1 (0) -> mean .5 -> [.5, -.5]
     # group b: all 1 -> dropped; group c: only c0 usable (c1 infra error) -> dropped
     assert [t.task_id for t in result.trajectories] == ["a0", "a1"]
@@ -110,7 +112,7 @@ def test_truncated_masked_out():
 
 
 def test_truncated_given_failure_reward():
-    result = group_advantages(_groups(), dr_grpo_advantages, truncated_reward=0.0)
+    result = group_advantages(_groups(truncated_reward=0.0), dr_grpo_advantages)
     # group a usable: a0 (1), a1 (0), a3 (truncated -> 0) -> mean 1/3 -> [2/3, -1/3, -1/3]
     assert [t.task_id for t in result.trajectories] == ["a0", "a1", "a3"]
     _close(result.advantages, [2 / 3, -1 / 3, -1 / 3])
@@ -118,7 +120,7 @@ def test_truncated_given_failure_reward():
 
 
 def test_default_estimator_is_grpo():
-    result = group_advantages(_groups(), truncated_reward=0.0)
+    result = group_advantages(_groups(truncated_reward=0.0))
     # [1, 0, 0]: mean 1/3, deviations [2/3, -1/3, -1/3], squares 4/9 + 1/9 + 1/9 = 6/9
     # sample var = (6/9)/2 = 1/3, std = .5773502692; eps 1e-6 on top
     std = math.sqrt(1 / 3) + 1e-6
@@ -127,10 +129,41 @@ def test_default_estimator_is_grpo():
 
 def test_signal_helpers_for_dynamic_sampling():
     a, b, c = _groups()
-    kept, rewards = usable_rewards(a)
-    assert [t.task_id for t in kept] == ["a0", "a1"] and rewards == (1.0, 0.0)
+    kept, returns = usable(a)
+    assert [t.task_id for t in kept] == ["a0", "a1"] and [r.value for r in returns] == [1.0, 0.0]
     assert has_signal(a) and not has_signal(b) and not has_signal(c)
     # a group whose only difference is a truncated rollout: signal only with a failure reward
     d = TrajectoryGroup("d", (_traj(1.0), _traj(1.0), _traj(1.0, StopReason.MAX_TOKENS)))
-    assert not has_signal(d, truncated_reward=None)
-    assert has_signal(d, truncated_reward=0.0)
+    [masked] = scored_groups([d], truncated_reward=None)
+    [failed] = scored_groups([d], truncated_reward=0.0)
+    assert not has_signal(masked) and has_signal(failed)
+
+
+def _turn(reward: float) -> Turn:
+    return Turn(0, 1, "stop", 0, reward=reward)
+
+
+@pytest.mark.parametrize(("stop", "truncated_reward", "expected"), [
+    (StopReason.NO_TOOL_CALL, None, Return(1.0 + 0.25 - 0.5, 1.0)),  # outcome 1 plus the turns' 0.25 and -0.5
+    (StopReason.NO_TOOL_CALL, 0.0, Return(0.75, 1.0)),  # the rule touches only truncated episodes
+    (StopReason.LENGTH, None, Return(0.0, 0.0, usable=False)),  # masked: out of the statistics
+    (StopReason.MAX_TOKENS, -1.0, Return(-1.0 + 0.25 - 0.5, -1.0)),  # the rule's outcome, the turns' rewards kept
+    (StopReason.ERROR, 0.0, Return(0.0, 0.0, usable=False)),  # an infrastructure error never counts
+])
+def test_an_episode_return_by_hand(stop, truncated_reward, expected):
+    traj = Trajectory(task_id="x", token_ids=(), loss_mask=(), logprobs=(), prompt_len=0,
+                      turns=(_turn(0.25), _turn(-0.5)), messages=(), tool_calls=(), stop_reason=stop, reward=1.0)
+    assert episode_return(traj, truncated_reward) == expected
+
+
+def test_a_trajectory_never_scored_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="trajectory of task 'a0' has no return: its group was never scored"):
+        group_advantages([TrajectoryGroup("a", (_traj(1.0, name="a0"), _traj(0.0, name="a1")))])
+
+
+def test_the_spread_is_what_the_estimator_normalised():
+    """`spread` (logged as reward_std): over the groups that entered the batch, the mean sample std of their
+    returns. a: returns (1, 0) -> std sqrt(0.5); b: flat -> dropped, not averaged; c: one usable -> dropped."""
+    assert group_advantages(_groups()).spread == pytest.approx(math.sqrt(0.5), abs=1e-12)
+    # with a3 kept at 0.0: (1, 0, 0): mean 1/3, squares 4/9 + 1/9 + 1/9 = 2/3, sample var 1/3
+    assert group_advantages(_groups(truncated_reward=0.0)).spread == pytest.approx(math.sqrt(1 / 3), abs=1e-12)

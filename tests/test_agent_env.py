@@ -26,7 +26,8 @@ from agent_rl.core.types import Message, StopReason, ToolCall  # noqa: E402
 from agent_rl.envs import calculator, calculator_agent  # noqa: E402
 from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
 from agent_rl.envs.agent_proxy import ProxyError, completion, local_proxy, parse_request  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode  # noqa: E402
+from agent_rl.rollout.engine import rollout_groups  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits, run_episode  # noqa: E402
 from agent_rl.rollout.sampler import SamplerError  # noqa: E402
 
 CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'

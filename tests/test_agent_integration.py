@@ -14,7 +14,8 @@ from agent_rl.core.types import Message, StopReason  # noqa: E402
 from agent_rl.envs import calculator, calculator_agent  # noqa: E402
 from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
 from agent_rl.envs.base import StepResult, ToolEnv  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
+from agent_rl.rollout.engine import rollout_groups  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits  # noqa: E402
 from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
 from agent_rl.tools.base import Tool  # noqa: E402
 

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from helpers import scored_groups
 
 from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup, Turn
 from agent_rl.learn.advantages import (
@@ -60,18 +61,18 @@ CRAFTED = [TrajectoryGroup("q", (A, B, C, D, E))]
 
 def test_turn_credit_by_hand_gamma_one():
     # returns G: A [0.9, 0.9, 1.0], B [0.0], C [-0.1, 0.0], D [1.0, 1.0]; G_0 mean = 1.8 / 4 = 0.45
-    adv = group_advantages(CRAFTED, dr_grpo_advantages, 0.0, TurnCredit("turn", "dr_grpo"))
+    adv = group_advantages(scored_groups(CRAFTED, 0.0), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     assert [t.task_id for t in adv.trajectories] == ["A", "B", "C", "D"]
     close(adv.turn_advantages, [[0.45, 0.45, 0.55], [-0.45], [-0.55, -0.45], [0.55, 0.55]])
     # the episode advantages: episode returns (outcome + turn rewards) 0.9, 0, -0.1, 1 minus their mean
     assert adv.advantages == pytest.approx([0.45, -0.45, -0.55, 0.55], abs=1e-12)
     # grpo: the same differences over the sample std of G_0: deviations +-0.45, +-0.55, squares 1.01, / 3
     s = math.sqrt(1.01 / 3) + 1e-6
-    grpo = group_advantages(CRAFTED, grpo_advantages, 0.0, TurnCredit("turn", "grpo"))
+    grpo = group_advantages(scored_groups(CRAFTED, 0.0), grpo_advantages, TurnCredit("turn", "grpo"))
     close(grpo.turn_advantages, [[0.45 / s, 0.45 / s, 0.55 / s], [-0.45 / s], [-0.55 / s, -0.45 / s],
                                  [0.55 / s, 0.55 / s]])
     # rloo: against the mean of the others' G_0: A 0.9 - (0 - 0.1 + 1) / 3 = 0.6, 1.0 - 0.3 = 0.7
-    rloo = group_advantages(CRAFTED, rloo_advantages, 0.0, TurnCredit("turn", "rloo"))
+    rloo = group_advantages(scored_groups(CRAFTED, 0.0), rloo_advantages, TurnCredit("turn", "rloo"))
     close(rloo.turn_advantages, [[0.6, 0.6, 0.7], [0.0 - 1.8 / 3], [-0.1 - 1.9 / 3, 0.0 - 1.9 / 3],
                                  [1.0 - 0.8 / 3, 1.0 - 0.8 / 3]])
 
@@ -79,10 +80,11 @@ def test_turn_credit_by_hand_gamma_one():
 def test_turn_credit_by_hand_with_discount_and_truncation():
     # gamma 0.5: A: G2 = 1, G1 = -0.1 + 0.5 = 0.4, G0 = 0.2; B: 0; C: G1 = 0, G0 = -0.1; D: G1 = 1, G0 = 0.5
     # G_0 mean = (0.2 + 0 - 0.1 + 0.5) / 4 = 0.15
-    adv = group_advantages(CRAFTED, dr_grpo_advantages, 0.0, TurnCredit("turn", "dr_grpo", gamma=0.5))
+    adv = group_advantages(scored_groups(CRAFTED, 0.0), dr_grpo_advantages,
+                           TurnCredit("turn", "dr_grpo", gamma=0.5))
     close(adv.turn_advantages, [[0.05, 0.25, 0.85], [-0.15], [-0.25, -0.15], [0.35, 0.85]])
     # truncated episodes masked out (truncated_reward None): A, B, D; G_0 mean (0.9 + 0 + 1) / 3
-    masked = group_advantages(CRAFTED, dr_grpo_advantages, None, TurnCredit("turn", "dr_grpo"))
+    masked = group_advantages(scored_groups(CRAFTED), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     m = 1.9 / 3
     assert [t.task_id for t in masked.trajectories] == ["A", "B", "D"]
     close(masked.turn_advantages, [[0.9 - m, 0.9 - m, 1.0 - m], [-m], [1.0 - m, 1.0 - m]])
@@ -91,13 +93,14 @@ def test_turn_credit_by_hand_with_discount_and_truncation():
 def test_a_group_of_equal_returns_stays_when_its_turns_differ():
     # returns 0.9 and 0.9 (one penalty each, at different turns): trajectory credit has nothing to compare
     group = [TrajectoryGroup("q", (traj([-0.1, 0.0], 1.0), traj([0.0, -0.1], 1.0)))]
-    assert group_advantages(group, dr_grpo_advantages).num_zero_variance_groups == 1
+    assert group_advantages(scored_groups(group), dr_grpo_advantages).num_zero_variance_groups == 1
     # dr_grpo per turn: G = [0.9, 1.0] and [0.9, 0.9] against c = 0.9: the turn after the penalty did better
-    adv = group_advantages(group, dr_grpo_advantages, None, TurnCredit("turn", "dr_grpo"))
+    adv = group_advantages(scored_groups(group), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     assert adv.num_zero_variance_groups == 0 and adv.advantages == (0.0, 0.0)
     close(adv.turn_advantages, [[0.0, 0.1], [0.0, 0.0]])
     # grpo scales by the spread of G_0, which is 0: nothing to scale by, so no signal
-    assert group_advantages(group, grpo_advantages, None, TurnCredit("turn", "grpo")).num_zero_variance_groups == 1
+    adv = group_advantages(scored_groups(group), grpo_advantages, TurnCredit("turn", "grpo"))
+    assert adv.num_zero_variance_groups == 1
 
 
 def test_gigpo_step_groups_and_advantages_by_hand():
@@ -108,7 +111,8 @@ def test_gigpo_step_groups_and_advantages_by_hand():
     assert step_groups([a, b, c, d]) == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)], [(0, 2)], [(1, 2)], [(2, 1)],
                                          [(3, 0)]]
     group = [TrajectoryGroup("q", (a, b, c, d))]
-    adv = group_advantages(group, dr_grpo_advantages, None, TurnCredit("gigpo", "dr_grpo", step_weight=0.5))
+    adv = group_advantages(scored_groups(group), dr_grpo_advantages,
+                           TurnCredit("gigpo", "dr_grpo", step_weight=0.5))
     # episode returns 1, -0.1, 0, 0: mean 0.225 -> episode advantages 0.775, -0.325, -0.225, -0.225
     # s0: returns 1, -0.1, 0 (mean 0.3) -> 0.7, -0.4, -0.3; s1: 1, -0.1 (mean 0.45) -> 0.55, -0.55; others 0
     close(adv.turn_advantages, [[0.775 + 0.35, 0.775 + 0.275, 0.775], [-0.325 - 0.2, -0.325 - 0.275, -0.325],
@@ -125,7 +129,8 @@ def test_gigpo_with_equal_returns_in_a_state_gives_exactly_zero_there():
     # -2e-17 / 1e-6 = -2e-11; equal returns tell nothing apart, so 0.0 exactly and the group is dropped
     trajs = tuple(traj([0.0, 0.1], 0.0, states=["s0", f"s{k}"]) for k in (1, 2, 3))
     assert sum([0.1, 0.1, 0.1]) / 3 != 0.1
-    adv = group_advantages([TrajectoryGroup("q", trajs)], grpo_advantages, None, TurnCredit("gigpo", "grpo"))
+    adv = group_advantages(scored_groups([TrajectoryGroup("q", trajs)]), grpo_advantages,
+                           TurnCredit("gigpo", "grpo"))
     assert adv.num_zero_variance_groups == 1 and adv.turn_advantages == ()
 
 
@@ -149,10 +154,11 @@ def random_groups(seed: int, n: int = 40) -> list[TrajectoryGroup]:
 def test_outcome_only_turn_and_gigpo_at_zero_weight_are_the_trajectory_advantages(estimator, truncated_reward):
     groups = random_groups(7)
     fn = ESTIMATORS[estimator][0]
-    plain = group_advantages(groups, fn, truncated_reward)
+    groups = scored_groups(groups, truncated_reward)
+    plain = group_advantages(groups, fn)
     assert plain.turn_advantages is None and len(plain.trajectories) > 30
     for credit in (TurnCredit("turn", estimator), TurnCredit("gigpo", estimator, step_weight=0.0)):
-        adv = group_advantages(groups, fn, truncated_reward, credit)
+        adv = group_advantages(groups, fn, credit)
         assert adv.trajectories == plain.trajectories and adv.advantages == plain.advantages
         assert adv.num_zero_variance_groups == plain.num_zero_variance_groups
         assert adv.turn_advantages == tuple((a,) * len(t.turns) for t, a in zip(plain.trajectories, plain.advantages))
@@ -257,7 +263,8 @@ def test_turn_credit_follows_the_policy_gradient_and_per_index_normalisation_doe
     costs about one mean turn reward, and it under-rates the calls the optimal policy makes."""
     exact = exact_gradient()  # by hand: (0.1922, 0.1612, -0.0512)
     groups, episodes = toy_groups(3000, seed=0)
-    adv = group_advantages(groups, rloo_advantages, None, TurnCredit("turn", "rloo"))
+    groups = scored_groups(groups)
+    adv = group_advantages(groups, rloo_advantages, TurnCredit("turn", "rloo"))
     shipped = {id(t): a for t, a in zip(adv.trajectories, adv.turn_advantages)}  # dropped groups: all 0
     flat = [t for g in groups for t in g.trajectories]
     ours = [list(shipped.get(id(t), [0.0] * len(t.turns))) for t in flat]

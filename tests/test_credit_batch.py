@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import scored_groups
 
 from agent_rl.core.config_file import load_config
 from agent_rl.core.types import Segment, StopReason, Trajectory, TrajectoryGroup, Turn
@@ -104,7 +105,7 @@ def episodes(policy, n: int = 8) -> list[TrajectoryGroup]:
         turns = (Turn(6, 11, "stop", 0, state="s0"), Turn(14, length, "stop", 0, state=f"s{b % 3}"))
         trajs.append(Trajectory(f"q{b // 4}", tuple(ids[0].tolist()), tuple(mask), tuple(lp), 6, turns, (), (),
                                 StopReason.NO_TOOL_CALL, reward=outcomes[b]))
-    return [TrajectoryGroup("q0", tuple(trajs[:4])), TrajectoryGroup("q1", tuple(trajs[4:]))]
+    return scored_groups([TrajectoryGroup("q0", tuple(trajs[:4])), TrajectoryGroup("q1", tuple(trajs[4:]))])
 
 
 def update_once(tiny_dir, credit_sets: list[str], sets: list[str]):
@@ -114,7 +115,7 @@ def update_once(tiny_dir, credit_sets: list[str], sets: list[str]):
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     groups = episodes(policy)
-    adv = group_advantages(groups, grpo_advantages, None, credit_of(cfg.algorithm))
+    adv = group_advantages(groups, grpo_advantages, credit_of(cfg.algorithm))
     batch = collate(adv.trajectories, adv.advantages, 0, adv.turn_advantages)
     stats = policy_update(policy, batch, cfg.algorithm, cfg.optim, 1.0, seed=3)
     return batch, stats, torch.cat([p.detach().flatten() for p in trainable_parameters(policy.model)])

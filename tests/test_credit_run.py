@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import torch
+from helpers import here
 
 from agent_rl import trainer
 from agent_rl.core.config_file import load_config
@@ -79,7 +80,8 @@ async def run(tmp_path, scripted, smol_dir, renderer, credit: str):
             pass
 
     with RunLogger(tmp_path, cfg.run.steps, tensorboard=False, progress=False) as log:
-        await trainer.loop(run, scripted(script, on_messages=True), Sync(), log, trainer.Stages(update=update))
+        players = here(run, scripted(script, on_messages=True))
+        await trainer.loop(run, players, Sync(), log, trainer.Stages(update=update))
     return [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()], batches
 
 

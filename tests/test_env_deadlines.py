@@ -12,7 +12,8 @@ import pytest
 
 from agent_rl.core.types import Message, StopReason, ToolCall
 from agent_rl.envs.base import Env, StepResult, ToolEnv
-from agent_rl.rollout.runner import EpisodeLimits, bounded, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, bounded
 
 
 class HangingEnv(Env):

@@ -23,7 +23,8 @@ from agent_rl.evaluation.evaluate import (
     resolve_policy,
 )
 from agent_rl.play import play, read_reply, summary
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.session import open_session
 
 

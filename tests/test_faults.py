@@ -1,22 +1,24 @@
-"""Faults a run meets, each ending in one line (`faults.mended`, `faults.server_gone`, `trainer.checkpoint`,
+"""Faults a run meets, each ending in one line (`stopping.mended`, `stopping.server_gone`, `trainer.checkpoint`,
 `commands.errors_as_lines`): whether a step can be checkpointed after its push failed, the line for a server
 gone, a disk that fills during a checkpoint (the last good one stays readable)."""
 
 from __future__ import annotations
 
 import errno
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from test_stream import scripted_run, toy_tasks
 
-from agent_rl import faults, trainer
+from agent_rl import stopping, trainer
 from agent_rl.commands import CLIError, errors_as_lines
 from agent_rl.core.types import StopReason, Trajectory
-from agent_rl.preemption import Preempted
+from agent_rl.rollout.engine import Failures
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 from agent_rl.runs import checkpoint as checkpoints
 from agent_rl.runs.checkpoint import latest_step, load_checkpoint
+from agent_rl.stopping import Preempted
 
 
 def traj(error: str | None = None) -> Trajectory:
@@ -24,26 +26,34 @@ def traj(error: str | None = None) -> Trajectory:
                       tool_calls=(), stop_reason=StopReason.ERROR if error else StopReason.ENV_DONE, error=error)
 
 
-@pytest.mark.parametrize(("metrics", "errors", "expected"), [
-    ({}, [None, None], True),
-    ({"error/ValueError": 2.0, "error/retried": 2.0, "error/dropped_groups": 0.0}, [None], True),  # retries mended
-    ({"error/ValueError": 2.0, "error/retried": 1.0}, [None], False),  # one failure not mended: a group refilled
-    ({"error/dropped_groups": 1.0, "error/SamplerError": 1.0, "error/retried": 0.0}, [None], False),
-    ({}, [None, "SamplerError: server down"], False),  # kept (on_error: keep) failures
-    ({"fault/replayed_episodes": 3.0, "error/retried": 0.0}, [None], True),  # a restart's replays: no failure
+@pytest.mark.parametrize(("failures", "errors", "expected"), [
+    (Failures(), [None, None], True),
+    (Failures(Counter(ValueError=2), retried=2), [None], True),  # every failure retried: mended
+    (Failures(Counter(ValueError=2), retried=1), [None], False),  # one failure not mended: a group refilled
+    (Failures(Counter(SamplerError=1)), [None], False),  # a group dropped for it
+    (Failures(), [None, "SamplerError: server down"], False),  # kept (on_error: keep) failures
+    (Failures(replayed=3), [None], True),  # a restart's replays: no failure
+    (Failures(Counter(group_reward=2, WorkerDied=1), retried=1), [None], False),  # every type counts
 ])
-def test_a_step_is_mended_when_it_trained_what_an_unfaulted_run_would(metrics, errors, expected):
-    assert faults.mended(metrics, [traj(e) for e in errors]) is expected
+def test_a_step_is_mended_when_it_trained_what_an_unfaulted_run_would(failures, errors, expected):
+    assert stopping.mended(failures, [traj(e) for e in errors]) is expected
+
+
+def test_failures_log_under_their_types():
+    failures = Failures(Counter(ValueError=2, group_reward=1), retried=2, replayed=3)
+    assert failures.metrics() == {"error/retried": 2.0, "fault/replayed_episodes": 3.0, "error/ValueError": 2.0,
+                                  "error/group_reward": 1.0}
+    assert failures.failed == 3 and not failures.all_retried
 
 
 def test_the_line_for_a_server_gone_says_where_to_go_on_from(tmp_path, smol_dir, renderer):
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(3))
     error = WeightSyncError("vLLM server http://h:1 did not answer")
-    assert str(faults.server_gone(run.run_dir, error, None)) == (
+    assert str(stopping.server_gone(run.run_dir, error, None)) == (
         "vLLM server http://h:1 did not answer (no checkpoint written; continue with the same command and --resume "
         "once the servers answer)")
     trainer.checkpoint(run, 1, {"position": 0})
-    assert str(faults.server_gone(run.run_dir, error, None)).startswith(
+    assert str(stopping.server_gone(run.run_dir, error, None)).startswith(
         f"vLLM server http://h:1 did not answer (checkpoint of step 1 in {tmp_path}/checkpoints; ")
 
 

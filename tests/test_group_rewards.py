@@ -20,7 +20,8 @@ from agent_rl.envs.calculator import calculator
 from agent_rl.envs.dataset import RubricEnv
 from agent_rl.rewards.group import combine_group_rewards, conversation, rubric_group_reward
 from agent_rl.rewards.rubric import RewardTerm, Rubric
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, score_group
 
 
 def traj(reward: float, text: str = "a", stop=StopReason.NO_TOOL_CALL, parts=None) -> Trajectory:

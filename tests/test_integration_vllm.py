@@ -15,7 +15,8 @@ from conftest import until
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.base import Env, StepResult
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler
 from agent_rl.rollout.server import ServerError, VLLMServer
 

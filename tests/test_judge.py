@@ -17,7 +17,8 @@ from agent_rl.envs.dataset import RubricEnv
 from agent_rl.rewards.group import rubric_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, NEUTRAL, LLMJudge, parse_ranking, rank_scores
 from agent_rl.rewards.rubric import RewardTerm, Rubric
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.session import Session, env_of, judging, open_session
 
 

@@ -37,8 +37,8 @@ def run(tmp_path, vllm_server, name: str, steps: int = 8, stages: trainer.Stages
     return [x["reward_mean"] for x in lines]
 
 
-def negated(groups, advantage_fn, truncated_reward, credit):
-    return group_advantages(groups, lambda rewards: -advantage_fn(rewards), truncated_reward, credit)
+def negated(groups, advantage_fn, credit):
+    return group_advantages(groups, lambda rewards: -advantage_fn(rewards), credit)
 
 
 @pytest.fixture(params=["float32", "bfloat16"])

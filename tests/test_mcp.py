@@ -16,7 +16,8 @@ import pytest
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.mcp_env import MCPEnv
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.tools.base import ToolLike, ToolResult, as_tools
 from agent_rl.tools.mcp import MCPStartError, close_shared, connect, mcp_server
 

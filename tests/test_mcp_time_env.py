@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agent_rl.core.types import Message, StopReason, ToolCall
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.tools.mcp import close_shared
 
 pytest.importorskip("mcp_server_time", reason="pip install 'agent-rl[mcp-time]'")

@@ -13,7 +13,8 @@ import pytest
 
 from agent_rl.core.types import StopReason
 from agent_rl.envs.mcp_units import SERVER_FILE, UnitsEnv, load_tasks, make_env, solve, units_module
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.tools.mcp import close_shared
 
 pytestmark = pytest.mark.timeout(90)

@@ -10,7 +10,8 @@ from agent_rl.core.mixture import Mixture, load_mixture, schedule
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory, TrajectoryGroup
 from agent_rl.evaluation.evaluate import eval_report
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.metrics import env_metrics, rollout_metrics
 from agent_rl.session import env_of
 from agent_rl.trainer import TaskStream

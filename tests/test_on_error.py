@@ -10,8 +10,6 @@ import dataclasses
 import pytest
 from test_stream import TimedSampler, play, scripted_run, toy_tasks
 
-from agent_rl.rollout.stream import error_type
-
 FLAKY = {"t1", "t5"}  # their first environment raises as it starts; every later one works
 
 
@@ -86,9 +84,38 @@ async def test_retry_past_its_budget_drops_the_group(tmp_path, smol_dir, rendere
     assert lines[0]["error/dropped_groups"] == 1
 
 
-@pytest.mark.parametrize(("error", "kind"), [
-    ("ValueError: flaky start", "ValueError"), ("environment could not start: OSError: no", "OSError"),
-    ("group reward failed: TimeoutError", "group_reward"), ("SamplerError", "SamplerError"),
-    ("server said: no", "other"), (None, "other")])
-def test_error_type(error, kind):
-    assert error_type(error) == kind
+async def test_a_failure_is_typed_where_it_is_caught(renderer):
+    """The type a failure is counted under is set by the code that caught it (`Trajectory.error_type`), not read
+    back from its message: an environment that would not start, one that raised mid-episode, a group reward."""
+    from agent_rl.core.env import Env
+    from agent_rl.core.types import StopReason
+    from agent_rl.rollout.runner import EpisodeLimits, play_task, score_group
+    from agent_rl.rollout.scripted import ScriptedSampler
+
+    class Raises(Env):
+        async def initial_messages(self):
+            raise OSError("no disk: ValueError")  # a message that names another type must not mislead
+
+        async def step(self, message, turn):
+            raise AssertionError("never reached")
+
+        async def reward(self, messages):
+            return 0.0
+
+    def broken(task):
+        raise ValueError("flaky start")
+
+    sampler = ScriptedSampler(renderer, lambda messages: "a")
+    limits = EpisodeLimits(max_turns=1)
+    cannot_start = await play_task({"id": "a"}, 0, broken, sampler, renderer, limits)
+    raised = await play_task({"id": "b"}, 0, lambda task: Raises(), sampler, renderer, limits)
+    assert (cannot_start.error_type, cannot_start.error) == ("ValueError", "environment could not start: "
+                                                                           "ValueError: flaky start")
+    assert (raised.error_type, raised.error) == ("OSError", "OSError: no disk: ValueError")
+    ended = dataclasses.replace(raised, stop_reason=StopReason.NO_TOOL_CALL, error=None, error_type="")
+
+    def bad_group_reward(task, trajectories):
+        raise RuntimeError("judge down")
+
+    [scored] = await score_group(bad_group_reward, {"id": "b"}, [ended], 5.0)
+    assert scored.error_type == "group_reward" and scored.error == "group reward failed: RuntimeError: judge down"

@@ -18,7 +18,8 @@ pytest.importorskip("openenv", reason="the OpenEnv adapter needs pip install 'ag
 from agent_rl.core.registry import load_env
 from agent_rl.core.types import StopReason
 from agent_rl.envs import openenv_env
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 
 GUESS = str(Path(__file__).parents[1] / "examples" / "openenv_guess")
 

@@ -1,4 +1,4 @@
-"""Preemption (`agent_rl.preemption`, `trainer.stop`): SIGTERM or SIGUSR1 during a run (a real process,
+"""Preemption (`agent_rl.stopping`, `trainer.stop`): SIGTERM or SIGUSR1 during a run (a real process,
 tests/preempt_worker.py) ends it with one line and 128 + the signal number, a checkpoint of the last completed
 step, and `--resume` ends with the weights of a run nobody stopped, exactly (torch.equal: the same float
 operations in the same order). A server that dies (a stand-in process, SIGKILLed) ends the run at the next
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl.preemption import Preempted
+from agent_rl.stopping import Preempted
 
 WORKER = [sys.executable, str(Path(__file__).with_name("preempt_worker.py"))]
 

@@ -25,7 +25,8 @@ import pytest
 from doc_pages import ROOT, marked_block, page_with
 
 from agent_rl.core.types import StopReason
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.traces import read_traces
 
 AGENT_RL = Path(sys.executable).parent / "agent-rl"

@@ -22,7 +22,8 @@ from agent_rl.core.mixture import Mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import EPISODE_REWARD
 from agent_rl.rewards.judge import LLMJudge
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, score_group
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, score_group
 from agent_rl.session import open_session
 
 

@@ -8,10 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from agent_rl.core.seeds import step_seed
 from agent_rl.core.types import Message, Segment, StopReason
 from agent_rl.envs.base import ToolEnv
 from agent_rl.learn.batching import collate
-from agent_rl.rollout.runner import EpisodeLimits, TokenBuffer, run_episode, step_seed
+from agent_rl.rollout.runner import EpisodeLimits, TokenBuffer, run_episode
 
 
 def add(a: int, b: int) -> int:

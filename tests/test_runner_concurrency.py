@@ -11,8 +11,9 @@ import weakref
 
 from agent_rl.core.types import Message
 from agent_rl.envs.base import Env, StepResult
+from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC, QuietGC
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 
 
 class SlowEnv(Env):

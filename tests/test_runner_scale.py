@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agent_rl.core.types import StopReason
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits
 
 _spec = importlib.util.spec_from_file_location("runner_scale",
                                                Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import here
 
 from agent_rl import trainer
 from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.policy import Policy
-from agent_rl.rollout import stream
+from agent_rl.rollout.players import RequestMeter
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import Completion, SamplerError
-from agent_rl.rollout.stream import IdleMeter
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import Session, env_of
 
@@ -93,13 +93,14 @@ def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str) -> trainer.Run
                        EpisodeLimits.from_config(cfg.rollout))
 
 
-async def play(run, sampler, train_s: float = 0.005):
-    """The loop; returns each step's groups (as the advantage stage got them) and its metrics."""
+async def play(run, sampler, train_s: float = 0.005, players=None):
+    """The loop, its episodes played by `players` (default: here, through `sampler`); returns each step's groups
+    (as the advantage stage got them) and its metrics."""
     seen = []
 
-    def advantages(groups, advantage_fn, truncated_reward, credit):
+    def advantages(groups, advantage_fn, credit):
         seen.append(groups)
-        return group_advantages(groups, advantage_fn, truncated_reward, credit)
+        return group_advantages(groups, advantage_fn, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         time.sleep(train_s)
@@ -108,7 +109,7 @@ async def play(run, sampler, train_s: float = 0.005):
 
     with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
         stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, sampler, VersionSync(sampler), log, stages)
+        await trainer.loop(run, players or here(run, sampler), VersionSync(sampler), log, stages)
     lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     return seen, lines
 
@@ -224,12 +225,12 @@ async def test_a_mixture_streams_each_task_to_its_own_environment(tmp_path, smol
     assert 1 <= max(x["lag/max"] for x in lines) <= 2
 
 
-async def test_the_idle_share_counts_servers_without_a_request(monkeypatch):
+async def test_the_idle_share_counts_servers_without_a_request():
     """Two servers; one request for 0.2 s, then two for 0.2 s, then none for 0.1 s: idle (0.5 x 0.2 + 0 +
-    1 x 0.1) / 0.5 = 0.4. On a clock the test moves (the meter's `_now`), each request held until the test ends
-    it: with real sleeps, a loaded machine woke the test late and the share drifted past any fixed tolerance."""
+    1 x 0.1) / 0.5 = 0.4, and 0.2 x 1 + 0.2 x 2 = 0.6 request-seconds. On a clock the test moves (the meter's
+    `clock`), each request held until the test ends it: with real sleeps, a loaded machine woke the test late and
+    the share drifted past any fixed tolerance."""
     clock = [100.0]
-    monkeypatch.setattr(stream, "_now", lambda: clock[0])
 
     class Held:
         policy_version = 0
@@ -237,7 +238,7 @@ async def test_the_idle_share_counts_servers_without_a_request(monkeypatch):
         async def sample(self, prompt_ids, params, messages=()):
             await prompt_ids[0].wait()
 
-    meter = IdleMeter(Held(), servers=2)
+    meter = RequestMeter(Held(), servers=2, clock=lambda: clock[0])
     meter.idle_share()
     first, second = asyncio.Event(), asyncio.Event()
     one = asyncio.ensure_future(meter.sample([first], None))
@@ -254,6 +255,7 @@ async def test_the_idle_share_counts_servers_without_a_request(monkeypatch):
     assert meter.running == 0
     clock[0] += 0.1
     assert meter.idle_share() == pytest.approx(0.4)
+    assert meter.request_s == pytest.approx(0.6) and meter.turns == 2
 
 
 def test_resume_after_a_sigkill_trains_every_task_once(tmp_path):

@@ -14,7 +14,8 @@ openai = pytest.importorskip("openai", reason="agents are written with the opena
 
 from agent_rl.envs import calculator  # noqa: E402
 from agent_rl.envs.agent_proxy import local_proxy  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups  # noqa: E402
+from agent_rl.rollout.engine import rollout_groups  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits  # noqa: E402
 from agent_rl.rollout.scripted import ScriptedSampler  # noqa: E402
 
 SLOW = (1, 4, 7)  # task positions whose second turn waits for a push after their first

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import here
 
 from agent_rl import trainer
 from agent_rl.core.config_file import load_config
@@ -101,7 +102,7 @@ def run_scenario(name: str, tiny: Path, out: Path) -> dict:
 
         async def go():
             with RunLogger(out, cfg.run.steps, tensorboard=False, progress=False) as log:
-                await trainer.loop(run, sampler, VersionSync(sampler), log, trainer.Stages(update=update))
+                await trainer.loop(run, here(run, sampler), VersionSync(sampler), log, trainer.Stages(update=update))
 
         asyncio.run(go())
     finally:

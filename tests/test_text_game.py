@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from agent_rl.core.types import Message, StopReason
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups, run_episode
+from agent_rl.rollout.engine import rollout_groups
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 
 ta = pytest.importorskip("textarena", reason="pip install 'agent-rl[games]'")
 text_game = pytest.importorskip("agent_rl.envs.text_game")

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from agent_rl import cli
+from agent_rl.core.returns import scored
 from agent_rl.core.types import Message, Segment, StopReason, Trajectory, TrajectoryGroup
 from agent_rl.envs.base import ToolEnv
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
@@ -69,7 +70,7 @@ def play(scripted, renderer):
                                      EpisodeLimits(max_tokens_per_turn=48), task_id, index)
 
     async def groups(plan: dict[str, list[str]]) -> list[TrajectoryGroup]:
-        return [TrajectoryGroup(task, tuple([await run(kind, task, i) for i, kind in enumerate(kinds)]))
+        return [TrajectoryGroup(task, scored([await run(kind, task, i) for i, kind in enumerate(kinds)]))
                 for task, kinds in plan.items()]
 
     return groups

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 
 import torch
+from helpers import here
 
 from agent_rl import trainer
 from agent_rl.core.config_file import load_config
+from agent_rl.core.seeds import request_seed
 from agent_rl.learn.policy import Policy
-from agent_rl.rollout.runner import EpisodeLimits, request_seed
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import Session, env_of
 
@@ -61,9 +63,9 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
                       EpisodeLimits.from_config(cfg.rollout))
     opened, asked, updates = [], [], []
 
-    def stream(run_, sampler_):
-        opened.append((run_ is run, sampler_ is sampler))
-        inner = trainer.open_stream(run_, sampler_)
+    def stream(run_, players_):
+        opened.append((run_ is run, players_ is players))
+        inner = trainer.open_stream(run_, players_)
         batch = inner.batch
 
         async def noted(step):
@@ -81,7 +83,8 @@ async def test_the_loop_hands_each_stage_what_its_protocol_says(tmp_path, script
 
     sync = NotingSync()
     with RunLogger(tmp_path, cfg.run.steps, tensorboard=False, progress=False) as log:
-        final = await trainer.loop(run, sampler, sync, log, trainer.Stages(stream=stream, update=update))
+        players = here(run, sampler)
+        final = await trainer.loop(run, players, sync, log, trainer.Stages(stream=stream, update=update))
 
     assert opened == [(True, True)]  # one stream for the run
     assert asked == [(0, 2), (1, 4), (2, 6)]  # step s asks once the push before it opened its 2 tasks

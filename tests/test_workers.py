@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import helpers
 import pytest
 from test_stream import VersionSync, play, scripted_run
 
@@ -55,10 +56,10 @@ async def run_on(workers: int, tmp_path, smol_dir, renderer, sets, kit_args=(), 
     import ray_kits
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), *kit_args)
-    here = ray_kits.SeededSampler(renderer)
-    async with rollout_workers(workers, kit, here, WorkerSettings()) as sampler:
-        seen, lines = await play(run, sampler)
-        stats = sampler.stats() if workers else {}
+    local = ray_kits.SeededSampler(renderer)
+    async with rollout_workers(workers, kit, local, helpers.here(run, local), WorkerSettings()) as fleet:
+        seen, lines = await play(run, fleet.sampler, players=fleet.players)
+        stats = fleet.sampler.stats() if workers else {}
     return seen, lines, stats
 
 
@@ -118,7 +119,9 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     import ray_kits
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), 0.05, "trees", str(marker))
-    async with rollout_workers(2, kit, ray_kits.SeededSampler(renderer), WorkerSettings()) as sampler:
+    local = ray_kits.SeededSampler(renderer)
+    async with rollout_workers(2, kit, local, helpers.here(run, local), WorkerSettings()) as fleet:
+        sampler = fleet.sampler
         pids = {w.index: w.pid for w in sampler.pool.workers}
         waited = []
 
@@ -129,7 +132,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
                 time.sleep(0.05)
             waited.append(True)
 
-        seen, lines = await play_waiting(run, sampler, wait_for_the_restart)
+        seen, lines = await play_waiting(run, fleet, wait_for_the_restart)
         after = sampler.stats()
     killed = int(marker.read_text())
     index = next(i for i, pid in pids.items() if pid == killed)
@@ -140,13 +143,13 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     assert all("error/WorkerDied" not in x for x in lines[1:])
 
 
-async def play_waiting(run, sampler, after_update):
+async def play_waiting(run, fleet, after_update):
     """`test_stream.play` with `after_update()` at the end of each step's update (in the update's thread)."""
     seen = []
 
-    def advantages(groups, advantage_fn, truncated_reward, credit):
+    def advantages(groups, advantage_fn, credit):
         seen.append(groups)
-        return group_advantages(groups, advantage_fn, truncated_reward, credit)
+        return group_advantages(groups, advantage_fn, credit)
 
     def update(policy, batch, algo, optim, temperature, seed, version):
         policy.optimizer.step()
@@ -155,8 +158,16 @@ async def play_waiting(run, sampler, after_update):
 
     with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
         stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, sampler, VersionSync(sampler), log, stages)
+        await trainer.loop(run, fleet.players, VersionSync(fleet.sampler), log, stages)
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def elsewhere(renderer):
+    """A scripted sampler here, and players that must never play here (the workers do)."""
+    import ray_kits
+
+    sampler = ray_kits.SeededSampler(renderer)
+    return sampler, helpers.not_here(sampler, renderer)
 
 
 def test_ray_missing_is_one_line():
@@ -235,7 +246,7 @@ async def test_workers_that_no_node_can_hold_are_one_line(ray_local, smol_dir, r
     kit = functools.partial(ray_kits.seeded_kit, load_config(None, []), str(smol_dir))
     settings = WorkerSettings(RayConfig(resources={"docker": 1}, start_timeout_s=3))
     with pytest.raises(WorkerError) as e:
-        async with rollout_workers(2, kit, ray_kits.SeededSampler(renderer), settings):
+        async with rollout_workers(2, kit, *elsewhere(renderer), settings):
             pass
     assert str(e.value) == ("2 rollout workers did not all start within 3 s (ray.start_timeout_s): does a node of "
                             "the cluster have what each asks, {'CPU': 1.0, 'docker': 1.0}? (`ray status` lists "
@@ -248,7 +259,7 @@ async def test_a_worker_that_cannot_build_its_kit_is_one_line(ray_local, smol_di
     kit = functools.partial(ray_kits.seeded_kit, load_config(None, ["rollout.env=no_such_env_here"]), str(smol_dir))
     with pytest.raises(WorkerError, match=r"^rollout worker 0 cannot play: ValueError: unknown environment "
                                           r"'no_such_env_here' \(built-in: "):
-        async with rollout_workers(2, kit, ray_kits.SeededSampler(renderer), WorkerSettings()):
+        async with rollout_workers(2, kit, *elsewhere(renderer), WorkerSettings()):
             pass
 
 
@@ -258,14 +269,14 @@ async def test_every_worker_dead_for_good_ends_the_run_with_one_line(ray_local, 
     kit = functools.partial(ray_kits.seeded_kit, load_config(None, ["rollout.env=toy"]), str(smol_dir))
     settings = WorkerSettings(RayConfig(max_restarts=0))
     limits = EpisodeLimits(max_turns=1, seed=0)
-    async with rollout_workers(2, kit, ray_kits.SeededSampler(renderer), settings) as sampler:
-        for w in sampler.pool.workers:
+    async with rollout_workers(2, kit, *elsewhere(renderer), settings) as fleet:
+        for w in fleet.sampler.pool.workers:
             os.kill(w.pid, 9)
-        first = await sampler.play({"id": "t", "topic": "cats"}, 0, limits)
+        first = await fleet.players.play({"id": "t", "topic": "cats"}, 0, limits)
         assert first.infra_error and first.error.startswith("WorkerDied: rollout worker ")
         with pytest.raises(WorkerError, match=r"^every rollout worker has died for good \(ray.max_restarts: 0\)"):
             for _ in range(4):  # the other one's death is found by the next episode sent to it
-                await asyncio.wait_for(sampler.play({"id": "t", "topic": "cats"}, 1, limits), 60)
+                await asyncio.wait_for(fleet.players.play({"id": "t", "topic": "cats"}, 1, limits), 60)
 
 
 def test_the_config_takes_workers_and_the_ray_section():

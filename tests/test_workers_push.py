@@ -13,6 +13,7 @@ import contextlib
 import functools
 
 from conftest import until
+from helpers import not_here
 from test_push_in_flight import SavesAFile, StandInVLLM
 
 from agent_rl.core.config_file import load_config
@@ -42,8 +43,9 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
     async with StandInVLLM(hold_at=25) as server, VLLMSampler([server.url]) as local:
         local.set_policy("base", 1)
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
-        async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
-            episodes = [asyncio.ensure_future(sampler.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
+        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as fleet:
+            sampler = fleet.sampler
+            episodes = [asyncio.ensure_future(fleet.players.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
                         for i in range(8)]
             while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
                 await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
@@ -72,10 +74,11 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=150, max_total_tokens=400, seed=0)
     async with StandInVLLM(hold_at=10) as server, VLLMSampler([server.url]) as local:
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
-        async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
+        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as fleet:
+            sampler = fleet.sampler
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
             await sync.push(write, 1)
-            long = asyncio.ensure_future(sampler.play({"id": "t", "topic": "cats"}, 0, limits))
+            long = asyncio.ensure_future(fleet.players.play({"id": "t", "topic": "cats"}, 0, limits))
             while sampler.in_flight(model="p-v1") < 1:
                 await asyncio.sleep(0.01)
             await until(lambda: server.held == 1)

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import here
 from test_push_in_flight import SavesAFile
 from test_stream import TimedSampler, VersionSync, play, scripted_run, toy_tasks
 from test_workers import essence
@@ -207,7 +208,7 @@ class WaitingSync(VersionSync):
         return await super().push(model, version)
 
 
-async def play_pushing(run, sampler, before_push):
+async def play_pushing(run, fleet, before_push):
     """The loop with test_stream's scripted update; each step's groups (as the advantages got them) and metrics."""
     seen = []
 
@@ -221,7 +222,7 @@ async def play_pushing(run, sampler, before_push):
 
     stages = trainer.Stages(advantages=advantages, update=update)
     with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        await trainer.loop(run, sampler, WaitingSync(sampler, before_push), log, stages)
+        await trainer.loop(run, fleet.players, WaitingSync(fleet.sampler, before_push), log, stages)
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -239,7 +240,8 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
     async with VLLMSampler(urls) as local, Supervisor(urls, servers, max_restarts=2, health_timeout_s=20,
                                                        attach_wait_s=20, poll_s=0.1) as supervisor:
         supervisor.bind(local)
-        async with rollout_workers(workers, kit, local, WorkerSettings()) as sampler:
+        async with rollout_workers(workers, kit, local, here(run, local), WorkerSettings()) as fleet:
+            sampler = fleet.sampler
             sync = FullWeightSync(run_dir / "sync", sampler)
             await sync.push(SavesAFile(), 0)
 
@@ -269,7 +271,7 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
                     assert time.monotonic() < deadline, "the killed server did not come back within 120 s"
                     await asyncio.sleep(0.05)
 
-            seen, lines = await play_pushing(run, sampler, before_push)
+            seen, lines = await play_pushing(run, fleet, before_push)
             in_flight = await killing if killing is not None else []
     assert failures == []
     return seen, lines, restored, in_flight

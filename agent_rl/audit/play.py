@@ -20,7 +20,9 @@ from agent_rl.core.env import Task
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import Trajectory
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import Episodes, play_groups
+from agent_rl.rollout.players import LocalPlayers
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.scripted import ScriptedSampler
 
 # room for the GUI solver's longest task (scrolls, three changes, Save, done) and a 250-name listing
@@ -31,7 +33,7 @@ async def _play(spec: EnvSpec, renderer: Renderer, limits: EpisodeLimits, task: 
                 gate: asyncio.Semaphore) -> Trajectory:
     async with gate:
         sampler = ScriptedSampler(renderer, policy, logprob=0.0, on_messages=True)
-        [group] = await rollout_groups([task], spec.make_env, sampler, renderer, limits, group_size=1)
+        [group] = await play_groups([task], Episodes(LocalPlayers(spec.make_env, sampler, renderer), limits, 1))
         return group.trajectories[0]
 
 

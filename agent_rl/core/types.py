@@ -18,8 +18,10 @@ segment; `segments` holds the earlier, closed ones, oldest first (usually none).
 every segment into its own row with the trajectory's advantage (`learn.batching.collate`).
 
 Rewards: `Trajectory.reward` is the episode's outcome (`Env.reward`, plus any group reward); each `Turn`
-holds the reward of that turn alone (`StepResult.reward`), aligned to its sampled tokens. Credit
-assignment (`learn.credit`) reads both; reported reward and success read the outcome only.
+holds the reward of that turn alone (`StepResult.reward`), aligned to its sampled tokens. The episode's
+return, what its group's statistics compare, is made of both and the truncation rule by one function
+(`core.returns.episode_return`) once its group has ended, and kept as `Trajectory.ret`: advantages, credit,
+dynamic sampling and the metrics read it. Reported reward and success read the outcome only.
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ class Reward:
 
     value: float
     parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Return:
+    """An episode's return as its group's statistics see it (`core.returns.episode_return`)."""
+
+    value: float  # what the advantage estimator compares: `outcome` plus the turns' own rewards
+    outcome: float  # the outcome part: the episode's reward, or the truncation rule's for a truncated episode
+    usable: bool = True  # False: kept out of the group's statistics (an infrastructure error, a masked truncation)
 
 
 # the name under which `Trajectory.reward_parts` keeps the episode's own reward once group-level rewards
@@ -177,6 +188,11 @@ class Trajectory:
     # an ERROR whose cause was the episode's server dying under one of its requests (the sampler's `ServerLost`):
     # not the episode's failure, the stream plays it again; a field, so that it travels from a rollout worker
     server_lost: bool = False
+    # with an error, the type it is counted under: the exception's class name where it was caught, "group_reward"
+    # for a group reward that failed (`rollout.engine.Failures`)
+    error_type: str = ""
+    # the return its group's statistics compare, set once its group has ended (`core.returns`); None: not yet
+    ret: Return | None = None
 
     def __post_init__(self) -> None:
         if not self.versions and self.token_ids:

@@ -27,13 +27,13 @@ from statistics import fmean
 from typing import Any
 
 from agent_rl.core.types import TrajectoryGroup
-from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
+from agent_rl.rollout.engine import play_groups
+from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
 from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
-from agent_rl.session import Session, with_workers
+from agent_rl.session import Session, episodes, with_workers
 
 BASE = "base"
 
@@ -143,13 +143,12 @@ async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequ
     (a shared server may hold others), or with the served weights as they are."""
     cfg = session.cfg
     async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
-            with_workers(cfg, urls, local) as sampler:  # rollout.workers: the episodes play on Ray workers
+            with_workers(session, urls, local) as fleet:  # rollout.workers: the episodes play on Ray workers
         if adapter is not None:
-            await AdapterSync(tmp, sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}").load_initial(adapter)
-        players = remote_players(sampler)
-        return await rollout_groups(tasks, session.env.make_env, sampler, session.renderer, limits,
-                                    cfg.eval.samples, cfg.rollout.max_concurrent,
-                                    play=None if players is None else players.play)
+            prefix = f"eval-{os.getpid()}-{secrets.token_hex(3)}"
+            await AdapterSync(tmp, fleet.sampler, prefix=prefix).load_initial(adapter)
+        return await play_groups(tasks, episodes(session, fleet.players, limits, cfg.eval.samples),
+                                 cfg.rollout.max_concurrent)
 
 
 async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks: list, limits: EpisodeLimits,

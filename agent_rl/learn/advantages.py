@@ -3,12 +3,14 @@
 Owns: the advantage estimators as pure functions over the group axis (`grpo_advantages`,
 `dr_grpo_advantages`, `rloo_advantages`), each also as the comparison it makes (`Relative`: a
 baseline and a scale, `ESTIMATORS`), and the group-level bookkeeping that decides which
-trajectories enter the batch (`group_advantages`): infrastructure errors and, optionally,
-truncated episodes are kept out of the group statistics; groups without variance in their
-returns (outcome + turn rewards) are dropped and counted. `usable_rewards` / `has_signal` are what
+trajectories enter the batch (`group_advantages`): the trajectories whose return is usable enter
+their group's statistics (`usable`); groups without variance in their returns are dropped and
+counted; the spread the estimator normalised (`GroupAdvantages.spread`). `has_signal` is what
 DAPO-style dynamic sampling needs. `CreditRule` / `GroupCredit`: the shape of credit per turn.
-Does not own: credit per turn itself (`learn.credit`), resampling groups to refill a batch (the
-training loop), turning advantages into tensors (`learn.batching`), the loss (`learn.loss`).
+Does not own: an episode's return (`core.returns`: the outcome, the turns' rewards and the truncation
+rule, stored on each trajectory once its group has ended), credit per turn itself (`learn.credit`),
+resampling groups to refill a batch (`rollout.stream`), turning advantages into tensors
+(`learn.batching`), the loss (`learn.loss`).
 
 Standard deviation: `grpo_advantages` divides by the *sample* standard deviation (Bessel, N - 1),
 which is what torch's default `Tensor.std` gives and therefore what TRL's GRPOTrainer and verl's
@@ -20,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import torch
 
-from agent_rl.core.types import Trajectory, TrajectoryGroup
+from agent_rl.core.types import Return, Trajectory, TrajectoryGroup
 
 AdvantageFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -107,45 +109,29 @@ ESTIMATORS: dict[str, tuple[AdvantageFn, Callable[[torch.Tensor], Relative]]] = 
 # --- group level ---------------------------------------------------------------------------
 
 
-def usable_outcome(traj: Trajectory, truncated_reward: float | None = None) -> float | None:
-    """The episode's outcome as its group's statistics see it; None when it does not enter them.
-
-    Infrastructure errors never do: their reward says nothing about the policy. Truncated
-    episodes (cut by a length limit) are left out too when `truncated_reward` is None (masked out
-    of the loss, as DAPO's overlong filtering: the episode never got to answer, so its reward is
-    not evidence either way); otherwise they stay in with `truncated_reward` as their outcome.
-    """
-    if traj.infra_error:
-        return None
-    if traj.truncated:
-        return None if truncated_reward is None else float(truncated_reward)
-    return float(traj.reward)
-
-
-def usable_rewards(
-    group: TrajectoryGroup, truncated_reward: float | None = None
-) -> tuple[tuple[Trajectory, ...], tuple[float, ...]]:
-    """The trajectories of a group that enter its statistics (`usable_outcome`), and their episode
-    returns: the outcome plus the turns' own rewards (`Trajectory.turn_reward`; none: the outcome)."""
+def usable(group: TrajectoryGroup) -> tuple[tuple[Trajectory, ...], tuple[Return, ...]]:
+    """The trajectories of a group that enter its statistics, and their returns (`Trajectory.ret`, set once the
+    group ended: `core.returns`); a trajectory without one is a caller's bug, said in one line."""
     kept: list[Trajectory] = []
-    rewards: list[float] = []
+    returns: list[Return] = []
     for traj in group.trajectories:
-        outcome = usable_outcome(traj, truncated_reward)
-        if outcome is None:
-            continue
-        kept.append(traj)
-        rewards.append(outcome + traj.turn_reward)
-    return tuple(kept), tuple(rewards)
+        if traj.ret is None:
+            raise ValueError(f"trajectory of task {traj.task_id!r} has no return: its group was never scored "
+                             f"(core.returns.scored)")
+        if traj.ret.usable:
+            kept.append(traj)
+            returns.append(traj.ret)
+    return tuple(kept), tuple(returns)
 
 
-def has_signal(group: TrajectoryGroup, truncated_reward: float | None = None) -> bool:
+def has_signal(group: TrajectoryGroup) -> bool:
     """True when the group's usable returns are not all equal (at least two of them differ).
 
     A group without that gives every trajectory advantage 0: no gradient, only cost. DAPO's
     dynamic sampling keeps sampling until enough groups have signal.
     """
-    _, rewards = usable_rewards(group, truncated_reward)
-    return len(set(rewards)) > 1
+    _, returns = usable(group)
+    return len({r.value for r in returns}) > 1
 
 
 @dataclass(frozen=True)
@@ -157,11 +143,10 @@ class GroupCredit:
 
 
 class CreditRule(Protocol):
-    """Per-turn advantages of a group's kept trajectories from their usable outcomes and their episode
-    advantages (`advantage_fn` over their returns): `learn.credit.TurnCredit`."""
+    """Per-turn advantages of a group's kept trajectories from their returns and their episode advantages
+    (`advantage_fn` over the returns' values): `learn.credit.TurnCredit`."""
 
-    def __call__(self, kept: Sequence[Trajectory], outcomes: Sequence[float],
-                 advantages_G: torch.Tensor) -> GroupCredit: ...
+    def __call__(self, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +159,9 @@ class GroupAdvantages:
     num_zero_variance_groups: int  # dropped: no signal (usable returns all equal, and no turn told apart)
     num_truncated: int  # truncated trajectories seen (masked out or given `truncated_reward`)
     num_dropped_trajectories: int  # every trajectory not in the batch, whatever the reason
+    # the spread the estimator normalised: over the groups that entered the batch, the mean sample std (N - 1) of
+    # their returns' values (0.0: no group entered)
+    spread: float = 0.0
     # with credit per turn: aligned with `trajectories`, one advantage per turn; None: every sampled token of
     # a trajectory gets its `advantages` entry (`algorithm.credit: trajectory`)
     turn_advantages: tuple[tuple[float, ...], ...] | None = None
@@ -183,35 +171,34 @@ class GroupAdvantages:
 def group_advantages(
     groups: Sequence[TrajectoryGroup],
     advantage_fn: AdvantageFn = grpo_advantages,
-    truncated_reward: float | None = None,
     credit: CreditRule | None = None,
 ) -> GroupAdvantages:
     """Apply `advantage_fn` to each group's usable returns; drop groups without signal.
 
-    `advantage_fn` is one of the estimators above (or any function rewards_G -> advantages_G).
-    `truncated_reward`: None masks truncated episodes out of statistics and loss; a number keeps
-    them with that reward (a failure reward, e.g. 0.0). `credit`: advantages per turn as well
-    (`learn.credit`); None: one per trajectory. With credit, a group whose returns are all equal (its
-    episode advantages all 0) stays when some turn's advantage is not 0: the turns' own rewards can
-    tell its turns apart (and dropping such a group would bias the estimate, docs/credit.md).
+    `advantage_fn` is one of the estimators above (or any function rewards_G -> advantages_G). Which
+    trajectories are usable, and their returns, each trajectory carries (`Trajectory.ret`, `core.returns`).
+    `credit`: advantages per turn as well (`learn.credit`); None: one per trajectory. With credit, a group whose
+    returns are all equal (its episode advantages all 0) stays when some turn's advantage is not 0: the turns' own
+    rewards can tell its turns apart (and dropping such a group would bias the estimate, docs/credit.md).
     """
     trajectories: list[Trajectory] = []
     advantages: list[float] = []
     per_turn: list[tuple[float, ...]] = []
+    spreads: list[float] = []
     num_zero_variance = num_truncated = num_total = in_step_groups = 0
     for group in groups:
         num_total += len(group.trajectories)
         num_truncated += sum(t.truncated for t in group.trajectories)
-        kept, rewards = usable_rewards(group, truncated_reward)
-        flat = len(set(rewards)) <= 1  # no episode did better than another
+        kept, returns = usable(group)
+        values = [r.value for r in returns]
+        flat = len(set(values)) <= 1  # no episode did better than another
         if flat and (credit is None or len(kept) < 2):
             num_zero_variance += 1
             continue
-        rewards_G = torch.tensor(rewards, dtype=torch.float64)
+        rewards_G = torch.tensor(values, dtype=torch.float64)
         advantages_G = torch.zeros_like(rewards_G) if flat else advantage_fn(rewards_G)
         if credit is not None:  # a flat group may still tell turns apart: kept unless every turn gets 0
-            outcomes = [cast(float, usable_outcome(t, truncated_reward)) for t in kept]
-            done = credit(kept, outcomes, advantages_G)
+            done = credit(kept, advantages_G)
             if flat and not any(a for turns in done.turn_advantages for a in turns):
                 num_zero_variance += 1
                 continue
@@ -219,6 +206,7 @@ def group_advantages(
             in_step_groups += done.turns_in_step_groups
         trajectories.extend(kept)
         advantages.extend(float(a) for a in advantages_G)
+        spreads.append(float(rewards_G.std(unbiased=True)) if len(values) > 1 else 0.0)
     return GroupAdvantages(
         trajectories=tuple(trajectories),
         advantages=tuple(advantages),
@@ -228,4 +216,5 @@ def group_advantages(
         num_dropped_trajectories=num_total - len(trajectories),
         turn_advantages=None if credit is None else tuple(per_turn),
         turns_in_step_groups=in_step_groups,
+        spread=sum(spreads) / len(spreads) if spreads else 0.0,
     )

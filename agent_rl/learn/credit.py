@@ -62,8 +62,9 @@ class TurnCredit:
     def returns(self, kept: Sequence[Trajectory], outcomes: Sequence[float]) -> list[list[float]]:
         return [turn_returns([turn.reward for turn in t.turns], r, self.gamma) for t, r in zip(kept, outcomes)]
 
-    def __call__(self, kept: Sequence[Trajectory], outcomes: Sequence[float],
-                 advantages_G: torch.Tensor) -> GroupCredit:
+    def __call__(self, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
+        """`kept`: trajectories whose returns are usable (`Trajectory.ret`); their outcomes R_i are the returns'."""
+        outcomes = [t.ret.outcome for t in kept if t.ret is not None]
         return CREDITS[self.rule](self, kept, outcomes, advantages_G)
 
 

@@ -96,8 +96,18 @@ class Admission:
     @classmethod
     def from_json(cls, saved: dict[str, Any], batch: int, staleness: int, steps: int,
                   slots_ahead: int | None = None) -> Admission:
-        """A checkpoint's slots; those it lists without their version (written before `sample_ahead`) opened by
-        SkyRL's rule, at version n // B - k."""
-        opened = {int(n): int(v) for n, v in (x if isinstance(x, list) else (x, max(0, int(x) // batch - staleness))
-                                             for x in saved["open"])}
+        """A checkpoint's slots (`to_json`); one whose open slots lack the version they opened at was written before
+        agent-rl 0.1.0, and is refused in one line (`StaleCheckpoint`)."""
+        if not isinstance(saved, dict) or "opened" not in saved or not all(
+                isinstance(x, list) and len(x) == 2 for x in saved.get("open", [])):
+            raise StaleCheckpoint("its stream state lists open slots without the version each opened at")
+        opened = {int(n): int(v) for n, v in saved["open"]}
         return cls(batch, staleness, steps, slots_ahead, int(saved["opened"]), opened)
+
+
+class StaleCheckpoint(ValueError):
+    """A checkpoint written before agent-rl 0.1.0: its rollout stream's state cannot be resumed."""
+
+    def __init__(self, why: str):
+        super().__init__(f"checkpoint from before agent-rl 0.1.0: {why}; resume it with the version that wrote it, "
+                         f"or start the run afresh without --resume")

@@ -4,8 +4,8 @@ Owns: `QuietGC`, the process's collection policy while episodes are in flight (t
 automatic collection off, one collection of what the rollouts left when the last of them ends, a
 collection anyway when too much piles up), and `ROLLOUT_GC`, the one instance every rollout of this
 process enters: the switch is process-wide, so overlapping rollouts must share its count.
-Does not own: the rollouts (`rollout.runner.rollout_groups`, and `rollout.stream` while it has work in
-flight, enter `ROLLOUT_GC.quiet()` and call `collect_if_piling_up` after each episode).
+Does not own: the rollouts (`rollout.engine` while it has work in flight, and a rollout worker while it plays,
+enter `ROLLOUT_GC.quiet()` and call `collect_if_piling_up` after each episode).
 
 Why: a collection walks every live object of the generations it collects, and while thousands of
 episodes are in flight most live objects are theirs (coroutines, messages, token lists). With

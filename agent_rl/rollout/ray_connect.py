@@ -66,7 +66,7 @@ def connected(settings: RayConfig, workers: int) -> Iterator[None]:
         what = f"could not join the Ray cluster at {address}" if address and address != "local" else \
             "could not start a Ray cluster on this machine"
         raise ConfigError(where, f"{what}: {first_line(e)}") from None
-    finally:  # ray.init makes SIGTERM exit the process at once; the run's own handling stays (`cli`, `preemption`)
+    finally:  # ray.init makes SIGTERM exit the process at once; the run's own handling stays (`cli`, `stopping`)
         if threading.current_thread() is threading.main_thread() and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     try:

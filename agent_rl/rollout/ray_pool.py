@@ -1,12 +1,12 @@
 """Rollout workers on Ray, seen from rank 0: the pool of workers, and the sampler a weight sync talks to.
 
-Owns: `WorkerPool` (N `rollout.worker.RolloutWorker` actors with the `ray` section's resources and restarts; each
-episode given to the worker with the fewest in flight among those up, the episodes sent in batches and their
-trajectories collected in batches; a worker's death makes the episodes it held infrastructure errors, and its
-restart is waited for aside); `control`, one call on every worker that is up, waited for (what
-`rollout.workers.PooledSampler` makes of a new policy, a hold, a release, and the counts a push reads), and `tell`,
-one not waited for (a server down or back); the answers to the workers' gates' questions (`_answer`: is a server
-whose call failed down? rank 0's gate says, `rollout.remote_gate`).
+Owns: `WorkerPool` (the `rollout.players.Players` of a run on Ray: N `rollout.worker.RolloutWorker` actors with the
+`ray` section's resources and restarts; each episode given to the worker with the fewest in flight among those up,
+the episodes sent in batches and their trajectories collected in batches; a worker's death makes the episodes it
+held infrastructure errors, and its restart is waited for aside); `control`, one call on every worker that is up,
+waited for (what `rollout.workers.PooledSampler` makes of a new policy, a hold, a release, and the counts a push
+reads), and `tell`, one not waited for (a server down or back); the answers to the workers' gates' questions
+(`_answer`: is a server whose call failed down? rank 0's gate says, `rollout.remote_gate`).
 Does not own: the cluster (`rollout.ray_connect`), a worker's body and what it plays with (`rollout.worker`), the
 sampler a run and its weight sync see (`rollout.workers`), an episode (`rollout.runner`), which episodes play
 when (`rollout.stream`), pushes (`rollout.weight_sync`).
@@ -48,9 +48,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.core.types import Trajectory
 from agent_rl.rollout.ray_connect import first_line
-from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.rollout.runner import EpisodeLimits, failed_episode
 from agent_rl.rollout.sampler import ServerGate
 from agent_rl.rollout.worker import Kit, RolloutWorker, ServedState, WorkerError, WorkerSettings
 
@@ -59,7 +59,9 @@ POLL_S = 1.0  # how long one `results` call waits for an episode to end before i
 
 
 @dataclass(eq=False)
-class _Episode:
+class _Sent:
+    """An episode given to a worker, until its trajectory comes back."""
+
     task: dict[str, Any]
     version: int  # the served version when it was given: a failure's trajectory is tagged with it
     done: asyncio.Future[Trajectory]
@@ -74,17 +76,10 @@ class _Worker:
     up: bool = True  # answering; a worker that died is not, until its restart answers
     dead: bool = False  # for good: restarts used up, or it did not come back in time
     life: int = 0  # counts its deaths: a call made before the last one cannot find it dead again
-    episodes: dict[int, _Episode] = field(default_factory=dict)  # given to it and not ended, by id
+    episodes: dict[int, _Sent] = field(default_factory=dict)  # given to it and not ended, by id
     outbox: list[tuple[int, dict[str, Any], int, EpisodeLimits]] = field(default_factory=list)  # not yet sent
     cancels: list[int] = field(default_factory=list)  # episodes given up on, not yet told
     mark: tuple[int, float] = (0, 0.0)  # (pid, request-seconds) at the last idle-share reading
-
-
-def _failed(task: dict[str, Any], error: str, version: int) -> Trajectory:
-    env = task["env"] if isinstance(task.get("env"), str) else ""
-    return Trajectory(task_id=str(task.get("id", "")), token_ids=(), loss_mask=(), logprobs=(), prompt_len=0,
-                      turns=(), messages=(), tool_calls=(), stop_reason=StopReason.ERROR, error=error,
-                      policy_version=version, env=env)
 
 
 def _cause(e: BaseException) -> str:
@@ -108,6 +103,7 @@ class WorkerPool:
         self.turn = 0  # rotates the ties between equally loaded workers
         self.last_death = ""
         self.idle_mark = time.monotonic()
+        self.servers = 1  # the servers the workers sample from, for the idle share (`rollout.workers` sets it)
 
     @classmethod
     async def start(cls, n: int, kit: Callable[[], Kit], settings: WorkerSettings) -> WorkerPool:
@@ -160,7 +156,7 @@ class WorkerPool:
         """Rollout `index` of `task` on the least busy worker; an infrastructure error if the worker dies."""
         worker = await self._pick()
         eid, loop = next(self.ids), asyncio.get_running_loop()
-        episode = _Episode(task, self.state.version, loop.create_future())
+        episode = _Sent(task, self.state.version, loop.create_future())
         worker.episodes[eid] = episode
         worker.outbox.append((eid, task, index, limits))
         if len(worker.outbox) == 1:  # the episodes given in this turn of the loop go as one call
@@ -168,8 +164,8 @@ class WorkerPool:
         try:
             return await asyncio.wait_for(asyncio.shield(episode.done), self.deadline_s(limits))
         except TimeoutError:
-            return _failed(task, f"WorkerTimeout: rollout worker {worker.index} played it for more than "
-                                 f"{self.deadline_s(limits):g} s", episode.version)
+            return failed_episode(task, f"WorkerTimeout: rollout worker {worker.index} played it for more than "
+                                        f"{self.deadline_s(limits):g} s", "WorkerTimeout", episode.version)
         finally:  # timed out, or the stream closing: the worker stops playing it
             if worker.episodes.pop(eid, None) is not None and episode.pid and worker.up:
                 worker.cancels.append(eid)
@@ -231,12 +227,12 @@ class WorkerPool:
         with contextlib.suppress(RayActorError):  # a worker gone asks nothing any more
             await worker.handle.answer.remote(url, down, self.state)
 
-    def _fail(self, worker: _Worker, why: str, lost: Callable[[_Episode], bool]) -> None:
+    def _fail(self, worker: _Worker, why: str, lost: Callable[[_Sent], bool]) -> None:
         for eid, episode in list(worker.episodes.items()):
             if lost(episode):
                 del worker.episodes[eid]
                 if not episode.done.done():
-                    episode.done.set_result(_failed(episode.task, why, episode.version))
+                    episode.done.set_result(failed_episode(episode.task, why, "WorkerDied", episode.version))
 
     def _restarted(self, worker: _Worker, pid: int) -> None:
         why = f"WorkerDied: rollout worker {worker.index} (pid {worker.pid}) was restarted while playing it"
@@ -328,10 +324,11 @@ class WorkerPool:
         except RayActorError as e:
             self._lost(worker, e, life)
 
-    def idle_share(self, servers: int) -> float:
+    def idle_share(self) -> float:
         """The servers' idle share since the last call, estimated from the workers' request-seconds: one minus
-        the mean requests in flight per server, at least 0. A lower bound of the share `rollout.stream.IdleMeter`
+        the mean requests in flight per server, at least 0. A lower bound of the share a `rollout.players.RequestMeter`
         measures in one process (the same while fewer requests than servers are in flight)."""
+        servers = self.servers
         now = time.monotonic()
         elapsed, self.idle_mark = now - self.idle_mark, now
         used = 0.0

@@ -1,22 +1,20 @@
-"""The async rollout runner: play environments turn by turn and record token-exact trajectories.
+"""The async rollout runner: play one environment turn by turn and record a token-exact trajectory.
 
 Owns: one episode (`run_episode`: each turn's tokens, its own reward and the state it started from,
-`state_key`; `play_task` builds its environment too) and G episodes per task for a batch of tasks,
-concurrently under a cap (`rollout_groups`), with the group-level reward of a task added once its G
-episodes have ended (`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part);
-the token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the
-renderer cannot extend the buffer, `Renderer.next_context`, or an env's replaced conversation,
-`StepResult.history`, renders to ids that do not extend it); the stop rules (no tool call, env done,
-max turns, max total tokens, a turn cut by `length`); the seeds: a training step's (`step_seed`) and
-each request's (`request_seed`); the episode limits (`EpisodeLimits`); the deadline of every await on an
-environment (`bounded`).
-Does not own: rendering and parsing (`core.renderers.base`), HTTP (`rollout.sampler`), tools (`envs`),
-rewards beyond asking the env, garbage collection while a rollout runs (`rollout.quiet_gc`), the training
-run's continuous stream of groups (`rollout.stream`).
+`state_key`; `play_task` builds its environment too); the token buffer, loss mask and log-probs of an episode
+(`TokenBuffer`) and its segments (when the renderer cannot extend the buffer, `Renderer.next_context`, or an
+env's replaced conversation, `StepResult.history`, renders to ids that do not extend it); the stop rules (no tool
+call, env done, max turns, max total tokens, a turn cut by `length`); the episode limits (`EpisodeLimits`); a
+group's group-level reward added once its episodes have ended (`score_group`; the environment's own reward is kept
+as the `EPISODE_REWARD` part); the trajectory of an episode that failed before it began (`failed_episode`); the
+deadline of every await on an environment (`bounded`).
+Does not own: rendering and parsing (`core.renderers`), HTTP (`rollout.sampler`), tools (`envs`), rewards beyond
+asking the env, the seeds (`core.seeds`), garbage collection while a rollout runs (`rollout.quiet_gc`), playing
+groups of episodes (`rollout.engine`) and where they play (`rollout.players`).
 
-Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR and
-the message in `Trajectory.error`; the other episodes go on. A group reward that fails makes its
-group's trajectories infrastructure errors (kept out of the update), with the reason.
+Failures are data: a sampler or environment exception ends that episode with StopReason.ERROR, the message in
+`Trajectory.error` and the exception's class name in `Trajectory.error_type`; the other episodes go on. A group
+reward that fails makes its group's trajectories infrastructure errors (kept out of the update), with the reason.
 
 A task's "id" names it; its "env", where a mixture of environments set one, goes to `Trajectory.env`.
 """
@@ -30,12 +28,13 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from agent_rl.core.config import RolloutConfig
 from agent_rl.core.deadline import deadline
 from agent_rl.core.env import Env, as_reward
 from agent_rl.core.renderers.base import Renderer
+from agent_rl.core.seeds import request_seed
 from agent_rl.core.types import (
     EPISODE_REWARD,
     Message,
@@ -44,10 +43,8 @@ from agent_rl.core.types import (
     StopReason,
     ToolCallRecord,
     Trajectory,
-    TrajectoryGroup,
     Turn,
 )
-from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.sampler import Sampler, SamplingParams, ServerLost
 
 T = TypeVar("T")
@@ -71,22 +68,8 @@ class EpisodeLimits:
                    max_total_tokens=rollout.max_total_tokens, temperature=temperature, top_p=top_p, seed=seed)
 
 
-Play = Callable[[dict[str, Any], int, EpisodeLimits], Awaitable[Trajectory]]  # (task, rollout index, limits)
 
 
-def step_seed(run_seed: int, step: int, batch: int | None = None) -> int:
-    """The seed of training step `step` (0-based) of a run seeded `run_seed`: the policy update's; with
-    `batch`, the base of that step's sampling round `batch` (0, then 1.. for dynamic sampling's extra
-    rounds), from which `request_seed` derives each request's. A resumed run draws the same numbers;
-    published figures depend on them, so the formula never changes."""
-    seed = run_seed * 1_000_003 + step
-    return seed if batch is None else seed * 101 + batch
-
-
-def request_seed(base: int, task_id: str, rollout_index: int, turn: int) -> int:
-    """A stable 31-bit seed per (base, task, rollout, turn): Python's hash() is salted per process."""
-    digest = hashlib.blake2b(f"{base}|{task_id}|{rollout_index}|{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 @dataclass
@@ -97,10 +80,8 @@ class TokenBuffer:
     is the open segment.
 
     Only the ids are one list while the episode plays: they are the next prompt. The mask, log-probs and versions
-    are written out once, when the segment closes (`segment`), rather than grown as lists turn by turn (each
-    reallocated at most turns: a list over-allocates by an eighth, a turn adds more). bench/turn_parts.py at
-    64 x 4,096: 18.8 us a turn with `segment` counted, as much as the four lists' growth alone cost (18.7), so the
-    gain is only the end's four tuple copies of them, which that figure left out."""
+    are written out once, when the segment closes (`segment`), rather than grown as lists turn by turn (its cost:
+    docs/performance.md, bench/turn_parts.py)."""
 
     ids: list[int] = field(default_factory=list)
     # each added run: its length, and for a sampled one its log-probs and versions (None: context)
@@ -237,7 +218,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
                       task_id: str = "", rollout_index: int = 0) -> Trajectory:
     """Play one episode in an entered env. Never raises for sampler or env failures."""
     ep = _Episode()
-    error, reward, reward_s = None, Reward(0.0), 0.0
+    error, error_type, reward, reward_s = None, "", Reward(0.0), 0.0
     try:
         ep.messages = list(await bounded(env.initial_messages(), limits.env_timeout_s))
         ep.buffer.add_context(renderer.render(ep.messages, env.tool_schemas))
@@ -248,7 +229,7 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         reward_s = time.perf_counter() - t_reward
     except Exception as e:  # infrastructure: sampler down, env bug, deadline
         ep.stop, error = StopReason.ERROR, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        reward = Reward(0.0)
+        reward, error_type = Reward(0.0), type(e).__name__
     versions = [t.policy_version for t in ep.turns]
     buf = ep.buffer
     last = buf.segment()
@@ -257,52 +238,8 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         prompt_len=ep.prompt_len, turns=tuple(ep.turns), messages=tuple(ep.messages),
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
-        segments=tuple(buf.closed), versions=last.versions, server_lost=ep.server_lost,
+        segments=tuple(buf.closed), versions=last.versions, server_lost=ep.server_lost, error_type=error_type,
     )
-
-
-async def rollout_groups(tasks: Sequence[dict[str, Any]], make_env: Callable[[dict[str, Any]], Env],
-                         sampler: Sampler, renderer: Renderer, limits: EpisodeLimits,
-                         group_size: int, max_concurrent: int = 64,
-                         group_reward: Callable[..., Any] | None = None,
-                         play: Play | None = None) -> list[TrajectoryGroup]:
-    """G episodes per task, all tasks at once, at most `max_concurrent` episodes alive; then
-    `group_reward(task, trajectories)` (`core.registry`) on each task's group as soon as it has ended.
-    `play(task, index, limits)`, when given, plays each episode instead of `play_task` here: on rollout
-    workers (`rollout.workers`), with their own environments and sampler.
-
-    `max_concurrent` workers take the episodes in order, so only the episodes in play exist as
-    coroutines: 100k queued episodes cost 100k list slots, not 100k suspended tasks for every
-    garbage collection to walk through."""
-    total = len(tasks) * group_size
-    flat: list[Trajectory | None] = [None] * total
-    running = [group_size] * len(tasks)  # episodes of each task not yet ended
-    order = iter(range(total))  # shared by the workers: each takes the next episode
-    scoring: list[asyncio.Task[None]] = []
-
-    async def score(i: int, hook: Callable[..., Any]) -> None:
-        group = slice(i * group_size, (i + 1) * group_size)
-        ended = cast(list[Trajectory], flat[group])  # every episode of the group has ended
-        flat[group] = await score_group(hook, tasks[i], ended, limits.env_timeout_s)
-
-    async def worker() -> None:
-        for k in order:
-            i = k // group_size
-            if play is not None:
-                flat[k] = await play(tasks[i], k % group_size, limits)
-            else:
-                flat[k] = await play_task(tasks[i], k % group_size, make_env, sampler, renderer, limits)
-            ROLLOUT_GC.collect_if_piling_up()
-            running[i] -= 1
-            if running[i] == 0 and group_reward is not None:  # scored beside the episodes still running
-                scoring.append(asyncio.ensure_future(score(i, group_reward)))
-
-    with ROLLOUT_GC.quiet():
-        await asyncio.gather(*(worker() for _ in range(min(max(1, max_concurrent), total))))
-        await asyncio.gather(*scoring)
-    ended = cast(list[Trajectory], flat)  # every episode has ended
-    return [TrajectoryGroup(str(task.get("id", "")), tuple(ended[i * group_size:(i + 1) * group_size]))
-            for i, task in enumerate(tasks)]
 
 
 async def play_task(task: dict[str, Any], index: int, make_env: Callable[[dict[str, Any]], Env], sampler: Sampler,
@@ -314,7 +251,8 @@ async def play_task(task: dict[str, Any], index: int, make_env: Callable[[dict[s
         async with env:
             traj = await run_episode(env, sampler, renderer, limits, task_id, index)
     except Exception as e:  # the env could not even be built or entered
-        traj = _failed(task_id, f"environment could not start: {type(e).__name__}: {e}", sampler.policy_version)
+        return failed_episode(task, f"environment could not start: {type(e).__name__}: {e}", type(e).__name__,
+                              sampler.policy_version)
     return replace(traj, env=task["env"]) if isinstance(task.get("env"), str) else traj
 
 
@@ -334,7 +272,8 @@ async def score_group(hook: Callable[..., Any], task: dict[str, Any], trajs: Seq
             raise ValueError(f"{len(rewards)} rewards for {len(done)} trajectories")
     except Exception as e:  # a bug or an outage: the group cannot be scored, so it is not trained on
         why = f"group reward failed: {type(e).__name__}: {e}" if str(e) else f"group reward failed: {type(e).__name__}"
-        return [t if t.infra_error else replace(t, stop_reason=StopReason.ERROR, error=why) for t in trajs]
+        return [t if t.infra_error else replace(t, stop_reason=StopReason.ERROR, error=why, error_type="group_reward")
+                for t in trajs]
     scored = iter(rewards)
     return [t if t.infra_error else _plus(t, next(scored)) for t in trajs]
 
@@ -344,7 +283,10 @@ def _plus(t: Trajectory, r: Reward) -> Trajectory:
     return replace(t, reward=t.reward + r.value, reward_parts=parts)
 
 
-def _failed(task_id: str, error: str, version: int) -> Trajectory:
-    return Trajectory(task_id=task_id, token_ids=(), loss_mask=(), logprobs=(), prompt_len=0, turns=(),
-                      messages=(), tool_calls=(), stop_reason=StopReason.ERROR, error=error,
-                      policy_version=version)
+def failed_episode(task: dict[str, Any], error: str, error_type: str, version: int) -> Trajectory:
+    """The trajectory of an episode of `task` that failed before it played a turn (its environment would not start,
+    its rollout worker died or hung: `rollout.ray_pool`)."""
+    env = task["env"] if isinstance(task.get("env"), str) else ""
+    return Trajectory(task_id=str(task.get("id", "")), token_ids=(), loss_mask=(), logprobs=(), prompt_len=0,
+                      turns=(), messages=(), tool_calls=(), stop_reason=StopReason.ERROR, error=error,
+                      error_type=error_type, policy_version=version, env=env)

@@ -22,18 +22,19 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from agent_rl.core.config import RayConfig
 from agent_rl.core.env import Env
 from agent_rl.core.renderers.base import Renderer
-from agent_rl.core.types import Message, Trajectory
+from agent_rl.core.types import Trajectory
+from agent_rl.rollout.players import RequestMeter
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, play_task
-from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams, ServedSampler
+from agent_rl.rollout.sampler import Sampler, ServedSampler
 
 
 class WorkerError(Exception):
@@ -63,37 +64,6 @@ class ServedState:
     gate: GateState | None = None
 
 
-class _Meter:
-    """The worker's sampler, counting its requests: turns sampled, and requests in flight integrated over time
-    (request-seconds), from which rank 0 estimates the servers' idle share."""
-
-    def __init__(self, inner: Sampler):
-        self.inner = inner
-        self.turns, self.running, self.request_s, self.since = 0, 0, 0.0, time.monotonic()
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    @policy_version.setter
-    def policy_version(self, version: int) -> None:
-        self.inner.policy_version = version
-
-    def _tick(self, change: int) -> None:
-        now = time.monotonic()
-        self.request_s += (now - self.since) * self.running
-        self.since, self.running = now, self.running + change
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
-                     messages: Sequence[Message] = ()) -> Completion:
-        self._tick(+1)
-        try:
-            return await self.inner.sample(prompt_ids, params, messages)
-        finally:
-            self._tick(-1)
-            self.turns += 1
-
-
 class RolloutWorker:
     """One rollout worker: Ray runs it as an asynchronous actor (`rollout.ray_pool`); every method is a
     coroutine on the worker's one event loop, episodes and control calls alike."""
@@ -113,7 +83,7 @@ class RolloutWorker:
         except Exception as e:  # said by `ready`: Ray would restart a constructor that raises, again and again
             self.broken = f"{type(e).__name__}: {e}"
             return
-        self.meter = _Meter(self.kit.sampler)
+        self.meter = RequestMeter(self.kit.sampler, clock=time.monotonic)
 
     async def ready(self) -> tuple[int, str]:
         """The worker's process id once it is up, and why it cannot play ("" if it can)."""
@@ -180,7 +150,7 @@ class RolloutWorker:
 
     async def stats(self) -> dict[str, float]:
         """Its process id, episodes ended and playing, turns sampled, request-seconds and CPU seconds so far."""
-        self.meter._tick(0)
+        self.meter.tick()
         return {"pid": float(os.getpid()), "episodes": float(self.episodes), "playing": float(len(self.playing)),
                 "turns": float(self.meter.turns), "request_s": self.meter.request_s, "cpu_s": time.process_time()}
 

@@ -1,10 +1,11 @@
 """Rollout workers (`rollout.workers: N`): the episodes of a run played in N processes, each with its own event
 loop, environments and sampler, on a Ray cluster. The entry a run calls, importing Ray only when N > 0.
 
-Owns: `rollout_workers` (the sampler a run samples through: unchanged at N = 0, else `PooledSampler`, the same
-sampler with N workers behind it: a new policy, a hold, a release is true on every worker before the call
-returns, requests in flight are counted on every worker, the servers its supervisor marks down or back are told
-to every worker as it happens, and the stream plays its episodes on them);
+Owns: `rollout_workers` (a run's `rollout.players.Fleet`: at N = 0 the sampler as it is and the players the caller
+plays with here; else `PooledSampler`, the same sampler with N workers behind it: a new policy, a hold, a release
+is true on every worker before the call returns, requests in flight are counted on every worker, the servers its
+supervisor marks down or back are told to every worker as it happens; and the workers' pool, which plays the
+episodes);
 `ray_cluster` (the cluster joined or started early, so that one that does not answer is one line before anything
 slow starts); `need_ray` (the line when Ray is not installed).
 Does not own: a worker's body (`rollout.worker`), the pool, routing and deaths (`rollout.ray_pool`), joining
@@ -20,9 +21,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.core.types import Message, Trajectory
+from agent_rl.core.types import Message
+from agent_rl.rollout.players import Fleet, Players
 from agent_rl.rollout.remote_gate import WatchedGate
-from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler, ServerGate
 from agent_rl.rollout.worker import Kit, ServedState, WorkerSettings
 
@@ -52,25 +53,26 @@ def ray_cluster(settings: RayConfig, workers: int) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedSampler,
-                          settings: WorkerSettings = WorkerSettings()) -> AsyncIterator[ServedSampler]:
-    """`sampler` itself at `workers` = 0. Else `workers` rollout workers, each building `kit()` (a picklable
-    function: it runs in the worker's process), and a sampler that plays episodes on them
-    (`rollout.stream.remote_players` finds them) and passes every change of the served policy on to each of
-    them before it returns (`PooledSampler`); the workers are stopped on exit. A sampler that
-    is not a `ServedSampler` (a scripted one, in tests) works too: its `policy_version` is then all it serves."""
+async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedSampler, here: Players,
+                          settings: WorkerSettings = WorkerSettings()) -> AsyncIterator[Fleet]:
+    """`sampler` itself, and `here` playing the episodes, at `workers` = 0. Else `workers` rollout workers, each
+    building `kit()` (a picklable function: it runs in the worker's process), which play the episodes, and a
+    sampler that passes every change of the served policy on to each of them before it returns (`PooledSampler`);
+    the workers are stopped on exit. A sampler that is not a `ServedSampler` (a scripted one, in tests) works too:
+    its `policy_version` is then all it serves."""
     if not workers:
-        yield sampler
+        yield Fleet(sampler, here)
         return
     need_ray(workers)
     from agent_rl.rollout import ray_connect, ray_pool  # Ray only when workers are asked for
 
     with ray_connect.connected(settings.ray, workers):
         pool = await ray_pool.WorkerPool.start(workers, kit, settings)
+        pool.servers = len(getattr(sampler, "urls", ())) or 1
         pooled = None
         try:
             pooled = PooledSampler(sampler, pool)
-            yield pooled
+            yield Fleet(pooled, pool)
         finally:
             if pooled is not None:
                 pooled.close()
@@ -79,7 +81,7 @@ async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedS
 
 class PooledSampler:
     """Rank 0's sampler with rollout workers behind it (`rollout_workers`): a `ServedSampler` whose
-    changes reach every worker before they return, and the `rollout.stream.Players` the stream plays through."""
+    changes reach every worker before they return."""
 
     def __init__(self, local: ServedSampler, pool: WorkerPool):
         self.local, self.pool = local, pool
@@ -168,17 +170,11 @@ class PooledSampler:
         state = self.pool.state = replace(self.pool.state, seq=self.pool.state.seq + 1, **what)
         self.pool.control("adopt", state)
 
-    # -- sampling here (a burst of model.sync: auto), and episodes on the workers ------------------------------
+    # -- sampling here (a burst of model.sync: auto) --------------------------------------------------------------
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
                      messages: Sequence[Message] = ()) -> Completion:
         return await self.local.sample(prompt_ids, params, messages)
-
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
-        return await self.pool.play(task, index, limits)
-
-    def idle_share(self) -> float:
-        return self.pool.idle_share(len(self.urls) or 1)
 
     def stats(self) -> dict[int, dict[str, float]]:
         """The figures of each worker that is up (`RolloutWorker.stats`), by its index."""

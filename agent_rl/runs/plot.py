@@ -36,7 +36,7 @@ class Panel:
 
 
 PANELS = (
-    Panel("reward (mean ± std over rollouts)", ("reward_mean",), band=("reward_mean", "reward_std")),
+    Panel("reward (mean ± the spread of a group's returns)", ("reward_mean",), band=("reward_mean", "reward_std")),
     Panel("tool use", ("tool_use_rate", "tool_failure_rate"), alarm="alarm/tool_collapse", unit=True),
     Panel("entropy (nats / sampled token)", ("entropy",), alarm="alarm/entropy_collapse"),
     Panel("KL", ("kl", "approx_kl_old")),
