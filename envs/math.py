@@ -46,7 +46,7 @@ EVAL_SHARE = 0.1  # of all questions, by hash: the eval split
 
 
 def _reasoning_gym() -> Any:
-    """Import reasoning-gym (slow: ~3-5 s, it loads all its datasets) with the Hub offline, and only
+    """Import reasoning-gym (slow: it loads all its datasets) with the Hub offline, and only
     for the import: HF_HUB_OFFLINE must not leak into processes started later (a vLLM server)."""
     before = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -22,8 +22,8 @@ also during moves (2048 places tiles), so concurrent episodes would steal each o
 group of G rollouts would not face the same game. Each game keeps its own random state: every call
 into it swaps that state in and the host's back out, one call at a time in the process (a lock).
 Calls run in a stoppable thread under `env_timeout_s` (tools.runners): a game that hangs ends its
-episode with an error, not the run. Measured here: reset 0.4-2 ms for most games (Sokoban 1.2 s,
-it searches for a solvable room), a move under 0.5 ms.
+episode with an error, not the run. What a reset and a move take: docs/performance.md#smaller-measurements
+(Sokoban's reset is the slowest: it searches for a solvable room).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from agent_rl.tools.runners import run_in_thread
 
 INSTALL = "pip install 'agent-rl[games]'"
 DEFAULT_GAMES = ("GuessTheNumber-v0",)
-CALL_TIMEOUT_S = 30.0  # one reset, move or close of a game (Sokoban's reset, the slowest seen, takes 1.2 s)
+CALL_TIMEOUT_S = 30.0  # one reset, move or close of a game, far above Sokoban's reset, the slowest seen
+# (docs/performance.md#smaller-measurements)
 _GAME_LOCK = threading.Lock()  # one game call at a time: each swaps Python's global random state
 # games named when an id is unknown: single-player, playable offline (the word games fetch NLTK data)
 SINGLE_PLAYER = ("GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FrozenLake-v0", "Minesweeper-v0-small",

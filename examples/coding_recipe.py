@@ -9,8 +9,9 @@ Steps (each an ordinary `agent-rl` command in its own process):
   1. agent-rl train   GRPO from the base model (no cold start: it calls tools by itself), once per seed,
                       all on one vLLM server (bfloat16; the trainer float32)   -> RUN/grpo-seed{S}/adapter
   2. agent-rl eval    the base model and every GRPO adapter, merged into plain weights (RUN/grpo-seed{S}/merged:
-                      vLLM's CPU build samples a 0.5B model ~10x slower through a LoRA adapter), each on a
-                      server of its own, on the same held-out problems and sampling seeds
+                      vLLM's CPU build samples a 0.5B model far slower through a LoRA
+                      adapter: docs/coding-recipe.md), each on a server of its own, on the same held-out
+                      problems and sampling seeds
 Outputs in RUN (default runs/coding_recipe): eval.json (step 2's report), curves.png (training curves, a
 line per seed), summary.json (per policy: pass@1, pass@2, hidden-test share, tool-use rate, turns and
 tokens per episode; per seed the gain over the base model; the smallest gain and the seed spread; per
@@ -128,7 +129,7 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> dict[int, str]:
     """Steps 1-2 (each skipped when done); returns seed -> GRPO run folder."""
     sets = [x for s in args.set for x in ("--set", s)]
     t_server = time.perf_counter()
-    # bfloat16 sampling: the float32 server (~6 GB) and trainer did not both fit beside the machine's other
+    # bfloat16 sampling: the float32 server and trainer did not both fit beside the machine's other
     # jobs (the kernel killed the server three times); the trainer stays float32, the truncated importance
     # weights (algorithm.tis_cap) correct for the gap
     with recipe_server(out, max_model_len=4096, kv_cache_gib=1, model=MODEL, dtype="bfloat16") as server:

@@ -104,7 +104,7 @@ def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1, model: s
     """One vLLM server of `model` (SmolLM2-135M unless named) for every step of a recipe: LoRA adapters are
     hot-loaded under unique names, so the SFT adapter, each GRPO run's versions and the evaluated adapters
     never collide. Dev mode lets a GRPO run push merged weights (`model.sync: auto` picks them where they
-    sample faster, ~3x on this CPU); evaluation loads each adapter as it is. `dtype`: the server's
+    sample faster on this CPU: docs/performance.md); evaluation loads each adapter as it is. `dtype`: the server's
     precision (auto: the trainer's, float32 on the CPU)."""
     from agent_rl.learn.models import resolve_model
     from agent_rl.rollout.server import VLLMServer
@@ -129,7 +129,7 @@ def merged_weights(model: str, run_dir: Path, out: Path) -> Path:
     """A run's final adapter merged into `model`'s weights, saved as a model folder at `out` (once, in a
     process of its own: several GB of memory back at its end). `agent-rl eval --adapter out` then samples
     it as plain weights on a server of its own: with a LoRA adapter vLLM's CPU build samples a 0.5B
-    model ~10x slower (docs/coding-recipe.md)."""
+    model far slower (docs/coding-recipe.md#what-a-05b-policy-costs-here)."""
     if not (out / "config.json").is_file():
         code = subprocess.run([sys.executable, "-c", MERGE, model, str(run_dir / "adapter"), str(out)]).returncode
         if code:

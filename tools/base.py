@@ -128,7 +128,7 @@ class Tool:
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}")
         try:
-            parsed = self._validator.validate_python(arguments)  # half model_validate's cost (~0.5 us a call)
+            parsed = self._validator.validate_python(arguments)  # half model_validate's cost
         except pydantic.ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
@@ -173,7 +173,7 @@ class _WorkerFailure(Exception):
 
 @functools.lru_cache(maxsize=1024)
 def _schema(params_model: type[pydantic.BaseModel], name: str, description: str) -> tuple[str, bool]:
-    """A tool's schema as JSON text, built once (pydantic's model_json_schema costs ~0.4 ms, and every
+    """A tool's schema as JSON text, built once (pydantic's model_json_schema is slow, and every
     episode renders its tools' schemas into its prompt), and whether orjson reads it as json does."""
     params = params_model.model_json_schema()
     params.pop("title", None)
@@ -195,7 +195,8 @@ _MODELS: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], tuple[str, type[p
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[str, type[pydantic.BaseModel]]:
     """The description and pydantic arguments model of a tool function, built once per function:
-    pydantic's create_model costs ~2 ms, and every episode builds its environment's tools anew."""
+    pydantic's create_model is slow (docs/performance.md#smaller-measurements), and every episode builds its
+    environment's tools anew."""
     target = fn.__func__ if inspect.ismethod(fn) else fn
     if not inspect.isfunction(target):  # a callable object or a partial: built each time
         return _build_arguments_model(fn, name)

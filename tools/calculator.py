@@ -4,15 +4,16 @@ Owns: `calculator` (a safe evaluator over Python's `ast`, no eval) and its limit
 calculator environment (`envs.calculator`), or how a tool call runs (`tools.base`, `tools.runners`).
 
 Why results are bounded before they are computed: Python's big-int `**` and `*` hold the GIL, so a
-23-character expression such as `(((9**64)**64)**64)**64` used to keep a core busy for ~20 s and
-freeze the event loop (every other rollout of the step) with it; one level deeper is hours. A cap on
-the exponent alone does not help, because nesting multiplies the exponents. So every operation first
-estimates the size of its result from the sizes of its operands and refuses one over `MAX_DIGITS`
-with a `ToolError`; every operand is then itself within the limit, so each operation costs at most a
-product of two 3,322-bit integers (microseconds), and a 200-character expression holds at most ~100
-operations. Floats are C doubles: an overflow or a non-finite value is refused, as is a complex
-result (a negative number to a fractional power). The tool also runs in a worker process
-(`tool_options(isolate=True)`), so a case this bound missed would cost its deadline, not the run.
+23-character expression such as `(((9**64)**64)**64)**64` used to keep a core busy for many seconds
+(docs/performance.md#smaller-measurements) and freeze the event loop (every other rollout of the step)
+with it; one level deeper is hours. A cap on the exponent alone does not help, because nesting
+multiplies the exponents. So every operation first estimates the size of its result from the sizes of
+its operands and refuses one over `MAX_DIGITS` with a `ToolError`; every operand is then itself within
+the limit, so each operation costs at most a product of two 3,322-bit integers (microseconds), and a
+200-character expression holds at most ~100 operations. Floats are C doubles: an overflow or a
+non-finite value is refused, as is a complex result (a negative number to a fractional power). The tool
+also runs in a worker process (`tool_options(isolate=True)`), so a case this bound missed would cost its
+deadline, not the run.
 """
 
 from __future__ import annotations

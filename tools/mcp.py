@@ -16,10 +16,9 @@ and 32-64 episodes at once, and a connection must not care which of them opens, 
 
 Shared or per episode: `shared_connection(spec)` gives every episode of the process one connection
 per server (started by the first episode that asks, reused by the rest; one session multiplexes
-concurrent calls). Measured here (bench/mcp_connections.py, the SDK's MCPServer over stdio):
-16 servers started at once for 16 episodes took 7.1 s of wall time, 4.8x one shared start (1.5 s),
-and each start is mostly CPU (Python and the SDK import) taken from vLLM and the trainer; a call
-on the shared connection took 1.3 ms (p50) and 64 concurrent calls 63 ms in all. `connect(spec)`
+concurrent calls). Servers started one per episode cost several times one shared start, each mostly CPU
+(Python and the SDK import) taken from vLLM and the trainer, while a call on the shared connection is cheap
+(bench/mcp_connections.py; figures in docs/performance.md#the-bench-scripts). `connect(spec)`
 opens a connection for one caller instead: use it (`MCPEnv(shared=False)`) when the server keeps
 state per session, e.g. a sandbox or a browser.
 

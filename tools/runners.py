@@ -13,9 +13,9 @@ so it cannot keep a core busy after its deadline. What no thread can escape is o
 holds the GIL, such as Python's big-int `**`: it stops every thread, the event loop included, and no
 exception reaches it before it returns (nor can a blocking call such as `time.sleep` be cut short).
 A worker process is a separate interpreter: the event loop keeps running whatever the tool does,
-and at the deadline the worker is killed (SIGKILL). It costs a process per pool slot (~26 MiB, started
-on first use in 0.1-0.3 s) and a pipe round trip per call (`bench/tool_call.py`, the calculator: p50
-0.18 ms in a worker against 0.09 ms in a thread), and the function must be importable by name (a
+and at the deadline the worker is killed (SIGKILL). It costs a process per pool slot (started on
+first use) and a pipe round trip per call (`bench/tool_call.py`, the calculator in a worker against a thread:
+docs/performance.md#the-bench-scripts), and the function must be importable by name (a
 module-level function), because the worker imports it: bound methods of environments, whose state
 lives here, cannot go there. So a tool opts in (`tools.base.tool_options(isolate=True)`) when its
 cost is the model's to choose: the calculator, whose arithmetic is bounded as well, so that a hole

@@ -52,7 +52,8 @@ def limit_argv(limits: Limits, session: bool, uid: int | None = None) -> list[st
     """Command prefix that sets the rlimits and, given `uid`, becomes that uid with no groups, then execs.
 
     Exec'd helpers rather than a preexec_fn: a preexec_fn forces a real fork() of the caller, which
-    costs ~50 ms per GB of its resident memory (a trainer holds many); without one Python vforks.
+    costs time in proportion to its resident memory (a trainer holds a lot:
+    docs/performance.md#smaller-measurements); without one Python vforks.
     """
     mib = 1 << 20
     # A session raises its own soft CPU limit before each call (see DRIVER), so its hard one is open.

@@ -10,13 +10,13 @@ How a call goes. It is sent to an idle worker, else to a worker started for it (
 the calls a busy worker already has (at most `DEPTH` in all), else it waits for one of these. A worker reads its
 requests one at a time and answers each in order, so the calls on one pipe run one after another: the first one
 sent and not yet answered is the one running. Why pipeline: writing to a pipe whose reader sleeps wakes it, which
-costs the writer several times a plain write (bench/tool_call.py, `pipe_write_cpu_us`: 4.1 us against 1.1 here); a
-request written while its worker still works on the one before is read without a sleep, and the loop reads several
-replies per wake-up. With hundreds of episodes in flight most calls find every worker busy. With 64 calls at once
-the loop's CPU per call falls from 39 us, one call per worker at a time (`WorkerPool(depth=1)`, as the pool worked
-before), to 21 us (bench/tool_call.py, `concurrent_loop_cpu_us`). The price: a slow call holds up the calls
-written behind it (at most `DEPTH` - 1), where one at a time they would have waited for whichever worker freed
-first.
+costs the writer several times a plain write (bench/tool_call.py, `pipe_write_cpu_us`); a request written while
+its worker still works on the one before is read without a sleep, and the loop reads several replies per wake-up.
+With hundreds of episodes in flight most calls find every worker busy. With 64 calls at once the loop's CPU per
+call falls by nearly half against one call per worker at a time (`WorkerPool(depth=1)`, as the pool worked before;
+bench/tool_call.py, `concurrent_loop_cpu_us`; both in docs/performance.md#the-bench-scripts). The price: a slow
+call holds up the calls written behind it (at most `DEPTH` - 1), where one at a time they would have waited for
+whichever worker freed first.
 
 Deadlines. A call's deadline (`timeout_s`) starts when it starts to run (when the call before it on its pipe has
 been answered, or when it is written to an idle worker): the wait for a worker, or behind other calls on its

@@ -10,9 +10,10 @@ worker's call).
 Why not `asyncio.timeout`: it puts a timer of its own in the event loop's heap for every await (and cancels it
 after), and with thousands of episodes in flight that heap holds thousands of timers, so each push costs a dozen
 of `TimerHandle.__lt__`'s Python-level comparisons. A rollout makes two or three such awaits a turn (the env
-step, the tool's worker call), each finishing long before its deadline: 6-9 us of CPU each with 4,096 tasks in
-flight, against 2-3 us here (bench/deadlines.py). Here a deadline joins the set of deadlines that fall in the
-same slice of time, and one timer per slice fires them all; leaving the context takes it out of its set.
+step, the tool's worker call), each finishing long before its deadline: with 4,096 tasks in flight, several times
+the CPU a deadline here costs (bench/deadlines.py; figures in docs/performance.md#the-bench-scripts). Here a
+deadline joins the set of deadlines that fall in the same slice of time, and one timer per slice fires them all;
+leaving the context takes it out of its set.
 
 The price is precision: a deadline fires at the end of its slice, up to 1/32 of `timeout_s` late and at most a
 second (a 120 s deadline fires between 120 and 121 s), never early. Slices are powers of two of a second,

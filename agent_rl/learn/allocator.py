@@ -8,22 +8,22 @@ Why: a CPU trainer allocates activation buffers of a new shape at every micro-ba
 buffers below its mmap threshold from the heap, and raises that threshold (up to 32 MB) each time a
 larger mmap'd buffer is freed, so after a few steps most buffers live in the heap, where freed pages
 stay resident. On the recipe, with `micro_batch_tokens: 4096`, the trainer's RSS grew step after step
-to 19 GB and the OOM killer stopped it. `malloc_trim(0)` after each step hands every free heap page
+until the OOM killer stopped it. `malloc_trim(0)` after each step hands every free heap page
 back. `bench/allocator.py` measured it against a fixed 1 MB mmap threshold
-(`MALLOC_MMAP_THRESHOLD_=1048576`, which also stops the growth), two runs of the same steps: RSS
-after the last step 0.27x / 0.26x the default's with the trim at 0.91x / 1.13x its step time, 0.38x
-/ 0.34x with the threshold at 1.26x / 1.50x (every large buffer faulted in afresh, not once a step).
+(`MALLOC_MMAP_THRESHOLD_=1048576`, which also stops the growth): the trim frees about as much at a smaller
+cost in step time than the threshold, which faults every large buffer in afresh, not once a step
+(docs/performance.md#the-bench-scripts, the `bench/allocator.py` rows).
 
 Within a step the trim cannot help: a forward and backward pass over a 4,096-token micro-batch of
-SmolLM2-135M with gradient checkpointing keeps 266 MB of saved tensors (counted with autograd's
-saved-tensor hooks), yet its peak RSS reached 7.9 GB, because the ~9 MB hidden-state buffers that
-each checkpointed layer recomputes come from the heap and freed ones are not reused in place.
+SmolLM2-135M with gradient checkpointing keeps far less in saved tensors (counted with autograd's
+saved-tensor hooks) than its peak RSS, because the hidden-state buffers that each checkpointed layer
+recomputes come from the heap and freed ones are not reused in place.
 `cap_heap_buffers` fixes glibc's mmap threshold at 4 MiB (no longer raised as buffers are freed), so
 such buffers are mapped and unmapped whole. The price is time: every such buffer is faulted in
-afresh. `bench/allocator.py --steps 2 --batch 13 --micro-batch-tokens 4096` (full micro-batches):
-peak RSS 2,050 vs 5,717 MiB with the trim alone (0.36x), at 1.59x its step time (one rep; at 16 MiB
-the peak stayed high). On a CPU the cap is on: a trainer that fits beside its vLLM server and other
-jobs was judged worth the slower step; on a GPU the activations are not in this heap and no cap is set.
+afresh. `bench/allocator.py --steps 2 --batch 13 --micro-batch-tokens 4096` (full micro-batches)
+measured the peak and the step time against the trim alone (docs/performance.md#the-bench-scripts). On a CPU
+the cap is on: a trainer that fits beside its vLLM server and other jobs was judged worth the slower step; on a
+GPU the activations are not in this heap and no cap is set.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ enter `ROLLOUT_GC.quiet()` and call `collect_if_piling_up` after each episode).
 Why: a collection walks every live object of the generations it collects, and while thousands of
 episodes are in flight most live objects are theirs (coroutines, messages, token lists). With
 Python's default thresholds they get promoted and drive full collections every few seconds; with
-rarer young collections (50,000 allocations) a young collection still met ~110k live objects and
-stopped the event loop for 60-110 ms (bench/runner_scale.py, 4,096 episodes). Reference counting
+rarer young collections (50,000 allocations) a young collection still met the episodes' live objects and
+stopped the event loop for far longer than a turn (bench/runner_scale.py, 4,096 episodes:
+docs/performance.md#the-runner-at-scale-by-simulation). Reference counting
 frees almost everything a turn makes; what it cannot free (reference cycles) waits for the end or
 for point 3. So, while a rollout runs:
 1. the heap that existed before (model, tokenizer, modules: ~370k objects) is frozen (gc.freeze),

@@ -87,10 +87,11 @@ class Renderer(abc.ABC):
         return backend.decode(list(ids), skip_special_tokens=False) if text is None else text
 
     def encode_cached(self, text: str) -> list[int]:
-        """`encode` for text that episodes repeat: a system prompt with its tool schemas (~1 ms to tokenise),
-        and the turns the G rollouts of a group share (the question, often a tool's result), where the
-        tokenizer's ~25-60 us for a short text is the largest cost of a turn. Tokenised once while it is
-        among the texts used last (`cache_ids` ids in all); each caller gets its own copy."""
+        """`encode` for text that episodes repeat: a system prompt with its tool schemas (long to
+        tokenise), and the turns the G rollouts of a group share (the question, often a tool's result), where
+        tokenising even a short text is the largest cost of a turn (docs/performance.md#smaller-measurements).
+        Tokenised once while it is among the texts used last (`cache_ids` ids in all); each caller gets its own
+        copy."""
         ids = self._encoded.get(text)
         if ids is not None:
             self._encoded.move_to_end(text)

@@ -7,13 +7,13 @@ Does not own: when a renderer decodes or which tokenizer it has (`core.renderers
 
 Why: every sampled turn is decoded once to be parsed (~300 ids in a tool-calling turn). The Rust decoder
 clones each id's token string, maps it character by character through a hash map to bytes, then reads the
-bytes as UTF-8 (invalid sequences replaced): ~0.15 us an id, more than the rest of parsing a turn. With
+bytes as UTF-8 (invalid sequences replaced): more, over a turn's ids, than the rest of parsing the turn. With
 GPT-2's byte-level scheme (SmolLM2, Qwen2.5/3, Llama 3, gpt-oss, ...) that map is fixed, so each id stands
 for fixed bytes, and the text of a sequence of ids is the UTF-8 reading (with replacement) of their bytes
 joined: what the Rust decoder computes, here one table lookup an id. The table is built once per tokenizer
-(0.2 s for SmolLM2's 49k ids, ~1 s for Qwen's 152k) and used only if every id alone decodes to exactly what
-the tokenizer's own decode gives; a tokenizer with any other decoder (SentencePiece's: Gemma, Llama 2)
-keeps its own decode.
+(a fraction of a second to a second, by vocabulary size: docs/performance.md#smaller-measurements) and used
+only if every id alone decodes to exactly what the tokenizer's own decode gives; a tokenizer with any other
+decoder (SentencePiece's: Gemma, Llama 2) keeps its own decode.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class ByteTable:
         """The text of `ids`; None for an id outside the table (the tokenizer's own decode then says what it is).
 
         One C call looks every id up (`itemgetter`), after another that refuses a negative id, which would read the
-        table from its end (struct's unsigned format): for 316 ids 7.7 us, against 12.2 us for a lookup an id
-        through `map` after `min(ids) < 0`."""
+        table from its end (struct's unsigned format): faster than a lookup an id through `map` after
+        `min(ids) < 0` (docs/performance.md#the-runner-at-scale-by-simulation)."""
         if not ids:
             return ""
         try:
