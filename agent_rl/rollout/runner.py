@@ -193,8 +193,8 @@ async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) ->
 
 @functools.lru_cache(maxsize=1024)
 def observation_key(observation: tuple[int, ...]) -> str:
-    """A stable hash of token ids. Cached: every rollout of a task starts from the same rendered prompt (~30 us
-    to hash), and a group's tool results often repeat."""
+    """A stable hash of token ids. Cached: every rollout of a task starts from the same rendered prompt (its cost:
+    docs/performance.md#smaller-measurements), and a group's tool results often repeat."""
     return hashlib.blake2b(",".join(map(str, observation)).encode(), digest_size=8).hexdigest()
 
 
