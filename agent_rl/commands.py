@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ def errors_as_lines() -> Iterator[None]:
     from agent_rl.learn.models import ModelError
     from agent_rl.preemption import Preempted
     from agent_rl.rollout.sampler import SamplerError
-    from agent_rl.rollout.server import ServerError
+    from agent_rl.rollout.serving.base import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
     from agent_rl.rollout.worker import WorkerError
     from agent_rl.runs.checkpoint import CheckpointError
@@ -201,7 +202,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
     from agent_rl.evaluation.evaluate import evaluate as run_eval
     from agent_rl.evaluation.evaluate import format_report, resolve_policy
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.runs.display import format_trajectory
     from agent_rl.session import open_session
 
@@ -221,9 +222,11 @@ def evaluate(args: argparse.Namespace) -> int:
             resolve_policy(a)
         session = open_session(cfg)
         announce_server(cfg)
+        backend = serving_backend()
+
         def serve(model_dir):  # saved full weights have no tokenizer files: the base model's
-            return serve_or_attach(cfg, model_dir,
-                                   tokenizer=None if model_dir == session.model_dir else session.model_dir)
+            return backend.serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir,
+                                 tokenizer=None if model_dir == session.model_dir else session.model_dir)
 
         report = asyncio.run(run_eval(session, adapters, serve, groups))
     for label, gs in groups.items():
@@ -245,7 +248,7 @@ def benchmark(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
     from agent_rl.evaluation.bfcl import bfcl_settings, evaluate_bfcl, format_table
     from agent_rl.evaluation.bfcl_checker import BFCLError
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.session import open_session
 
     for flag, value in (("--n", args.n), ("--tasks", args.tasks), ("--show", args.show or None)):
@@ -261,7 +264,8 @@ def benchmark(args: argparse.Namespace) -> int:
         session = open_session(cfg)
         announce_server(cfg)
         try:
-            report = asyncio.run(evaluate_bfcl(session, adapters, lambda d: serve_or_attach(cfg, d), settings))
+            report = asyncio.run(evaluate_bfcl(session, adapters, functools.partial(
+                serving_backend().serve, cfg.model, cfg.sampler, cfg.run.seed), settings))
         except BFCLError as e:
             raise CLIError(str(e)) from None
     if args.out:

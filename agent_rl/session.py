@@ -28,8 +28,8 @@ from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
-from agent_rl.rollout.sampler import ServedSampler, VLLMSampler
-from agent_rl.rollout.server import fleet, running, serve_or_attach
+from agent_rl.rollout.sampler import ServedSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.worker import Kit, WorkerSettings
 from agent_rl.rollout.workers import ray_cluster, rollout_workers
@@ -97,11 +97,14 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 @contextlib.asynccontextmanager
 async def sampling(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None
                    ) -> AsyncIterator[ServedSampler]:
-    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit; with
-    `rollout.workers`, its episodes play on that many Ray workers (the cluster joined before any server starts)."""
-    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, model_dir, log_path) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
-                with_workers(cfg, urls, sampler) as served:
+    """A sampler over the run's servers (the serving backend's `serve`: started here, or attached by URL), closed on
+    exit; with `rollout.workers`, its episodes play on that many Ray workers (the cluster joined before any server
+    starts)."""
+    backend = serving_backend()
+    with ray_cluster(cfg.ray, cfg.rollout.workers), \
+            backend.serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir, log_path) as fleet:
+        async with backend.sampler(fleet.urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                with_workers(cfg, fleet.urls, sampler) as served:
             yield served
 
 
@@ -113,13 +116,13 @@ async def supervised_sampling(cfg: TrainConfig, model_dir: str | Path, log_path:
     With `rollout.workers`, the cluster is joined before any server starts, and the sampler is bound to the
     supervisor before the workers wrap it, so that every worker routes by it too (`rollout.workers`). On exit the
     workers stop first, then the supervisor, so that no restart outlives the servers' own stop."""
-    started = [] if cfg.sampler.server_urls else fleet(cfg, model_dir, log_path)
+    backend = serving_backend()
     with ray_cluster(cfg.ray, cfg.rollout.workers), \
-            (running(started) if started else serve_or_attach(cfg, model_dir)) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
-                Supervisor.from_config(cfg.sampler, urls, started or None) as supervisor:
+            backend.serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir, log_path) as fleet:
+        async with backend.sampler(fleet.urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                Supervisor.from_config(cfg.sampler, fleet.urls, fleet.processes) as supervisor:
             supervisor.bind(sampler)
-            async with with_workers(cfg, urls, sampler) as served:
+            async with with_workers(cfg, fleet.urls, sampler) as served:
                 yield served, supervisor
 
 
@@ -135,4 +138,5 @@ def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:
     """What a rollout worker plays with, built in its own process: the run's environments (or mixture), the
     renderer of `model.name` and a sampler over `urls` (each machine of a cluster resolves the model itself)."""
     renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer, cfg.model.bare_tool_calls)
-    return Kit(env_of(cfg).make_env, renderer, VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s))
+    sampler = serving_backend().sampler(urls, request_timeout_s=cfg.sampler.request_timeout_s)
+    return Kit(env_of(cfg).make_env, renderer, sampler)

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
+from agent_rl.core.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
 from agent_rl.core.types import TrajectoryGroup
@@ -104,8 +104,8 @@ class UpdateStage(Protocol):
 class SyncStage(Protocol):
     """The run's weight sync, with `model` already pushed as `version`: `rollout.weight_sync.start_weight_sync`."""
 
-    async def __call__(self, cfg: TrainConfig, run_dir: Path, sampler: ServedSampler, model: Any, version: int,
-                       /) -> WeightSync: ...
+    async def __call__(self, model_cfg: ModelConfig, algorithm: AlgorithmConfig, rollout: RolloutConfig, run_dir: Path,
+                       sampler: ServedSampler, model: Any, version: int, /) -> WeightSync: ...
 
 
 def open_stream(run: Run, sampler: Sampler) -> RolloutStream:
@@ -189,7 +189,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     async with supervised_sampling(cfg, run.session.model_dir, run.run_dir / "vllm.log") as (sampler, supervisor), \
             judging(run.session, sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
-        sync = await stages.sync(cfg, run.run_dir, sampler, first, run.start)
+        sync = await stages.sync(cfg.model, cfg.algorithm, cfg.rollout, run.run_dir, sampler, first, run.start)
         del first
         # from here a server that dies comes back with the current weights; one that cannot stops the loop
         run.supervisor = supervisor

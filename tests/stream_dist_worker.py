@@ -86,7 +86,7 @@ def main(run_dir: Path) -> None:
         async with Supervisor([], None, max_restarts=0, health_timeout_s=60.0, attach_wait_s=0.0) as supervisor:
             yield sampler[0], supervisor
 
-    async def sync(cfg, run_dir, served, model, version):
+    async def sync(model_cfg, algorithm, rollout, run_dir, served, model, version):
         return Push(served)
 
     def advantages(groups, advantage_fn, truncated_reward, credit):

@@ -15,7 +15,7 @@ from test_train_integration import config, killed_after_step_2
 from agent_rl import trainer
 from agent_rl.core.registry import load_env
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.worker import WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
@@ -33,8 +33,8 @@ async def test_the_same_seeds_give_the_same_tokens_with_0_and_2_workers(vllm_ser
     kit = functools.partial(ray_kits.served_kit, (vllm_server.url,), str(vllm_server.model_dir))
     played = {}
     for workers in (0, 2):
-        async with VLLMSampler([vllm_server.url]) as local, rollout_workers(workers, kit, local, WorkerSettings()) \
-                as sampler:
+        async with serving_backend().sampler([vllm_server.url]) as local, \
+                rollout_workers(workers, kit, local, WorkerSettings()) as sampler:
             players = remote_players(sampler)
             played[workers] = await rollout_groups(tasks, env.make_env, sampler, renderer, limits, group_size=4,
                                                    play=None if players is None else players.play)

@@ -18,7 +18,8 @@ from test_push_in_flight import SavesAFile, StandInVLLM
 from agent_rl.core.config_file import load_config
 from agent_rl.evaluation.evaluate import evaluate
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.base import Fleet
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.worker import WorkerSettings
@@ -39,7 +40,7 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=80, max_total_tokens=400, seed=0)
-    async with StandInVLLM(hold_at=25) as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=25) as server, serving_backend().sampler([server.url]) as local:
         local.set_policy("base", 1)
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
         async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
@@ -70,7 +71,7 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=150, max_total_tokens=400, seed=0)
-    async with StandInVLLM(hold_at=10) as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=10) as server, serving_backend().sampler([server.url]) as local:
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
         async with rollout_workers(2, kit, local, WorkerSettings()) as sampler:
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
@@ -103,7 +104,7 @@ async def test_evaluation_on_workers_reports_what_one_process_reports(ray_local,
 
         @contextlib.contextmanager
         def serve(model_dir):
-            yield [server.url]
+            yield Fleet([server.url])
 
         reports = {}
         for workers in (0, 2):

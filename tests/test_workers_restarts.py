@@ -33,8 +33,9 @@ from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout import remote_gate
 from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.sampler import SamplerError, ServerLost, VLLMSampler
-from agent_rl.rollout.server import free_port
+from agent_rl.rollout.sampler import SamplerError, ServerLost
+from agent_rl.rollout.serving.choose import serving_backend
+from agent_rl.rollout.serving.vllm.server import free_port
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.worker import WorkerSettings
@@ -137,8 +138,8 @@ async def test_an_environment_raising_that_name_is_its_failure_and_spends_retrie
 # -- a server killed while 2 workers play -------------------------------------------------------------------------
 
 class StandInProcess:
-    """A stand-in server the run started (`rollout.supervisor.Process`): tests/standin_server.py on a port of its
-    own, which a restart launches again."""
+    """A stand-in server the run started (`rollout.serving.base.ServerProcess`): tests/standin_server.py on a port of
+    its own, which a restart launches again."""
 
     startup_timeout_s = 60.0
 
@@ -236,7 +237,7 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
 
     kit = functools.partial(ray_kits.served_kit, tuple(urls), str(smol_dir))
     restored: list[tuple[str, float]] = []
-    async with VLLMSampler(urls) as local, Supervisor(urls, servers, max_restarts=2, health_timeout_s=20,
+    async with serving_backend().sampler(urls) as local, Supervisor(urls, servers, max_restarts=2, health_timeout_s=20,
                                                        attach_wait_s=20, poll_s=0.1) as supervisor:
         supervisor.bind(local)
         async with rollout_workers(workers, kit, local, WorkerSettings()) as sampler:

@@ -28,7 +28,7 @@ from typing import Any
 
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.runner import EpisodeLimits, rollout_groups
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.stream import remote_players
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
@@ -142,7 +142,7 @@ async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequ
     """The held-out tasks on servers `urls`, with `adapter` loaded under a name unique to this process
     (a shared server may hold others), or with the served weights as they are."""
     cfg = session.cfg
-    async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
+    async with serving_backend().sampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
             with_workers(cfg, urls, local) as sampler:  # rollout.workers: the episodes play on Ray workers
         if adapter is not None:
             await AdapterSync(tmp, sampler, prefix=f"eval-{os.getpid()}-{secrets.token_hex(3)}").load_initial(adapter)
@@ -160,13 +160,13 @@ async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks:
     with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
         shared = [p for p in policies if p.kind != "weights"]
         if shared:
-            with serve(session.model_dir) as urls:
+            with serve(session.model_dir) as fleet:
                 for i, p in enumerate(shared):
-                    groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
+                    groups[p.label] = await _play(session, tasks, limits, fleet.urls, p.path, Path(tmp) / str(i))
         for p in policies:
             if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
-                with serve(p.path) as urls:
-                    groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
+                with serve(p.path) as fleet:
+                    groups[p.label] = await _play(session, tasks, limits, fleet.urls, None, Path(tmp))
     return groups
 
 
@@ -174,9 +174,9 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
                    groups_out: dict | None = None) -> dict[str, Any]:
     """Evaluate each policy spec (`resolve_policy`) on `cfg.eval` held-out tasks.
 
-    `serve(model_dir)` is a context manager giving server URLs for a model folder
-    (`rollout.server.serve_or_attach`): the base model and its adapters share one; full weights get
-    their own. Returns {"eval": settings, "results": {spec: figures}, "delta": second - first (two)}.
+    `serve(model_dir)` is a context manager giving the servers of a model folder (a `rollout.serving.base.Fleet`:
+    the serving backend's `serve`): the base model and its adapters share one; full weights get their own.
+    Returns {"eval": settings, "results": {spec: figures}, "delta": second - first (two)}.
     `groups_out`, when given, receives each policy's rollout groups (for printing transcripts).
     """
     cfg = session.cfg

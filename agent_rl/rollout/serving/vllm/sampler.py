@@ -1,33 +1,23 @@
-"""Samplers: token ids in, sampled token ids + log-probs + the policy version of each token + finish reason out.
+"""vLLM's client: token ids in, sampled token ids + log-probs + the policy version of each token + finish reason out.
 
-Owns: the `Sampler` protocol (what the runner samples through), `ServedSampler` (a sampler over servers
-whose served policy a weight sync switches, and whose requests a push that pauses the servers holds back)
-and `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over replicas by least outstanding
-requests, with deadlines and retries, and continuing a request that a weight push aborted); `ServerGate`,
-what it asks of a supervisor (which servers take requests), and `ServerLost`, a request whose server died.
-Does not own: starting, watching and restarting servers (`rollout.server`, `rollout.supervisor`), loading
-adapters or pausing servers (`rollout.weight_sync`), chat rendering (`core.renderers.base`), scripted and human
-samplers (`rollout.scripted`, `play`).
+Owns: `VLLMSampler` (aiohttp client of vLLM's `/v1/completions`, spread over replicas by least outstanding
+requests, with deadlines and retries, and continuing a request that a weight push aborted), and the JSON it sends
+and reads, public for the benches that time it (`request_body`, `read_response`, `response_completion`); the two
+other completions the benches ask for (`exact_ids`: exactly n tokens, `prompt_logprobs`: a sequence scored).
+Does not own: the protocols it fills in and the policy versions it tags (`rollout.sampler`), the server process
+(`serving.vllm.server`), the server's other routes (`serving.vllm.backend`), loading adapters or pausing servers
+(`rollout.weight_sync`).
 
 The prompt is sent as token ids and the sampled ids come back as ids: no text round trip, so the
 trainer sees exactly the tokens the sampler produced; the server echoes the prompt, which must be the ids sent.
 Request and response are JSON written and read by orjson: a turn sends its whole context as ids and gets its
 sampled ids, their log-probs and the echoed prompt back, which the standard library's json writes and reads
 several times slower (`bench/sampler_json.py`); an echo that is the request's own JSON byte for byte is
-compared as bytes, not read (`_json`).
+compared as bytes, not read (`read_response`).
 
-Policy versions. Every request names the served policy (`model`: an adapter's versioned name, or "base" for
-weights reloaded in place) and is tagged with its version, both read when the request is sent. An adapter
-request finishes on its own adapter whatever is pushed meanwhile (`weight_sync.adapter` keeps it loaded).
-Weights reloaded in place (merged, full) change under every request, so a push holds the sampler first
-(`hold`: new requests wait), aborts what the servers run, and `release`s once the new weights serve: an
-aborted request keeps the tokens it sampled, tagged with the old version, and goes on from them under the
-new one (`VLLMSampler.sample`). So each token's version (`Completion.versions`) is the one that sampled it.
-
-Servers that die. With a gate (`rollout.supervisor`), a request goes only to a server that is up (with every
-server down, it waits for one, within `request_timeout_s`); a request whose server died under it raises
-`ServerLost` at once instead of being retried, and the rollout stream plays its episode again from the start
-with its own seeds, on the restarted server or another (`rollout.stream`).
+A weight push that reloads weights in place aborts the requests in flight (`rollout.sampler`, policy versions):
+an aborted request keeps the tokens it sampled, tagged with the old version, and goes on from them under the new
+one (`VLLMSampler.sample`). A request whose server died under it raises `ServerLost` (with a gate).
 """
 
 from __future__ import annotations
@@ -39,100 +29,14 @@ import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import orjson
 
 from agent_rl.core.http import SessionOwner
 from agent_rl.core.types import Message
-
-
-class SamplerError(Exception):
-    """The sampler could not produce a completion (server down, timeout, bad response)."""
-
-
-class ServerLost(SamplerError):
-    """The request's server went down with the request in flight (its gate says so): the episode is played again
-    from its start (`rollout.stream`), not retried here, and it is not the episode's failure."""
-
-
-class ServerGate(Protocol):
-    """Which servers take requests now (`rollout.supervisor.Supervisor`): one that died, or stopped answering,
-    takes none until it serves the current weights again."""
-
-    def is_up(self, url: str) -> bool: ...
-
-    async def wait_up(self, timeout_s: float) -> None:
-        """Until some server is up; SamplerError past `timeout_s`, or once none of them can come back."""
-        ...
-
-    async def lost(self, url: str) -> bool:
-        """A call to `url` failed at the connection: whether its server is down (a restart, or a wait, under way)."""
-        ...
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class Completion:
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]  # one per sampled token, under the sampling distribution
-    finish_reason: str  # "stop" or "length" ("abort" only inside `VLLMSampler`, between the pieces of a turn)
-    policy_version: int = 0  # the version that sampled the first token
-    # the version that sampled each token; () on construction: every token is `policy_version`'s (a push
-    # that aborted the request in the middle gives the later tokens the new version: module doc)
-    versions: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.versions:
-            object.__setattr__(self, "versions", (self.policy_version,) * len(self.token_ids))
-        if len(self.versions) != len(self.token_ids):
-            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.versions)} versions")
-
-
-class Sampler(Protocol):
-    """Samples one assistant turn. `messages` is the conversation the ids render, for samplers that
-    act on messages (a scripted solver); token samplers ignore it. `prompt_ids` is lent for the call only:
-    the runner passes its episode's own buffer (a copy of ~1k ids a turn is not free), which grows once the
-    call returns, so a sampler that keeps the ids keeps a copy of them."""
-
-    policy_version: int
-
-    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams,
-                     messages: Sequence[Message] = ()) -> Completion: ...
-
-
-class ServedSampler(Sampler, Protocol):
-    """A sampler over vLLM servers, as a weight sync sees it: the servers' URLs, the served policy (`model`:
-    a served name, "base" or a loaded adapter's) that new requests go to, switched after a push, and the
-    requests in flight, which a push that pauses the servers holds back (module doc); its gate, if a supervisor
-    watches the servers (a push leaves out the servers that are down, whose restore brings them the weights)."""
-
-    model: str
-    gate: ServerGate | None
-
-    @property
-    def urls(self) -> list[str]: ...
-
-    def set_policy(self, model: str, version: int) -> None: ...
-
-    def hold(self) -> None:
-        """New requests (and the continuations of aborted ones) wait until `release`."""
-        ...
-
-    def release(self) -> None: ...
-
-    def in_flight(self, url: str | None = None, model: str | None = None) -> int:
-        """Requests sent and not yet answered (to the server `url`, for the served policy `model`)."""
-        ...
+from agent_rl.rollout.sampler import Completion, SamplerError, SamplingParams, ServerGate, ServerLost
 
 
 @dataclass
@@ -250,7 +154,7 @@ class VLLMSampler(SessionOwner):
             replica.outstanding += 1
             self._in_flight[replica.url, model] += 1
             try:
-                async with self.http().post(replica.url + "/v1/completions", data=_body(model, prompt, params),
+                async with self.http().post(replica.url + "/v1/completions", data=request_body(model, prompt, params),
                                             headers=_JSON) as resp:
                     if resp.status >= 400:
                         text = (await resp.text())[:300]
@@ -258,7 +162,7 @@ class VLLMSampler(SessionOwner):
                             raise SamplerError(f"{replica.url} rejected the request ({resp.status}): {text}")
                         raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
                     raw = await resp.read()
-                return _completion(_json(raw, replica.url, prompt), prompt_ids, version, replica.url)
+                return response_completion(read_response(raw, replica.url, prompt), prompt_ids, version, replica.url)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                 last = e
             finally:
@@ -278,7 +182,7 @@ class VLLMSampler(SessionOwner):
 _JSON = {"Content-Type": "application/json"}
 
 
-def _body(model: str, prompt: bytes, params: SamplingParams) -> bytes:
+def request_body(model: str, prompt: bytes, params: SamplingParams) -> bytes:
     """The request's JSON around `prompt`, the prompt ids' JSON (orjson: the whole context's ids are written
     again every turn, module doc)."""
     body: dict[str, Any] = {
@@ -322,7 +226,7 @@ def _token_texts(raw: bytes) -> tuple[int, int, int, int] | None:
     return (a, b, c, d) if d > 0 else None
 
 
-def _json(raw: bytes, url: str, prompt: bytes = b"") -> Any:
+def read_response(raw: bytes, url: str, prompt: bytes = b"") -> Any:
     """A response's JSON, without what VLLMSampler does not read: the logprobs' token texts (`_token_texts`) and an
     echoed prompt that is `prompt` (the JSON of the ids sent) byte for byte, which is null in it.
 
@@ -330,7 +234,7 @@ def _json(raw: bytes, url: str, prompt: bytes = b"") -> Any:
     costs more than the rest of a reply (bench/sampler_json.py), and identical JSON is identical ids. The
     key's bytes, looked for after the logprobs (the token texts are keys there), can only be a key: inside a JSON
     string every quote is escaped. Any other echo (written another way, or other ids) is read as it is, and
-    `_completion` compares its ids. orjson refuses NaN and Infinity, which a server written in Python may send:
+    `response_completion` compares its ids. orjson refuses NaN and Infinity, which a server written in Python may send:
     such a body is read by the standard library's json."""
     kept: list[bytes] = []
     start = 0
@@ -355,9 +259,9 @@ def _json(raw: bytes, url: str, prompt: bytes = b"") -> Any:
             raise SamplerError(f"{url} sent a response that is not JSON: {head!r}") from None
 
 
-def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
+def response_completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, url: str) -> Completion:
     """The completion of a response's first choice; its echoed prompt, if any, must be the ids sent (one
-    that `_json` found to be their JSON byte for byte it has already replaced by null)."""
+    that `read_response` found to be their JSON byte for byte it has already replaced by null)."""
     try:
         choice = data["choices"][0]
         ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
@@ -380,3 +284,26 @@ def _completion(data: dict[str, Any], prompt_ids: Sequence[int], version: int, u
 
 def _as_list(ids: Sequence[int]) -> list[int]:
     return ids if isinstance(ids, list) else list(ids)  # no copy of a ~1k-id prompt just to compare it
+
+
+# -- requests the benches make beside the sampler's ---------------------------------------------------------------
+
+
+async def exact_ids(http: aiohttp.ClientSession, url: str, model: str, prompt: Sequence[int], n: int) -> list[int]:
+    """The ids of one request for exactly `n` tokens after `prompt` (`ignore_eos` + `min_tokens`): raw generation
+    of a known length, which bench/rollout.py compares rollouts with."""
+    body = {"model": model, "prompt": list(prompt), "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+            "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
+    async with http.post(url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        return (await resp.json())["choices"][0]["token_ids"]
+
+
+async def prompt_logprobs(http: aiohttp.ClientSession, url: str, model: str, ids: Sequence[int]) -> list[float]:
+    """The server's log-prob of each of `ids` after the ones before it (the first has none: `len(ids) - 1` of them),
+    at temperature 1: what bench/gpu_check.py compares with the trainer's."""
+    body = {"model": model, "prompt": list(ids), "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+    async with http.post(url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        entries = (await resp.json())["choices"][0]["prompt_logprobs"][1:]
+    return [e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])]
