@@ -85,6 +85,7 @@ class Supervisor:
         self.max_restarts, self.health_timeout_s, self.attach_wait_s = max_restarts, health_timeout_s, attach_wait_s
         self.poll_s, self.probe_timeout_s = poll_s, min(probe_timeout_s, health_timeout_s)
         self._probe = probe
+        self.backend = serving_backend()  # its `health` probes the servers (unless `probe` is given)
         self._http: aiohttp.ClientSession | None = None
         self._restore: Restore | None = None
         self.on_failure: Callable[[Exception], None] = lambda error: None
@@ -190,7 +191,7 @@ class Supervisor:
         if self._probe is not None:
             return await self._probe(url, timeout_s)
         assert self._http is not None, "a Supervisor is used inside `async with`"
-        return await serving_backend().health(self._http, url, timeout_s)
+        return await self.backend.health(self._http, url, timeout_s)
 
     async def _watch(self) -> None:
         while True:
