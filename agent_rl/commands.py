@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -41,7 +42,7 @@ def errors_as_lines() -> Iterator[None]:
     from agent_rl.core.config import ConfigError
     from agent_rl.learn.models import ModelError
     from agent_rl.rollout.sampler import SamplerError
-    from agent_rl.rollout.server import ServerError
+    from agent_rl.rollout.serving.base import ServerError
     from agent_rl.rollout.weight_sync.base import WeightSyncError
     from agent_rl.rollout.worker import WorkerError
     from agent_rl.runs.checkpoint import CheckpointError
@@ -99,8 +100,8 @@ def rollout(args: argparse.Namespace) -> int:
     limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature)
 
     async def run():
-        async with sampling(session) as fleet:  # --workers: the episodes play on Ray workers
-            return await play_groups(tasks, episodes(session, fleet.players, limits, args.group_size),
+        async with sampling(session) as served:  # --workers: the episodes play on Ray workers
+            return await play_groups(tasks, episodes(session, served.players, limits, args.group_size),
                                      cfg.rollout.max_concurrent)
 
     announce_server(cfg)
@@ -199,7 +200,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
     from agent_rl.evaluation.evaluate import evaluate as run_eval
     from agent_rl.evaluation.evaluate import format_report, resolve_policy
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.runs.display import format_trajectory
     from agent_rl.session import open_session
 
@@ -219,9 +220,11 @@ def evaluate(args: argparse.Namespace) -> int:
             resolve_policy(a)
         session = open_session(cfg)
         announce_server(cfg)
+        backend = serving_backend()
+
         def serve(model_dir):  # saved full weights have no tokenizer files: the base model's
-            return serve_or_attach(cfg, model_dir,
-                                   tokenizer=None if model_dir == session.model_dir else session.model_dir)
+            return backend.serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir,
+                                 tokenizer=None if model_dir == session.model_dir else session.model_dir)
 
         report = asyncio.run(run_eval(session, adapters, serve, groups))
     for label, gs in groups.items():
@@ -243,7 +246,7 @@ def benchmark(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
     from agent_rl.evaluation.bfcl import bfcl_settings, evaluate_bfcl, format_table
     from agent_rl.evaluation.bfcl_checker import BFCLError
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.session import open_session
 
     for flag, value in (("--n", args.n), ("--tasks", args.tasks), ("--show", args.show or None)):
@@ -259,7 +262,8 @@ def benchmark(args: argparse.Namespace) -> int:
         session = open_session(cfg)
         announce_server(cfg)
         try:
-            report = asyncio.run(evaluate_bfcl(session, adapters, lambda d: serve_or_attach(cfg, d), settings))
+            report = asyncio.run(evaluate_bfcl(session, adapters, functools.partial(
+                serving_backend().serve, cfg.model, cfg.sampler, cfg.run.seed), settings))
         except BFCLError as e:
             raise CLIError(str(e)) from None
     if args.out:

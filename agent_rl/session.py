@@ -3,7 +3,7 @@
 Owns: `Session` (the config, the model folder, its renderer and the environment: `rollout.env`, or the
 weighted mixture of `rollout.envs` as one, `env_of`) from `open_session`; `sampling`: the run's vLLM
 servers (started here or attached) with a sampler on them and where the episodes play, as one async context
-(a `rollout.players.Fleet`: in this process, or with `rollout.workers` on that many Ray workers, `with_workers`;
+(a `rollout.players.Served`: in this process, or with `rollout.workers` on that many Ray workers, `with_workers`;
 what each plays with: `worker_kit`); `supervised_sampling`, the same with the servers watched and mended
 (`rollout.supervisor`, what `train` uses; the workers route by it too); `episodes`, how every command plays a
 group (`rollout.engine.Episodes`: the environment's group reward, the failure policy and the return's rule, as the
@@ -32,10 +32,10 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
 from agent_rl.rollout.engine import Episodes
-from agent_rl.rollout.players import Fleet, LocalPlayers, Players
+from agent_rl.rollout.players import LocalPlayers, Players, Served
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import ServedSampler, VLLMSampler
-from agent_rl.rollout.server import fleet, running, serve_or_attach
+from agent_rl.rollout.sampler import ServedSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.worker import Kit, WorkerSettings
 from agent_rl.rollout.workers import ray_cluster, rollout_workers
@@ -101,37 +101,38 @@ async def judging(session: Session, urls: Sequence[str], run_dir: Path) -> Async
 
 
 @contextlib.asynccontextmanager
-async def sampling(session: Session, log_path: Path | None = None) -> AsyncIterator[Fleet]:
-    """A sampler over the run's servers (`rollout.server.serve_or_attach`), closed on exit, and where the episodes
-    play (`with_workers`; with `rollout.workers`, the cluster is joined before any server starts)."""
-    cfg = session.cfg
-    with ray_cluster(cfg.ray, cfg.rollout.workers), serve_or_attach(cfg, session.model_dir, log_path) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
-                with_workers(session, urls, sampler) as fleet:
-            yield fleet
+async def sampling(session: Session, log_path: Path | None = None) -> AsyncIterator[Served]:
+    """A sampler over the run's servers (the serving backend's `serve`: started here, or attached by URL), closed on
+    exit, and where the episodes play (`with_workers`; with `rollout.workers`, the cluster is joined before any
+    server starts)."""
+    cfg, backend = session.cfg, serving_backend()
+    with ray_cluster(cfg.ray, cfg.rollout.workers), \
+            backend.serve(cfg.model, cfg.sampler, cfg.run.seed, session.model_dir, log_path) as fleet:
+        async with backend.sampler(fleet.urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                with_workers(session, fleet.urls, sampler) as served:
+            yield served
 
 
 @contextlib.asynccontextmanager
 async def supervised_sampling(session: Session, log_path: Path | None = None
-                              ) -> AsyncIterator[tuple[Fleet, Supervisor]]:
+                              ) -> AsyncIterator[tuple[Served, Supervisor]]:
     """`sampling`, and a supervisor of its servers that the sampler routes by: one started here is restarted when
     it dies, one attached by URL waited for (`rollout.supervisor`; supervision begins at `Supervisor.start`).
     With `rollout.workers`, the cluster is joined before any server starts, and the sampler is bound to the
     supervisor before the workers wrap it, so that every worker routes by it too (`rollout.workers`). On exit the
     workers stop first, then the supervisor, so that no restart outlives the servers' own stop."""
-    cfg, model_dir = session.cfg, session.model_dir
-    started = [] if cfg.sampler.server_urls else fleet(cfg, model_dir, log_path)
+    cfg, model_dir, backend = session.cfg, session.model_dir, serving_backend()
     with ray_cluster(cfg.ray, cfg.rollout.workers), \
-            (running(started) if started else serve_or_attach(cfg, model_dir)) as urls:
-        async with VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
-                Supervisor.from_config(cfg.sampler, urls, started or None) as supervisor:
+            backend.serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir, log_path) as fleet:
+        async with backend.sampler(fleet.urls, request_timeout_s=cfg.sampler.request_timeout_s) as sampler, \
+                Supervisor.from_config(cfg.sampler, fleet.urls, fleet.processes) as supervisor:
             supervisor.bind(sampler)
-            async with with_workers(session, urls, sampler) as served:
+            async with with_workers(session, fleet.urls, sampler) as served:
                 yield served, supervisor
 
 
 def with_workers(session: Session, urls: Sequence[str], sampler: ServedSampler
-                 ) -> contextlib.AbstractAsyncContextManager[Fleet]:
+                 ) -> contextlib.AbstractAsyncContextManager[Served]:
     """`sampler`, and where the episodes play: here, through it, with the session's environments and renderer; or
     with `rollout.workers`, on that many Ray workers (`rollout.workers`), which the sampler then tells of every
     change of the served policy."""
@@ -154,4 +155,5 @@ def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:
     """What a rollout worker plays with, built in its own process: the run's environments (or mixture), the
     renderer of `model.name` and a sampler over `urls` (each machine of a cluster resolves the model itself)."""
     renderer = load_renderer(resolve_model(cfg.model.name), cfg.model.renderer, cfg.model.bare_tool_calls)
-    return Kit(env_of(cfg).make_env, renderer, VLLMSampler(urls, request_timeout_s=cfg.sampler.request_timeout_s))
+    sampler = serving_backend().sampler(urls, request_timeout_s=cfg.sampler.request_timeout_s)
+    return Kit(env_of(cfg).make_env, renderer, sampler)

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
+from agent_rl.core.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
 from agent_rl.core.config_file import dump_config
 from agent_rl.core.files import write_text
 from agent_rl.core.seeds import step_seed
@@ -106,8 +106,8 @@ class UpdateStage(Protocol):
 class SyncStage(Protocol):
     """The run's weight sync, with `model` already pushed as `version`: `rollout.weight_sync.start_weight_sync`."""
 
-    async def __call__(self, cfg: TrainConfig, run_dir: Path, sampler: ServedSampler, model: Any, version: int,
-                       /) -> WeightSync: ...
+    async def __call__(self, model_cfg: ModelConfig, algorithm: AlgorithmConfig, rollout: RolloutConfig, run_dir: Path,
+                       sampler: ServedSampler, model: Any, version: int, /) -> WeightSync: ...
 
 
 def open_stream(run: Run, players: Players) -> RolloutStream:
@@ -184,10 +184,10 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
         close_distributed(dist)
         return {}
     # the session's group rewards gain the LLM judge of `cfg.judge`, if any (`judge.url: run`: these servers)
-    async with supervised_sampling(run.session, run.run_dir / "vllm.log") as (fleet, supervisor), \
-            judging(run.session, fleet.sampler.urls, run.run_dir) as run.session:
+    async with supervised_sampling(run.session, run.run_dir / "vllm.log") as (served, supervisor), \
+            judging(run.session, served.sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
-        sync = await stages.sync(cfg, run.run_dir, fleet.sampler, first, run.start)
+        sync = await stages.sync(cfg.model, cfg.algorithm, cfg.rollout, run.run_dir, served.sampler, first, run.start)
         del first
         # from here a server that dies comes back with the current weights; one that cannot stops the loop
         run.supervisor = supervisor
@@ -199,7 +199,7 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
             truncate_traces(run.run_dir, run.start)  # a fresh run (start 0) drops an earlier run's traces
             try:
                 with watch(run.stop):
-                    final = await loop(run, fleet.players, sync, log, stages)
+                    final = await loop(run, served.players, sync, log, stages)
             except BaseException:
                 with contextlib.suppress(Exception):  # the run's own error is the one to report
                     await sync.finish()

@@ -6,13 +6,13 @@ started by each run), `--steps` steps, the same seed: first the untouched run, t
 environment is `bench/flaky_env.py` (the calculator; an environment error as it starts in `--env-errors` of its
 episodes, retried by `rollout.on_error: retry`) and whose server is SIGKILLed (its leader, as an out-of-memory
 kill ends it) at `--kills` points drawn with `--seed` uniformly over the first two thirds of the untouched run's
-training span (from its server answering /health to its end; two thirds, so that the deaths fall while the run
+training span (from its server answering its health probe to its end; two thirds, so that the deaths fall while the run
 still trains, the restarts' start-ups included), at the same offsets from the faulted run's server answering. A
 kill that finds the server still restarting waits until the run says it is back (each kill is the death of a
 serving server, not of one starting).
 
 Reported: steps done by each; wall times and their ratio (target: all steps, <= 1.3); the start-up of each run
-(process start to the server answering /health: model load and the vLLM server's start, the part of the wall
+(process start to the server answering its health probe: model load and the vLLM server's start, the part of the wall
 time no fault touches) and the ratio without it; the seconds servers were down (`fault/down_s`: a restart's
 start-up and restore) and the ratio without those too; restarts, replayed episodes, environment errors and
 retries; and whether the faulted run trained the untouched run's tokens (every group is traced) and ended with
@@ -27,6 +27,7 @@ Progress on stderr; one JSON line of figures on stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -35,8 +36,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+
+from agent_rl.rollout.serving.choose import serving_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "calculator_grpo.yaml"
@@ -61,15 +67,16 @@ def server_of(run: subprocess.Popen) -> tuple[int, str] | None:
 
 
 def answering(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    """Whether the server at `url` answers the serving backend's health probe within 2 s."""
+    async def probe() -> bool:
+        async with aiohttp.ClientSession() as http:
+            return await serving_backend().health(http, url, 2.0)
+
+    return asyncio.run(probe())
 
 
 def wait_for_server(run: subprocess.Popen, deadline: float) -> tuple[int, str] | None:
-    """The run's server once it answers /health (None if the run ended first)."""
+    """The run's server once it answers its health probe (None if the run ended first)."""
     while time.monotonic() < deadline and run.poll() is None:
         found = server_of(run)
         if found is not None and answering(found[1]):

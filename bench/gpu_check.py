@@ -32,15 +32,20 @@ import torch
 MAX_GAP, MEAN_GAP = 0.05, 0.005  # bf16 bounds (tests/test_bf16_vllm.py); fp32 agrees to ~1e-6
 
 
-def served_logprobs(url: str, model: str, ids: list[int]) -> torch.Tensor:
-    import urllib.request
+def served_logprobs(url: str, adapter: Path, ids: list[int]) -> torch.Tensor:
+    """The server's log-probs of `ids` under the adapter it loaded from the folder `adapter`."""
+    import aiohttp
 
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        entries = json.load(resp)["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor([e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])])
+    from agent_rl.rollout.serving.choose import serving_backend
+    from agent_rl.rollout.serving.vllm.sampler import prompt_logprobs
+
+    async def score() -> list[float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+            held = await serving_backend().adapters(http, url)
+            served = next(name for name, root in held.items() if Path(root).resolve() == adapter.resolve())
+            return await prompt_logprobs(http, url, served, ids)
+
+    return torch.tensor(asyncio.run(score()))
 
 
 def check(args) -> dict:
@@ -50,7 +55,7 @@ def check(args) -> dict:
     from agent_rl.learn.logprobs import token_logprobs
     from agent_rl.learn.models import resolve_model
     from agent_rl.learn.policy import load_causal_lm
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.trainer import train
 
     run_dir = Path(tempfile.mkdtemp(prefix="agent-rl-gpu-check-"))
@@ -61,7 +66,8 @@ def check(args) -> dict:
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
     model_dir = resolve_model(cfg.model.name)
-    with serve_or_attach(cfg, model_dir, log_path=run_dir / "vllm.log") as urls:
+    with serving_backend().serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir, run_dir / "vllm.log") as fleet:
+        urls = fleet.urls
         attached = cfg.model_copy(update={"sampler": cfg.sampler.model_copy(update={"server_urls": urls})})
         t0 = time.perf_counter()
         final = asyncio.run(train(attached))
@@ -75,9 +81,7 @@ def check(args) -> dict:
         with torch.no_grad():
             x = torch.tensor([ids], device=device)
             ours = token_logprobs(model, x, torch.ones_like(x)).logp_B_T[0, :-1].float().cpu()
-        names = json.load(__import__("urllib.request").request.urlopen(urls[0] + "/v1/models", timeout=30))["data"]
-        served = next(c["id"] for c in names if Path(str(c.get("root", ""))).resolve() == adapter.resolve())
-        gap = (ours - served_logprobs(urls[0], served, ids)).abs()
+        gap = (ours - served_logprobs(urls[0], adapter, ids)).abs()
     return {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "gpu": torch.cuda.get_device_name(0)
             if torch.cuda.is_available() else None, "train_s": round(train_s, 1), "steps": 2,
             "train_tokens": final.get("train_tokens"), "reward_mean": final.get("reward_mean"),

@@ -28,7 +28,7 @@ tokens/s; the raw side's 32 requests end when their tokens are done. `rollout_ef
 lockstep and tail, 0.82-0.92 (docs/performance.md).
 
 Steady state (`steady_*`, a diagnosis beside the target): the same ratio over each side's steady window
-alone, by the server's own count of generated tokens (`vllm:generation_tokens_total`) read at its two
+alone, by the server's own count of generated tokens (vLLM's `generation_tokens` counter) read at its two
 ends: the rollout side from the first episode that waited for a slot (`--in-flight` + 1) to the last one
 admitted, while the stream still had episodes to start (as a training run's stream at
 `algorithm.max_staleness` >= 1 always has); the raw side from its first request done to the moment its
@@ -49,7 +49,7 @@ turn's new prompt tokens prefilled, a request per turn), which no client can sav
 product.
 
 Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
-but the new tokens. The server's own counters (`vllm:prefix_cache_queries` / `_hits`, in tokens) are
+but the new tokens. The server's own counters (`prefix_cache_queries` / `_hits`, in tokens) are
 read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
 tokens served from the cache, `prefill_tokens_per_turn` what was computed per request.
 
@@ -84,8 +84,9 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.learn.policy import apply_lora, load_causal_lm
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import VLLMSampler
-from agent_rl.rollout.server import VLLMServer, attach
+from agent_rl.rollout.serving.choose import serving_backend
+from agent_rl.rollout.serving.vllm.sampler import exact_ids
+from agent_rl.rollout.serving.vllm.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.weight_sync.merged import MergedSync
@@ -153,15 +154,6 @@ def raw_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1200), connector=aiohttp.TCPConnector(limit=0))
 
 
-async def exactly(http: aiohttp.ClientSession, url: str, model: str, prompt: list[int], n: int) -> list[int]:
-    """The ids of one request for exactly `n` tokens after `prompt` (ignore_eos + min_tokens)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
-            "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
-    async with http.post(url + "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        return (await r.json())["choices"][0]["token_ids"]
-
-
 async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, server_seqs: int = 0):
     """Tokens per second of one request per episode, all at once, each asking for its exact budget (the server
     runs `--server-seqs` of them at a time, the rest wait in its queue); and the steady window (`Window`: from
@@ -174,7 +166,7 @@ async def raw_side(url, model, prompts, budgets, meter: InFlight | None = None, 
             nonlocal done
             meter.add(1)
             try:
-                return len(await exactly(http, url, model, prompt, n))
+                return len(await exact_ids(http, url, model, prompt, n))
             finally:
                 meter.add(-1)
                 done += 1
@@ -193,7 +185,7 @@ async def replay_side(url, model, prompts, plans) -> tuple[float, int]:
         async def lane(prompt, plan):
             made = 0
             for n, context in plan:
-                got = await exactly(http, url, model, prompt, n)
+                got = await exact_ids(http, url, model, prompt, n)
                 made += len(got)
                 prompt = [*prompt, *got, *context]
             return made
@@ -235,7 +227,7 @@ async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: i
 
 async def one_rep(url, renderer, args, policy, base, figures, tmp: Path, rep: int):
     episodes = args.episodes if rep else max(1, args.episodes // 4)  # rep 0 only warms the server up
-    async with VLLMSampler([url]) as sampler:
+    async with serving_backend().sampler([url]) as sampler:
         merged = MergedSync(tmp / f"m{rep}", sampler, policy)
         await merged.push(policy, 1)
         prompts, budgets = await rollouts(sampler, renderer, args, url, figures, "merged", episodes)

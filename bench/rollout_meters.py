@@ -1,15 +1,16 @@
 """What bench/rollout.py reads while a side runs: requests in flight over time (`InFlight`, counted around a
-sampler by `Counted`), the server's own counters (`counters`, from its /metrics) and a side's steady window
+sampler by `Counted`), the server's own counters (`counters`, the serving backend's) and a side's steady window
 (`Window`: the server's generated tokens and the requests in flight between two events of the side).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import aiohttp
+
+from agent_rl.rollout.serving.choose import serving_backend
 
 
 class InFlight:
@@ -45,7 +46,7 @@ class Counted:
 
 
 class Window:
-    """A side's steady state: the server's own count of generated tokens (`vllm:generation_tokens_total`) and
+    """A side's steady state: the server's own count of generated tokens (vLLM's `generation_tokens` counter) and
     the requests in flight, read when event number `opens_at` and `closes_at` happen (episodes admitted, or
     requests done). Tokens/s and mean batch between the two; None when the side never gets there (`closes_at`
     <= `opens_at`: fewer episodes than the stream holds at once)."""
@@ -73,12 +74,7 @@ class Window:
 
 
 async def counters(url: str, *names: str) -> dict[str, float]:
-    """The server's counters `vllm:<name>_total` (tokens), summed over engines."""
+    """The server's counters `names` (tokens, `ServingBackend.counters`), summed over engines."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        async with http.get(url + "/metrics") as r:
-            text = await r.text()
-    out = {}
-    for name in names:
-        values = re.findall(rf"^vllm:{name}_total(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        out[name] = sum(float(v) for v in values)
-    return out
+        read = await serving_backend().counters(http, url)
+    return {name: read[name] for name in names}

@@ -72,7 +72,8 @@ from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import Completion, SamplingParams, _body, _completion, _json
+from agent_rl.rollout.sampler import Completion, SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import read_response, request_body, response_completion
 from bench.loop_meters import CollectionTimes, LagMeter, page_faults, run_queue_s
 from bench.sim_responses import Responses, ServerWork, token_pieces
 from bench.sim_servers import GpuModel, SimCluster
@@ -159,7 +160,7 @@ class SimSampler:
         server = self.server  # its work, timed apart: which reply, and the prefix cache's fingerprints
         n, tail = server.timed(self.reply_plan, messages)
         prompt = orjson.dumps(prompt_ids)
-        _body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
+        request_body("sim", prompt, params)  # VLLMSampler's request body, written as it writes it
         conv = id(messages[0]) if messages else None  # the episode's first message object, one per episode
         await self.cluster.generate(conv, len(prompt_ids), n + len(tail),
                                     check=lambda k: server.timed(fingerprint, prompt_ids, k),
@@ -167,7 +168,8 @@ class SimSampler:
         # the reply exists only once the server has answered, as with VLLMSampler's response
         raw = server.timed(self.responses.write, prompt, len(prompt_ids), n, tail)  # the server's work (the
         # ideal client's too): its echo is the request's JSON
-        return _completion(_json(raw, "sim", prompt), prompt_ids, self.policy_version, "sim")  # as VLLMSampler does
+        data = read_response(raw, "sim", prompt)  # read and checked as VLLMSampler does
+        return response_completion(data, prompt_ids, self.policy_version, "sim")
 
 
 def fingerprint(ids: Sequence[int], k: int) -> int:

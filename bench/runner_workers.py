@@ -157,9 +157,9 @@ async def measure_workers(workers: int, servers: int, concurrency: int, gpu: Gpu
         kit = functools.partial(sim_kit, address, model, asdict(work))
         here = _Here()
         async with rollout_workers(workers, kit, here, LocalPlayers(CalculatorEnv, here, renderer),  # type: ignore
-                                   settings) as fleet:
-            sampler = fleet.sampler
-            episodes = Episodes(fleet.players, limits, work.group_size)
+                                   settings) as served:
+            sampler = served.sampler
+            episodes = Episodes(served.players, limits, work.group_size)
             load = asyncio.ensure_future(play_groups(tasks, episodes, concurrency))
             lag = asyncio.ensure_future(meter.run())
             try:

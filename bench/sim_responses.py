@@ -4,7 +4,7 @@ Owns: `response_json` (the response, written field by field as vLLM writes it: t
 same bytes from fragments made once), `token_pieces` (each id's text), `LOGPROBS` (the log-probs the replies carry),
 `ServerWork` (the servers' time in this process).
 Does not own: when a server answers (bench/sim_servers.py), what a reply says (bench/runner_scale.py's
-`SimSampler`), reading a response (VLLMSampler's `_json`, `_completion`).
+`SimSampler`), reading a response (VLLMSampler's `read_response`, `response_completion`).
 
 Why fragments: writing a response is the servers' work, which a deployment does on its GPU machines, yet here it
 runs in the measured process. Written whole each turn (`response_json`: ~5 objects a sampled token) it took
@@ -44,7 +44,7 @@ def token_pieces(renderer: Renderer) -> tuple[str, ...]:
 
 
 def response_json(prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[str]) -> bytes:
-    """The JSON of vLLM's /v1/completions response to VLLMSampler's request, field for field as vLLM 0.32 writes it
+    """The JSON of vLLM's completions response to VLLMSampler's request, field for field as vLLM 0.32 writes it
     (`logprobs: 0` gives each token's log-prob, text, offset and top-1 entry; `return_token_ids` the prompt's and
     reply's ids)."""
     tokens = [pieces[i] for i in ids]

@@ -7,9 +7,9 @@ caches), so only a measurement in place says what to cut. The timers cost ~1 us 
 read is a system call here), which each part's figure includes; `cpu_ms_per_turn` is the process's over the window,
 with them. The parts are counted over the whole run, warm-up included, per response read (one a turn).
 
-Parts: reading the response (`_json`), its checks (`_completion`), decoding and parsing the turn
+Parts: reading the response (`read_response`), its checks (`response_completion`), decoding and parsing the turn
 (`Renderer.parse`), the token buffer (`add_sampled` + `add_context`, and `segment`, which writes the mask, log-probs
-and versions out when a segment or the episode ends), the request's JSON (the prompt ids' dump and `_body`), the
+and versions out when a segment or the episode ends), the request's JSON (the prompt ids' dump and `request_body`), the
 tool's argument check (`Tool.validate`), the write of a tool call to its worker's pipe (`write_all`), the context
 after a tool's result (`next_context`), and the simulated servers' choice of each reply (`reply_plan`). Ends with one
 JSON line: {"servers", "concurrency", "turns", "cpu_ms_per_turn",
@@ -35,7 +35,8 @@ import bench.runner_scale as scale
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout import runner, sampler
+from agent_rl.rollout import runner
+from agent_rl.rollout.serving.vllm import sampler
 from agent_rl.tools import base, worker_pool
 from bench.sim_servers import GpuModel
 
@@ -68,9 +69,9 @@ def instrument(parts: Parts) -> None:
 
     Orjson.dumps = staticmethod(parts.timed("request JSON", dumps))  # type: ignore[attr-defined]
     scale.orjson = Orjson()  # type: ignore[assignment]
-    scale._body = parts.timed("request JSON", sampler._body)
-    scale._json = parts.timed("reading the response", sampler._json)
-    scale._completion = parts.timed("_completion", sampler._completion)
+    scale.request_body = parts.timed("request JSON", sampler.request_body)
+    scale.read_response = parts.timed("reading the response", sampler.read_response)
+    scale.response_completion = parts.timed("_completion", sampler.response_completion)
     scale.SimSampler.reply_plan = parts.timed("servers: reply choice", scale.SimSampler.reply_plan)
     Renderer.parse = parts.timed("decoding and parsing", Renderer.parse)  # type: ignore[method-assign]
     Renderer.next_context = parts.timed("next context", Renderer.next_context)  # type: ignore[method-assign]

@@ -219,7 +219,8 @@ def run_agent_rl(cfg: Any, overrides: list[str], out: Path, timeout_s: float) ->
     """`agent-rl train` of the work against a vLLM server started here, as the recipe's driver does: the
     server is stopped here whatever happens to the trainer (an OOM-killed trainer cannot stop it)."""
     from agent_rl.learn.models import resolve_model
-    from agent_rl.rollout.server import ServerError, VLLMServer, max_lora_rank
+    from agent_rl.rollout.serving.base import ServerError
+    from agent_rl.rollout.serving.vllm.server import VLLMServer, max_lora_rank
 
     run_dir, steps = Path(cfg.run.run_dir), cfg.run.steps
     shutil.rmtree(run_dir, ignore_errors=True)  # this bench's own folder: metrics of this run only

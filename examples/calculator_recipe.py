@@ -29,7 +29,7 @@ from pathlib import Path
 
 from agent_rl.cli import raise_on_sigterm
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout.server import VLLMServer
+from agent_rl.rollout.serving.vllm.server import VLLMServer
 from agent_rl.runs.plot import plot_runs
 
 CONFIG = str(Path(__file__).with_name("calculator_recipe.yaml"))

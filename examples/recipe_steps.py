@@ -15,8 +15,8 @@ Used by `examples/gui_recipe.py` and `examples/collapse_study.py`, which import 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
-import json
 import math
 import subprocess
 import sys
@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.request import Request, urlopen
 
 from agent_rl.cli import raise_on_sigterm
 from agent_rl.runs.runlog import read_metrics
@@ -107,7 +106,7 @@ def recipe_server(out: Path, max_model_len: int, kv_cache_gib: int = 1, model: s
     sample faster on this CPU: docs/performance.md); evaluation loads each adapter as it is. `dtype`: the server's
     precision (auto: the trainer's, float32 on the CPU)."""
     from agent_rl.learn.models import resolve_model
-    from agent_rl.rollout.server import VLLMServer
+    from agent_rl.rollout.serving.vllm.server import VLLMServer
 
     return VLLMServer(resolve_model(model), max_lora_rank=16, max_loras=4, kv_cache_gib=kv_cache_gib,
                       max_model_len=max_model_len, dev_mode=True, log_path=out / "vllm.log", startup_timeout_s=900,
@@ -138,25 +137,32 @@ def merged_weights(model: str, run_dir: Path, out: Path) -> Path:
 
 
 def restore_base(server: Any, timeout_s: float = 600.0) -> None:
-    """Reload the base model's weights into the shared server, in place (its dev endpoints, as
-    `FullWeightSync` does). A GRPO run that pushed merged weights leaves its last policy as the
-    server's weights; the next run and the evaluation load LoRA adapters, which must sit on the base."""
-    calls = [("/pause?mode=wait", None),
-             ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(server.model_dir)}}),
-             ("/reset_prefix_cache", None), ("/resume", None)]
-    def post(path: str, body: dict | None) -> None:
-        data = json.dumps(body).encode() if body is not None else b""
-        request = Request(server.url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
-        with urlopen(request, timeout=timeout_s):  # a status other than 2xx raises
-            pass
+    """Reload the base model's weights into the shared server, in place (the serving backend's pause, reload and
+    resume, as `FullWeightSync` does; the pause waits for requests in flight). A GRPO run that pushed merged
+    weights leaves its last policy as the server's weights; the next run and the evaluation load LoRA adapters,
+    which must sit on the base."""
+    import aiohttp
+
+    from agent_rl.rollout.serving.base import ServerError
+    from agent_rl.rollout.serving.choose import serving_backend
+
+    backend, url = serving_backend(), server.url
+
+    async def reload() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+            try:
+                await backend.pause(http, url, abort=False)
+                await backend.load_weights(http, url, Path(server.model_dir))
+            except BaseException:
+                with contextlib.suppress(ServerError):
+                    await backend.resume(http, url)  # never leave the server paused
+                raise
+            await backend.resume(http, url)
 
     try:
-        for path, body in calls:
-            post(path, body)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            post("/resume", None)  # never leave the server paused
-        raise StepFailed(f"restoring the base weights on {server.url} failed at {path}: {e}") from None
+        asyncio.run(reload())
+    except ServerError as e:
+        raise StepFailed(f"restoring the base weights on {url} failed: {e}") from None
 
 
 def note(wall: dict[str, float | None], key: str, seconds: float | None) -> None:

@@ -93,7 +93,7 @@ def session_servers(request, tiny_dir):
     shares the CPU with a start); all stop at the end. Yields `get(name)`: the server, healthy (a developer's
     running one where its URL is set), or its start's error; one a test asks for by name at run time
     (`request.getfixturevalue`), which collection cannot see, is started then."""
-    from agent_rl.rollout.server import VLLMServer
+    from agent_rl.rollout.serving.vllm.server import VLLMServer
 
     launched: dict[str, VLLMServer] = {}
     ready: dict[str, object] = {}  # fixture -> its server (or an attached one's stand-in), or why it did not start
@@ -157,7 +157,7 @@ def play_on_server(vllm_server, renderer):
 
     from agent_rl.core.seeds import request_seed
     from agent_rl.rollout.engine import rollout_groups
-    from agent_rl.rollout.sampler import VLLMSampler
+    from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
 
     async def play(tasks, make_env, limits, group_size: int = 2):
         limits = replace(limits, seed=0 if limits.seed is None else limits.seed)

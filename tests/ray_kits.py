@@ -17,7 +17,8 @@ from pathlib import Path
 from agent_rl.core.config import TrainConfig
 from agent_rl.core.registry import load_env
 from agent_rl.core.renderers.choose import load_renderer
-from agent_rl.rollout.sampler import Completion, VLLMSampler
+from agent_rl.rollout.sampler import Completion
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.worker import Kit
 from agent_rl.session import env_of
 
@@ -51,4 +52,4 @@ def seeded_kit(cfg: TrainConfig, model_dir: str, delay_s: float = 0.01, die_on: 
 
 
 def served_kit(urls: tuple[str, ...], model_dir: str, env: str = "toy") -> Kit:
-    return Kit(load_env(env).make_env, load_renderer(model_dir), VLLMSampler(list(urls)))
+    return Kit(load_env(env).make_env, load_renderer(model_dir), serving_backend().sampler(list(urls)))

@@ -25,7 +25,7 @@ from agent_rl.core.config_file import load_config
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import cache_dir
-from agent_rl.rollout.players import Fleet, LocalPlayers
+from agent_rl.rollout.players import LocalPlayers, Served
 from agent_rl.rollout.sampler import Completion
 from agent_rl.rollout.supervisor import Supervisor
 
@@ -85,9 +85,9 @@ def main(run_dir: Path) -> None:
     async def servers(session, log_path=None):  # `session.supervised_sampling` without a server to watch
         sampler.append(VersionPaced(load_renderer(session.model_dir)))
         async with Supervisor([], None, max_restarts=0, health_timeout_s=60.0, attach_wait_s=0.0) as supervisor:
-            yield Fleet(sampler[0], LocalPlayers(session.env.make_env, sampler[0], session.renderer)), supervisor
+            yield Served(sampler[0], LocalPlayers(session.env.make_env, sampler[0], session.renderer)), supervisor
 
-    async def sync(cfg, run_dir, served, model, version):
+    async def sync(model_cfg, algorithm, rollout, run_dir, served, model, version):
         return Push(served)
 
     def advantages(groups, advantage_fn, credit):

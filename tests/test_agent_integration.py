@@ -16,7 +16,7 @@ from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
 from agent_rl.envs.base import StepResult, ToolEnv  # noqa: E402
 from agent_rl.rollout.engine import rollout_groups  # noqa: E402
 from agent_rl.rollout.runner import EpisodeLimits  # noqa: E402
-from agent_rl.rollout.sampler import VLLMSampler  # noqa: E402
+from agent_rl.rollout.serving.choose import serving_backend  # noqa: E402
 from agent_rl.tools.base import Tool  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ def agent_env(task):
 
 
 async def play(make_env, server, renderer, limits, tasks):
-    async with VLLMSampler([server.url]) as sampler:
+    async with serving_backend().sampler([server.url]) as sampler:
         groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, group_size=3)
     return [t for g in groups for t in g.trajectories]
 

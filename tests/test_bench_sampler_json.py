@@ -11,13 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed: the checkout's
 
-from agent_rl.rollout.sampler import SamplingParams, _body
+from agent_rl.rollout.sampler import SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import request_body
 from bench.sampler_json import one, stdlib_body
 
 
 def test_the_two_requests_are_the_same_json():
     params = SamplingParams(max_tokens=9, temperature=0.7, stop_token_ids=(2, 5), seed=3)
-    assert json.loads(_body("m", b"[1,22,333]", params)) == json.loads(stdlib_body("m", [1, 22, 333], params))
+    assert json.loads(request_body("m", b"[1,22,333]", params)) == json.loads(stdlib_body("m", [1, 22, 333], params))
 
 
 def test_a_row_times_both_sides_of_each_step():

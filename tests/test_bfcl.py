@@ -232,6 +232,7 @@ async def test_the_evaluation_against_vllm(checker, vllm_server, tiny_dir, rende
 
     from agent_rl.core.config_file import load_config
     from agent_rl.core.registry import load_env as env_named
+    from agent_rl.rollout.serving.base import Fleet
     from agent_rl.session import Session
 
     cfg = load_config(None, [f"model.name={tiny_dir}", f"sampler.server_urls=[{vllm_server.url}]",
@@ -241,7 +242,7 @@ async def test_the_evaluation_against_vllm(checker, vllm_server, tiny_dir, rende
 
     @contextlib.contextmanager
     def serve(model_dir):
-        yield [vllm_server.url]
+        yield Fleet([vllm_server.url])
 
     report = await evaluate_bfcl(session, ["base"], serve, settings, python=checker.python)
     figures = report["results"]["base"]

@@ -25,6 +25,7 @@ from agent_rl.evaluation.evaluate import (
 from agent_rl.play import play, read_reply, summary
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.rollout.serving.base import Fleet
 from agent_rl.session import open_session
 
 
@@ -123,7 +124,7 @@ async def test_eval_against_vllm_fresh_adapter_equals_base(vllm_server, tiny_dir
                              "rollout.max_tokens_per_turn=24", "rollout.max_total_tokens=128",
                              "eval.tasks=3", "eval.samples=2"])
     groups: dict = {}
-    served = contextlib.nullcontext([vllm_server.url])
+    served = contextlib.nullcontext(Fleet([vllm_server.url]))
     report = await evaluate(open_session(cfg), ["base", str(tmp_path / "fresh")], lambda _: served, groups)
     base, fresh = report["results"]["base"], report["results"][str(tmp_path / "fresh")]
     assert base["rollouts"] == 6 and base["infra_error_rate"] == 0.0
@@ -178,7 +179,7 @@ async def test_eval_of_full_weights_serves_them(vllm_server, tiny_dir, tmp_path)
     """A full fine-tune's weights (saved without a tokenizer, as FullWeightSync saves them) are served by a
     server started on them: the same weights as the base model sample the very same tokens."""
     from agent_rl.learn.policy import load_causal_lm
-    from agent_rl.rollout.server import serve_or_attach
+    from agent_rl.rollout.serving.choose import serving_backend
 
     load_causal_lm(str(tiny_dir)).save_pretrained(tmp_path / "full" / "weights" / "v2")
     cfg = load_config(None, [f"model.name={tiny_dir}", "rollout.env=toy", "rollout.max_turns=1",
@@ -188,9 +189,9 @@ async def test_eval_of_full_weights_serves_them(vllm_server, tiny_dir, tmp_path)
 
     def serve(model_dir):
         if model_dir == session.model_dir:
-            return contextlib.nullcontext([vllm_server.url])  # the base model: the session's server
+            return contextlib.nullcontext(Fleet([vllm_server.url]))  # the base model: the session's server
         started.append(model_dir)
-        return serve_or_attach(cfg, model_dir, tokenizer=session.model_dir)
+        return serving_backend().serve(cfg.model, cfg.sampler, cfg.run.seed, model_dir, tokenizer=session.model_dir)
 
     groups: dict = {}
     report = await evaluate(session, ["base", str(tmp_path / "full")], serve, groups)

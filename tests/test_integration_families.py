@@ -24,7 +24,7 @@ from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.models import build_tiny_model, cache_dir
 from agent_rl.learn.policy import load_causal_lm
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 
 # a second vLLM server in the session: its start-up (~45 s alone, minutes on a busy machine) counts
 # towards the first test, hence a longer limit than the suite's 300 s
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def gemma_server():
-    from agent_rl.rollout.server import VLLMServer
+    from agent_rl.rollout.serving.vllm.server import VLLMServer
 
     # Gemma scales embeddings by sqrt(width) and has a 262k vocabulary: 1.7 gives turns of ~10 tokens
     model_dir = build_tiny_model("gemma3-270m", cache_dir() / "models" / "tiny-gemma3", turn_end_weight=1.7)
@@ -51,7 +51,7 @@ def test_the_renderer_is_picked_from_the_tokenizer(gemma_renderer):
 
 
 async def test_multi_turn_episode_logprobs_match_the_trainer(gemma_server, gemma_renderer):
-    async with VLLMSampler([gemma_server.url]) as sampler, EchoToolEnv(turns=3) as env:
+    async with serving_backend().sampler([gemma_server.url]) as sampler, EchoToolEnv(turns=3) as env:
         traj = await run_episode(env, sampler, gemma_renderer, EpisodeLimits(max_tokens_per_turn=64), "echo", )
     assert traj.error is None, traj.error
     assert len(traj.turns) >= 2, traj.turns  # at least one turn ended by <end_of_turn> and was answered

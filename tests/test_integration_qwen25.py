@@ -25,7 +25,7 @@ from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.models import build_tiny_model, cache_dir
 from agent_rl.learn.policy import load_causal_lm
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 
 # a server of its own in the session: its start-up counts towards the first test (see the Gemma 3 module)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def qwen_server():
-    from agent_rl.rollout.server import VLLMServer
+    from agent_rl.rollout.serving.vllm.server import VLLMServer
 
     # a 151,936-token vocabulary: 1.2 ends a turn after ~10 tokens (1.1: ~15, 1.3: ~3)
     model_dir = build_tiny_model("qwen2.5-coder-0.5b", cache_dir() / "models" / "tiny-qwen2.5", turn_end_weight=1.2)
@@ -51,7 +51,7 @@ def test_the_renderer_is_picked_from_the_tokenizer(qwen_renderer):
 
 
 async def test_multi_turn_episode_logprobs_match_the_trainer(qwen_server, qwen_renderer):
-    async with VLLMSampler([qwen_server.url]) as sampler, EchoToolEnv(turns=3) as env:
+    async with serving_backend().sampler([qwen_server.url]) as sampler, EchoToolEnv(turns=3) as env:
         traj = await run_episode(env, sampler, qwen_renderer, EpisodeLimits(max_tokens_per_turn=64), "echo")
     assert traj.error is None, traj.error
     assert len(traj.turns) >= 2, traj.turns  # at least one turn ended by <|im_end|> and was answered

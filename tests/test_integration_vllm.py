@@ -17,8 +17,10 @@ from agent_rl.envs.base import Env, StepResult
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.sampler import SamplerError, SamplingParams, VLLMSampler
-from agent_rl.rollout.server import ServerError, VLLMServer
+from agent_rl.rollout.sampler import SamplerError, SamplingParams
+from agent_rl.rollout.serving.base import ServerError
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
+from agent_rl.rollout.serving.vllm.server import VLLMServer
 
 pytestmark = pytest.mark.integration
 
@@ -54,23 +56,29 @@ async def test_token_in_token_out(vllm_server, renderer):
 
 
 async def test_the_servers_echo_is_the_requests_prompt_json_byte_for_byte(vllm_server, renderer):
-    """What makes `_json`'s cuts the path that runs: vLLM writes the echoed prompt exactly as orjson wrote the
+    """What makes `read_response`'s cuts the path that runs: vLLM writes the echoed prompt exactly as orjson wrote the
     request's (compact), and the logprobs' keys in the order `_token_texts` looks for. The cut response reads as the
     whole one does, the echo and the token texts left out."""
     import aiohttp
     import orjson
 
-    from agent_rl.rollout.sampler import _ECHO, _body, _completion, _json, _token_texts
+    from agent_rl.rollout.serving.vllm.sampler import (
+        _ECHO,
+        _token_texts,
+        read_response,
+        request_body,
+        response_completion,
+    )
 
     ids = renderer.render([Message("user", "Hello there, how are you?")])
     prompt = orjson.dumps(ids)
+    body = request_body("base", prompt, SamplingParams(max_tokens=8, seed=3))
     async with aiohttp.ClientSession() as http, http.post(
-            vllm_server.url + "/v1/completions", data=_body("base", prompt, SamplingParams(max_tokens=8, seed=3)),
-            headers={"Content-Type": "application/json"}) as resp:
+            vllm_server.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 200
         raw = await resp.read()
     assert _ECHO + prompt in raw
-    cut, whole = _json(raw, vllm_server.url, prompt), orjson.loads(raw)
+    cut, whole = read_response(raw, vllm_server.url, prompt), orjson.loads(raw)
     assert cut["choices"][0]["prompt_token_ids"] is None and whole["choices"][0]["prompt_token_ids"] == ids
     whole["choices"][0]["prompt_token_ids"] = None
     # the logprobs as `_token_texts` finds them (and bench/runner_scale.py's stand-in writes them): the token texts,
@@ -84,7 +92,7 @@ async def test_the_servers_echo_is_the_requests_prompt_json_byte_for_byte(vllm_s
     for key in ("text_offset", "tokens", "top_logprobs"):
         del logprobs[key]
     assert cut == whole
-    assert _completion(cut, ids, 0, "u").token_ids == tuple(whole["choices"][0]["token_ids"])
+    assert response_completion(cut, ids, 0, "u").token_ids == tuple(whole["choices"][0]["token_ids"])
 
 
 async def test_multi_turn_episode_logprobs_match_the_trainer(vllm_server, renderer):

@@ -139,7 +139,7 @@ async def test_a_reply_cut_short_by_a_weight_push_is_asked_again_and_not_cached(
 
 
 async def test_an_unreachable_judge_is_one_line(tmp_path):
-    from agent_rl.rollout.server import free_port
+    from agent_rl.rollout.serving.vllm.server import free_port
 
     async with LLMJudge(f"http://127.0.0.1:{free_port()}") as judge:
         verdict = await judge.judge("q", ["a", "b"])

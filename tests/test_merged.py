@@ -78,7 +78,7 @@ def test_merged_wins_when_the_sampling_it_saves_exceeds_its_push():
 async def test_finish_removes_the_versions_folder_when_the_server_is_gone(tmp_path):
     # a run that fails because its server died (the OOM killer) ends with finish(): its merged versions,
     # 2 x 2.5 GB in /dev/shm for a 0.5B model, were left behind when the server refused the pause
-    from agent_rl.rollout.server import free_port
+    from agent_rl.rollout.serving.vllm.server import free_port
     from agent_rl.rollout.weight_sync.base import WeightSyncError
     from agent_rl.rollout.weight_sync.merged import MergedSync
 

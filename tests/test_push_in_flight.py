@@ -20,7 +20,8 @@ import pytest
 from aiohttp import web
 from conftest import until
 
-from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
+from agent_rl.rollout.sampler import SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 

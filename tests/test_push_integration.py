@@ -28,7 +28,8 @@ import torch
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
-from agent_rl.rollout.sampler import Completion, SamplingParams, VLLMSampler
+from agent_rl.rollout.sampler import Completion, SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync, save_pretrained
 from agent_rl.rollout.weight_sync.merged import MergedSync
@@ -239,11 +240,11 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
 
     from agent_rl import trainer
     from agent_rl.learn.advantages import group_advantages
-    from agent_rl.rollout import sampler as sampler_module
+    from agent_rl.rollout.serving.vllm import sampler as sampler_module
     from agent_rl.rollout.weight_sync.choose import start_weight_sync
 
     server_of, weights, seen, learned = {}, {}, [], []
-    completion = sampler_module._completion
+    completion = sampler_module.response_completion
 
     def recording(data, prompt_ids, version, url):  # which server sampled each piece
         out = completion(data, prompt_ids, version, url)
@@ -264,9 +265,10 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
         async def finish(self):
             await self.inner.finish()
 
-    async def sync(cfg, run_dir, sampler, model, version):
+    async def sync(*args):
+        model, version = args[-2:]
         weights[version] = copy.deepcopy(model)
-        return Snapshots(await start_weight_sync(cfg, run_dir, sampler, model, version))
+        return Snapshots(await start_weight_sync(*args))
 
     def advantages(groups, *args):
         seen.append(groups)
@@ -274,7 +276,7 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
         learned.append(bool(adv.trajectories))  # a step whose groups all lack signal leaves the weights as they are
         return adv
 
-    monkeypatch.setattr(sampler_module, "_completion", recording)
+    monkeypatch.setattr(sampler_module, "response_completion", recording)
     cfg = config(vllm_server, tmp_path, steps=4, **{
         "sampler.server_urls": f"[{vllm_server.url},{dev_server.url}]", "model.sync": "adapter",
         "rollout.env": "go_on_env", "rollout.max_turns": "3", "rollout.max_total_tokens": "256",

@@ -16,8 +16,9 @@ from test_on_error import total
 from test_push_in_flight import SavesAFile, StandInVLLM
 from test_stream import TimedSampler, play, scripted_run
 
-from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost, VLLMSampler
-from agent_rl.rollout.server import free_port
+from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
+from agent_rl.rollout.serving.vllm.server import free_port
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 from agent_rl.rollout.weight_sync.full import FullWeightSync

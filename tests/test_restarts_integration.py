@@ -140,7 +140,7 @@ def test_past_its_restart_budget_the_run_checkpoints_and_stops_with_one_line(tmp
 
 
 def test_an_attached_server_that_does_not_come_back_ends_the_run_with_one_line(tmp_path, tiny_dir):
-    from agent_rl.rollout.server import VLLMServer
+    from agent_rl.rollout.serving.vllm.server import VLLMServer
 
     run_dir = tmp_path / "run"
     with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048) as server:

@@ -14,14 +14,13 @@ import pytest
 from test_push_in_flight import StandInVLLM
 
 from agent_rl.core.types import Message
-from agent_rl.rollout.sampler import (
-    SamplerError,
-    SamplingParams,
+from agent_rl.rollout.sampler import SamplerError, SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import (
     VLLMSampler,
-    _body,
-    _completion,
-    _json,
     _token_texts,
+    read_response,
+    request_body,
+    response_completion,
 )
 
 
@@ -34,14 +33,14 @@ def choice(ids=(5, 6, 7), logprobs=(-0.1, -0.2, -0.3), finish="stop", echoed=(1,
 
 @pytest.mark.parametrize("prompt", [[1, 2, 3], (1, 2, 3)])
 def test_a_completion_comes_back_as_sent(prompt):
-    out = _completion(choice(), prompt, 4, "http://x")
+    out = response_completion(choice(), prompt, 4, "http://x")
     assert out.token_ids == (5, 6, 7) and out.logprobs == (-0.1, -0.2, -0.3)
     assert out.finish_reason == "stop" and out.policy_version == 4 and out.versions == (4, 4, 4)
-    assert _completion(choice(finish="length"), prompt, 0, "u").finish_reason == "length"
+    assert response_completion(choice(finish="length"), prompt, 0, "u").finish_reason == "length"
     # a request a weight push aborted: `VLLMSampler.sample` goes on from its tokens
-    assert _completion(choice(finish="abort"), prompt, 0, "u").finish_reason == "abort"
-    assert _completion(choice(finish="eos"), prompt, 0, "u").finish_reason == "stop"
-    assert _completion(choice(echoed=None), prompt, 0, "u").token_ids == (5, 6, 7)
+    assert response_completion(choice(finish="abort"), prompt, 0, "u").finish_reason == "abort"
+    assert response_completion(choice(finish="eos"), prompt, 0, "u").finish_reason == "stop"
+    assert response_completion(choice(echoed=None), prompt, 0, "u").token_ids == (5, 6, 7)
 
 
 @pytest.mark.parametrize("data, message", [
@@ -52,7 +51,7 @@ def test_a_completion_comes_back_as_sent(prompt):
 ])
 def test_anything_else_is_one_clear_error(data, message):
     with pytest.raises(SamplerError, match=message):
-        _completion(data, [1, 2, 3], 0, "http://x")
+        response_completion(data, [1, 2, 3], 0, "http://x")
 
 
 @pytest.mark.parametrize("ids, logprobs", [(("5", 6, 7), (-0.1, -0.2, -0.3)), ((5, 6.0, 7), (-0.1, -0.2, -0.3)),
@@ -60,26 +59,26 @@ def test_anything_else_is_one_clear_error(data, message):
                                            ((5, 2**70, 7), (-0.1, -0.2, -0.3))])
 def test_an_id_that_is_not_an_int_or_a_log_prob_not_a_number_is_refused(ids, logprobs):
     with pytest.raises(SamplerError, match="unexpected completion"):
-        _completion(choice(ids=ids, logprobs=logprobs), [1, 2, 3], 0, "http://x")
+        response_completion(choice(ids=ids, logprobs=logprobs), [1, 2, 3], 0, "http://x")
 
 
 def test_a_response_is_read_as_json_infinity_included_and_anything_else_is_one_line():
     body = b'{"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.25]}, "finish_reason": "stop"}]}'
-    assert _json(body, "u")["choices"][0]["logprobs"]["token_logprobs"] == [-0.25]
+    assert read_response(body, "u")["choices"][0]["logprobs"]["token_logprobs"] == [-0.25]
     # orjson refuses -Infinity and NaN, which Python's json writes: such a response is still read
-    odd = _json(b'{"lp": [-Infinity, NaN, -0.5]}', "u")["lp"]
+    odd = read_response(b'{"lp": [-Infinity, NaN, -0.5]}', "u")["lp"]
     assert odd[0] == -math.inf and math.isnan(odd[1]) and odd[2] == -0.5
     with pytest.raises(SamplerError, match=r"^http://x sent a response that is not JSON: '<html>bad gateway"):
-        _json(b"<html>bad gateway</html>", "http://x")
+        read_response(b"<html>bad gateway</html>", "http://x")
 
 
 def test_the_request_is_the_prompt_ids_and_the_sampling_parameters():
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, stop_token_ids=(2, 3), seed=11)
-    body = json.loads(_body("p-v3", orjson.dumps((1, 2, 3)), params))
+    body = json.loads(request_body("p-v3", orjson.dumps((1, 2, 3)), params))
     assert body == {"prompt": [1, 2, 3], "model": "p-v3", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
                     "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
                     "stop_token_ids": [2, 3], "seed": 11}
-    assert "seed" not in json.loads(_body("base", b"[1]", replace(params, seed=None)))
+    assert "seed" not in json.loads(request_body("base", b"[1]", replace(params, seed=None)))
 
 
 def response(echo: bytes, text: str = "hi") -> bytes:
@@ -90,23 +89,23 @@ def response(echo: bytes, text: str = "hi") -> bytes:
 def test_an_echo_that_is_the_prompts_json_byte_for_byte_is_left_out_and_any_other_is_compared():
     prompt = [1, 2, 3]
     sent = orjson.dumps(prompt)
-    cut = _json(response(b"[1,2,3]"), "u", sent)
+    cut = read_response(response(b"[1,2,3]"), "u", sent)
     assert cut["choices"][0]["prompt_token_ids"] is None  # compared as bytes, not read
-    assert cut["choices"][0]["token_ids"] == [5, 6] and _completion(cut, prompt, 0, "u").token_ids == (5, 6)
+    assert cut["choices"][0]["token_ids"] == [5, 6] and response_completion(cut, prompt, 0, "u").token_ids == (5, 6)
     # the same ids written another way: read, then compared id for id
-    spaced = _json(response(b"[1, 2, 3]"), "u", sent)
-    assert spaced["choices"][0]["prompt_token_ids"] == prompt and _completion(spaced, prompt, 0, "u").token_ids
+    spaced = read_response(response(b"[1, 2, 3]"), "u", sent)
+    assert spaced["choices"][0]["prompt_token_ids"] == prompt and response_completion(spaced, prompt, 0, "u").token_ids
     # other ids, or the sent ids followed by more: read, and refused
     for echo in (b"[1,2,4]", b"[1,2,3,4]", b"[1,2]"):
-        data = _json(response(echo), "u", sent)
+        data = read_response(response(echo), "u", sent)
         assert data["choices"][0]["prompt_token_ids"] == json.loads(echo)
         with pytest.raises(SamplerError, match="changed the prompt tokens"):
-            _completion(data, prompt, 0, "u")
+            response_completion(data, prompt, 0, "u")
     # the key's text inside a string is escaped, so it is never taken for the key
-    tricky = _json(response(b"[9]", text='"prompt_token_ids":[1,2,3]'), "u", sent)
+    tricky = read_response(response(b"[9]", text='"prompt_token_ids":[1,2,3]'), "u", sent)
     assert tricky["choices"][0]["text"] == '"prompt_token_ids":[1,2,3]'
     with pytest.raises(SamplerError, match="changed the prompt tokens"):
-        _completion(tricky, prompt, 0, "u")
+        response_completion(tricky, prompt, 0, "u")
 
 
 def vllm_response(tokens: list[str], echo: bytes = b"[1,2,3]") -> bytes:
@@ -130,16 +129,16 @@ TRICKY = ["Hi", ' "x"', ']},"finish_reason":', '"prompt_token_ids":[1,2,3]', "]"
 def test_the_token_texts_vllm_sends_with_each_log_prob_are_left_out_unread(tokens):
     raw, sent = vllm_response(tokens), orjson.dumps([1, 2, 3])
     assert _token_texts(raw) is not None
-    cut, whole = _json(raw, "u", sent), orjson.loads(raw)
+    cut, whole = read_response(raw, "u", sent), orjson.loads(raw)
     for key in ("text_offset", "tokens", "top_logprobs"):
         del whole["choices"][0]["logprobs"][key]
     whole["choices"][0]["prompt_token_ids"] = None  # the echo is the ids sent: compared as bytes, left out too
     assert cut == whole
-    out = _completion(cut, [1, 2, 3], 0, "u")
+    out = response_completion(cut, [1, 2, 3], 0, "u")
     assert out.token_ids == tuple(range(10, 10 + len(tokens)))
     assert out.logprobs == tuple(-0.5 - i for i in range(len(tokens)))
     with pytest.raises(SamplerError, match="changed the prompt tokens"):  # another echo is still read and compared
-        _completion(_json(vllm_response(tokens, echo=b"[1,2,4]"), "u", sent), [1, 2, 3], 0, "u")
+        response_completion(read_response(vllm_response(tokens, echo=b"[1,2,4]"), "u", sent), [1, 2, 3], 0, "u")
 
 
 @pytest.mark.parametrize("raw", [
@@ -157,9 +156,9 @@ def test_a_response_written_otherwise_is_read_whole(raw):
         expected = orjson.loads(raw)
     except orjson.JSONDecodeError:
         with pytest.raises(SamplerError, match="not JSON"):
-            _json(raw, "u")
+            read_response(raw, "u")
         return
-    assert _json(raw, "u") == expected
+    assert read_response(raw, "u") == expected
 
 
 async def test_the_sampler_sends_each_turns_prompt_exactly():

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agent_rl.core.config_file import load_config
-from agent_rl.rollout.server import ServerError, check_logprobs_mode, max_lora_rank
+from agent_rl.rollout.serving.base import ServerError
+from agent_rl.rollout.serving.vllm.server import check_logprobs_mode, max_lora_rank
 
 
 def model_cfg(**sets):

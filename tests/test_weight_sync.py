@@ -19,8 +19,9 @@ import torch
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
-from agent_rl.rollout.sampler import SamplingParams, VLLMSampler
-from agent_rl.rollout.server import free_port
+from agent_rl.rollout.sampler import SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
+from agent_rl.rollout.serving.vllm.server import free_port
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
@@ -230,7 +231,7 @@ async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_serv
         await MergedSync(tmp_path / "restore", sampler, model).finish()
         before = set(await served_names(dev_server.url))  # other tests' adapters stay loaded
         with caplog.at_level("WARNING", logger="agent_rl.rollout.weight_sync.choose"):
-            sync = await start_weight_sync(cfg, tmp_path, sampler, model, 7)
+            sync = await start_weight_sync(cfg.model, cfg.algorithm, cfg.rollout, tmp_path, sampler, model, 7)
         chosen = "merged" if isinstance(sync, MergedSync) else "adapter"
         assert f"weight sync: {chosen} (burst: adapter" in caplog.text
         served = await served_logprobs(dev_server.url, sampler.model, fixed_ids)

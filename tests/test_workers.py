@@ -57,9 +57,9 @@ async def run_on(workers: int, tmp_path, smol_dir, renderer, sets, kit_args=(), 
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), *kit_args)
     local = ray_kits.SeededSampler(renderer)
-    async with rollout_workers(workers, kit, local, helpers.here(run, local), WorkerSettings()) as fleet:
-        seen, lines = await play(run, fleet.sampler, players=fleet.players)
-        stats = fleet.sampler.stats() if workers else {}
+    async with rollout_workers(workers, kit, local, helpers.here(run, local), WorkerSettings()) as served:
+        seen, lines = await play(run, served.sampler, players=served.players)
+        stats = served.sampler.stats() if workers else {}
     return seen, lines, stats
 
 
@@ -120,8 +120,8 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), 0.05, "trees", str(marker))
     local = ray_kits.SeededSampler(renderer)
-    async with rollout_workers(2, kit, local, helpers.here(run, local), WorkerSettings()) as fleet:
-        sampler = fleet.sampler
+    async with rollout_workers(2, kit, local, helpers.here(run, local), WorkerSettings()) as served:
+        sampler = served.sampler
         pids = {w.index: w.pid for w in sampler.pool.workers}
         waited = []
 
@@ -132,7 +132,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
                 time.sleep(0.05)
             waited.append(True)
 
-        seen, lines = await play_waiting(run, fleet, wait_for_the_restart)
+        seen, lines = await play_waiting(run, served, wait_for_the_restart)
         after = sampler.stats()
     killed = int(marker.read_text())
     index = next(i for i, pid in pids.items() if pid == killed)
@@ -143,7 +143,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     assert all("error/WorkerDied" not in x for x in lines[1:])
 
 
-async def play_waiting(run, fleet, after_update):
+async def play_waiting(run, served, after_update):
     """`test_stream.play` with `after_update()` at the end of each step's update (in the update's thread)."""
     seen = []
 
@@ -158,7 +158,7 @@ async def play_waiting(run, fleet, after_update):
 
     with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
         stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, fleet.players, VersionSync(fleet.sampler), log, stages)
+        await trainer.loop(run, served.players, VersionSync(served.sampler), log, stages)
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -269,14 +269,14 @@ async def test_every_worker_dead_for_good_ends_the_run_with_one_line(ray_local, 
     kit = functools.partial(ray_kits.seeded_kit, load_config(None, ["rollout.env=toy"]), str(smol_dir))
     settings = WorkerSettings(RayConfig(max_restarts=0))
     limits = EpisodeLimits(max_turns=1, seed=0)
-    async with rollout_workers(2, kit, *elsewhere(renderer), settings) as fleet:
-        for w in fleet.sampler.pool.workers:
+    async with rollout_workers(2, kit, *elsewhere(renderer), settings) as served:
+        for w in served.sampler.pool.workers:
             os.kill(w.pid, 9)
-        first = await fleet.players.play({"id": "t", "topic": "cats"}, 0, limits)
+        first = await served.players.play({"id": "t", "topic": "cats"}, 0, limits)
         assert first.infra_error and first.error.startswith("WorkerDied: rollout worker ")
         with pytest.raises(WorkerError, match=r"^every rollout worker has died for good \(ray.max_restarts: 0\)"):
             for _ in range(4):  # the other one's death is found by the next episode sent to it
-                await asyncio.wait_for(fleet.players.play({"id": "t", "topic": "cats"}, 1, limits), 60)
+                await asyncio.wait_for(served.players.play({"id": "t", "topic": "cats"}, 1, limits), 60)
 
 
 def test_the_config_takes_workers_and_the_ray_section():

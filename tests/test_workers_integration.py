@@ -17,7 +17,7 @@ from agent_rl.core.registry import load_env
 from agent_rl.rollout.engine import Episodes, play_groups
 from agent_rl.rollout.players import LocalPlayers
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.workers import rollout_workers
 from agent_rl.runs import traces
 
@@ -33,9 +33,9 @@ async def test_the_same_seeds_give_the_same_tokens_with_0_and_2_workers(vllm_ser
     kit = functools.partial(ray_kits.served_kit, (vllm_server.url,), str(vllm_server.model_dir))
     played = {}
     for workers in (0, 2):
-        async with VLLMSampler([vllm_server.url]) as local, \
-                rollout_workers(workers, kit, local, LocalPlayers(env.make_env, local, renderer)) as fleet:
-            played[workers] = await play_groups(tasks, Episodes(fleet.players, limits, group_size=4))
+        async with serving_backend().sampler([vllm_server.url]) as local, \
+                rollout_workers(workers, kit, local, LocalPlayers(env.make_env, local, renderer)) as served:
+            played[workers] = await play_groups(tasks, Episodes(served.players, limits, group_size=4))
     here, there = ([t for g in played[w] for t in g.trajectories] for w in (0, 2))
     assert all(t.error is None for t in here + there) and len(there) == 16
     assert [t.token_ids for t in there] == [t.token_ids for t in here]

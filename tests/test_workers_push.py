@@ -19,7 +19,8 @@ from test_push_in_flight import SavesAFile, StandInVLLM
 from agent_rl.core.config_file import load_config
 from agent_rl.evaluation.evaluate import evaluate
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.base import Fleet
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.worker import WorkerSettings
@@ -40,12 +41,12 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=80, max_total_tokens=400, seed=0)
-    async with StandInVLLM(hold_at=25) as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=25) as server, serving_backend().sampler([server.url]) as local:
         local.set_policy("base", 1)
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
-        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as fleet:
-            sampler = fleet.sampler
-            episodes = [asyncio.ensure_future(fleet.players.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
+        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as served:
+            sampler = served.sampler
+            episodes = [asyncio.ensure_future(served.players.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
                         for i in range(8)]
             while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
                 await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
@@ -72,13 +73,13 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
     import ray_kits
 
     limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=150, max_total_tokens=400, seed=0)
-    async with StandInVLLM(hold_at=10) as server, VLLMSampler([server.url]) as local:
+    async with StandInVLLM(hold_at=10) as server, serving_backend().sampler([server.url]) as local:
         kit = functools.partial(ray_kits.served_kit, (server.url,), str(smol_dir))
-        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as fleet:
-            sampler = fleet.sampler
+        async with rollout_workers(2, kit, local, not_here(local, None), WorkerSettings()) as served:
+            sampler = served.sampler
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
             await sync.push(write, 1)
-            long = asyncio.ensure_future(fleet.players.play({"id": "t", "topic": "cats"}, 0, limits))
+            long = asyncio.ensure_future(served.players.play({"id": "t", "topic": "cats"}, 0, limits))
             while sampler.in_flight(model="p-v1") < 1:
                 await asyncio.sleep(0.01)
             await until(lambda: server.held == 1)
@@ -106,7 +107,7 @@ async def test_evaluation_on_workers_reports_what_one_process_reports(ray_local,
 
         @contextlib.contextmanager
         def serve(model_dir):
-            yield [server.url]
+            yield Fleet([server.url])
 
         reports = {}
         for workers in (0, 2):

@@ -34,8 +34,9 @@ from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout import remote_gate
 from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.sampler import SamplerError, ServerLost, VLLMSampler
-from agent_rl.rollout.server import free_port
+from agent_rl.rollout.sampler import SamplerError, ServerLost
+from agent_rl.rollout.serving.choose import serving_backend
+from agent_rl.rollout.serving.vllm.server import free_port
 from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.worker import WorkerSettings
@@ -138,8 +139,8 @@ async def test_an_environment_raising_that_name_is_its_failure_and_spends_retrie
 # -- a server killed while 2 workers play -------------------------------------------------------------------------
 
 class StandInProcess:
-    """A stand-in server the run started (`rollout.supervisor.Process`): tests/standin_server.py on a port of its
-    own, which a restart launches again."""
+    """A stand-in server the run started (`rollout.serving.base.ServerProcess`): tests/standin_server.py on a port of
+    its own, which a restart launches again."""
 
     startup_timeout_s = 60.0
 
@@ -208,7 +209,7 @@ class WaitingSync(VersionSync):
         return await super().push(model, version)
 
 
-async def play_pushing(run, fleet, before_push):
+async def play_pushing(run, served, before_push):
     """The loop with test_stream's scripted update; each step's groups (as the advantages got them) and metrics."""
     seen = []
 
@@ -222,7 +223,7 @@ async def play_pushing(run, fleet, before_push):
 
     stages = trainer.Stages(advantages=advantages, update=update)
     with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        await trainer.loop(run, fleet.players, WaitingSync(fleet.sampler, before_push), log, stages)
+        await trainer.loop(run, served.players, WaitingSync(served.sampler, before_push), log, stages)
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -237,11 +238,11 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
 
     kit = functools.partial(ray_kits.served_kit, tuple(urls), str(smol_dir))
     restored: list[tuple[str, float]] = []
-    async with VLLMSampler(urls) as local, Supervisor(urls, servers, max_restarts=2, health_timeout_s=20,
+    async with serving_backend().sampler(urls) as local, Supervisor(urls, servers, max_restarts=2, health_timeout_s=20,
                                                        attach_wait_s=20, poll_s=0.1) as supervisor:
         supervisor.bind(local)
-        async with rollout_workers(workers, kit, local, here(run, local), WorkerSettings()) as fleet:
-            sampler = fleet.sampler
+        async with rollout_workers(workers, kit, local, here(run, local), WorkerSettings()) as served:
+            sampler = served.sampler
             sync = FullWeightSync(run_dir / "sync", sampler)
             await sync.push(SavesAFile(), 0)
 
@@ -271,7 +272,7 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
                     assert time.monotonic() < deadline, "the killed server did not come back within 120 s"
                     await asyncio.sleep(0.05)
 
-            seen, lines = await play_pushing(run, fleet, before_push)
+            seen, lines = await play_pushing(run, served, before_push)
             in_flight = await killing if killing is not None else []
     assert failures == []
     return seen, lines, restored, in_flight

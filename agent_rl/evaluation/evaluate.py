@@ -29,7 +29,7 @@ from typing import Any
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.rollout.engine import play_groups
 from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import VLLMSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
 from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
@@ -142,12 +142,12 @@ async def _play(session: Session, tasks: list, limits: EpisodeLimits, urls: Sequ
     """The held-out tasks on servers `urls`, with `adapter` loaded under a name unique to this process
     (a shared server may hold others), or with the served weights as they are."""
     cfg = session.cfg
-    async with VLLMSampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
-            with_workers(session, urls, local) as fleet:  # rollout.workers: the episodes play on Ray workers
+    async with serving_backend().sampler(list(urls), request_timeout_s=cfg.sampler.request_timeout_s) as local, \
+            with_workers(session, urls, local) as served:  # rollout.workers: the episodes play on Ray workers
         if adapter is not None:
             prefix = f"eval-{os.getpid()}-{secrets.token_hex(3)}"
-            await AdapterSync(tmp, fleet.sampler, prefix=prefix).load_initial(adapter)
-        return await play_groups(tasks, episodes(session, fleet.players, limits, cfg.eval.samples),
+            await AdapterSync(tmp, served.sampler, prefix=prefix).load_initial(adapter)
+        return await play_groups(tasks, episodes(session, served.players, limits, cfg.eval.samples),
                                  cfg.rollout.max_concurrent)
 
 
@@ -159,13 +159,13 @@ async def play_policies(session: Session, policies: Sequence[PolicySpec], tasks:
     with tempfile.TemporaryDirectory(prefix="agent-rl-eval-") as tmp:
         shared = [p for p in policies if p.kind != "weights"]
         if shared:
-            with serve(session.model_dir) as urls:
+            with serve(session.model_dir) as fleet:
                 for i, p in enumerate(shared):
-                    groups[p.label] = await _play(session, tasks, limits, urls, p.path, Path(tmp) / str(i))
+                    groups[p.label] = await _play(session, tasks, limits, fleet.urls, p.path, Path(tmp) / str(i))
         for p in policies:
             if p.kind == "weights" and p.path is not None:  # resolve_policy gives weights a folder
-                with serve(p.path) as urls:
-                    groups[p.label] = await _play(session, tasks, limits, urls, None, Path(tmp))
+                with serve(p.path) as fleet:
+                    groups[p.label] = await _play(session, tasks, limits, fleet.urls, None, Path(tmp))
     return groups
 
 
@@ -173,9 +173,9 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
                    groups_out: dict | None = None) -> dict[str, Any]:
     """Evaluate each policy spec (`resolve_policy`) on `cfg.eval` held-out tasks.
 
-    `serve(model_dir)` is a context manager giving server URLs for a model folder
-    (`rollout.server.serve_or_attach`): the base model and its adapters share one; full weights get
-    their own. Returns {"eval": settings, "results": {spec: figures}, "delta": second - first (two)}.
+    `serve(model_dir)` is a context manager giving the servers of a model folder (a `rollout.serving.base.Fleet`:
+    the serving backend's `serve`): the base model and its adapters share one; full weights get their own.
+    Returns {"eval": settings, "results": {spec: figures}, "delta": second - first (two)}.
     `groups_out`, when given, receives each policy's rollout groups (for printing transcripts).
     """
     cfg = session.cfg

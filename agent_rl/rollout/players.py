@@ -3,7 +3,7 @@
 Owns: `Players` (what plays an episode of a task and measures the servers' idle share: `LocalPlayers` here, a
 `rollout.ray_pool.WorkerPool` on Ray workers), `LocalPlayers` (`rollout.runner.play_task` with the session's
 environments, renderer and sampler), `RequestMeter` (a sampler that counts its turns and integrates its requests in
-flight over time: request-seconds, and the servers' idle seconds with least-outstanding routing), and `Fleet` (what
+flight over time: request-seconds, and the servers' idle seconds with least-outstanding routing), and `Served` (what
 a session's serving gives a command: the sampler every weight sync pushes to, and where the episodes play).
 Does not own: one episode (`rollout.runner`), when episodes play and how groups end (`rollout.engine`), the workers
 themselves (`rollout.workers`, `rollout.ray_pool`), which of the two a run uses (the session builds it once:
@@ -97,7 +97,7 @@ class LocalPlayers:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class Served:
     """A session's serving, as a command uses it: the sampler the weight syncs push to (with rollout workers, one
     that tells each of them), and where the episodes play."""
 

@@ -11,7 +11,7 @@ Does not own: deciding that a server is down, restarting it, restoring its weigh
 `rollout.worker`), the replay of a lost episode (`rollout.stream`).
 
 Why a worker asks rather than decides: a server is down when rank 0's supervisor says so (it watches the process
-and /health, and only it restarts and restores), and a worker's verdict of its own (say, a /health probe) could
+and its health, and only it restarts and restores), and a worker's verdict of its own (say, a health probe) could
 disagree with it: a worker that cannot reach a server rank 0 sees as up would replay the same episodes for ever,
 free of `rollout.on_error`'s budget. So a worker says `ServerLost` only once rank 0 has marked the server down,
 and routes to a server again only once rank 0 has restored it (the state that says "up" is sent after `restore`).
@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from agent_rl.rollout.sampler import SamplerError, ServerGate
 
 ANSWER_WAIT_S = 30.0  # a question's deadline: rank 0 answers within the supervisor's own (2 s for a started server,
-#                       its /health probe's for an attached one); past it the failure stands as the call's own
+#                       its health probe's for an attached one); past it the failure stands as the call's own
 
 
 @dataclass(frozen=True)

@@ -2,21 +2,21 @@
 they take a request again.
 
 Owns: `Supervisor`, the `ServerGate` the sampler and the weight sync ask which servers take requests: the watch
-of every server (its process exited; no answer to /health for `sampler.health_timeout_s`), the restart of a
+of every server (its process exited; no healthy answer for `sampler.health_timeout_s`), the restart of a
 server the run started (its whole process group stopped, the same command on the same port, then the weight
 sync's `restore`, and only then up again), the restart budget (`sampler.max_restarts` per server), the bounded
 wait for a server attached by URL (`sampler.attach_wait_s`; when it answers again it is restored the same way),
 the one line past either (`failure`, handed to `on_failure`), the counts (`fault/restarts`, `fault/reattached`,
 `fault/down_s`), and which servers are down as rollout workers mirror it (`state`, `listen`).
-Does not own: the server process and its command (`rollout.server`), routing requests and ending the one whose
-server died (`rollout.sampler`: `ServerLost`), replaying its episode (`rollout.stream`), what the current
-weights are (`rollout.weight_sync`: `restore`), what the run does once a server cannot be mended (`trainer`:
+Does not own: the server process, its command and its health probe (`rollout.serving`), routing requests and
+ending the one whose server died (`rollout.sampler`: `ServerLost`), replaying its episode (`rollout.stream`), what
+the current weights are (`rollout.weight_sync`: `restore`), what the run does once a server cannot be mended (`trainer`:
 it stops as on a signal, the last completed step checkpointed).
 
 Supervision begins with `start`, once the run's first weights are on the servers: before it, a server that dies
 is an error as it always was (`lost` says no), since there is nothing yet to restore it to. Every wait has a
-deadline: a /health probe `probe_timeout_s`, a restart the server's `startup_timeout_s`, a stop its own
-(`VLLMServer.stop`), the wait for an attached server `attach_wait_s`, a request's wait for a server
+deadline: a health probe `probe_timeout_s`, a restart the server's `startup_timeout_s`, a stop its own
+(`ServerProcess.stop`), the wait for an attached server `attach_wait_s`, a request's wait for a server
 `sampler.request_timeout_s` (`wait_up`).
 """
 
@@ -24,65 +24,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
 from agent_rl.core.config import SamplerConfig
 from agent_rl.rollout.remote_gate import GateState
 from agent_rl.rollout.sampler import SamplerError
-from agent_rl.rollout.server import ServerError
+from agent_rl.rollout.serving.base import ServerError, ServerProcess
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 
 log = logging.getLogger(__name__)
 
-Probe = Callable[[str, float], Awaitable[bool]]  # (url, timeout_s) -> whether /health answered 200 in time
+Probe = Callable[[str, float], Awaitable[bool]]  # (url, timeout_s) -> whether the server answered healthy in time
 Restore = Callable[[str], Awaitable[None]]  # the weight sync's `restore`
 
 
-class Process(Protocol):
-    """A server the run started and can start again (`rollout.server.VLLMServer`)."""
-
-    proc: subprocess.Popen | None
-    startup_timeout_s: float
-    log_path: Path | None
-
-    @property
-    def url(self) -> str: ...
-
-    def launch(self) -> Any: ...
-
-    def stop(self) -> None: ...
-
-    def log_tail(self) -> str: ...
-
-
-def exit_status(process: Process) -> int | None:
+def exit_status(process: ServerProcess) -> int | None:
     """The process's exit status once it has ended (a SIGKILL: -9), None while it runs."""
     return None if process.proc is None else process.proc.poll()
-
-
-async def health(http: aiohttp.ClientSession, url: str, timeout_s: float) -> bool:
-    try:
-        async with http.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            return resp.status == 200
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        return False
 
 
 @dataclass(eq=False)
 class _Server:
     url: str
-    process: Process | None  # None: attached by URL
+    process: ServerProcess | None  # None: attached by URL
     up: bool = True
     gone: bool = False  # given up on: the run stops
     restarts: int = 0  # launches after the first
-    seen: float = 0.0  # loop time of the last answer to /health
+    seen: float = 0.0  # loop time of the last healthy answer
     down_since: float = 0.0
     counted: float = 0.0  # loop time up to which its down time went into `fault/down_s`
     task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -100,7 +75,7 @@ class Supervisor:
     `processes`: the servers the run started, one per URL in order (restarted); None: attached by URL (waited for).
     """
 
-    def __init__(self, urls: Sequence[str], processes: Sequence[Process] | None, *, max_restarts: int,
+    def __init__(self, urls: Sequence[str], processes: Sequence[ServerProcess] | None, *, max_restarts: int,
                  health_timeout_s: float, attach_wait_s: float, poll_s: float = 1.0, probe_timeout_s: float = 10.0,
                  probe: Probe | None = None):
         if processes is not None and len(processes) != len(urls):
@@ -110,6 +85,7 @@ class Supervisor:
         self.max_restarts, self.health_timeout_s, self.attach_wait_s = max_restarts, health_timeout_s, attach_wait_s
         self.poll_s, self.probe_timeout_s = poll_s, min(probe_timeout_s, health_timeout_s)
         self._probe = probe
+        self.backend = serving_backend()  # its `health` probes the servers (unless `probe` is given)
         self._http: aiohttp.ClientSession | None = None
         self._restore: Restore | None = None
         self.on_failure: Callable[[Exception], None] = lambda error: None
@@ -121,7 +97,8 @@ class Supervisor:
         self._stops: set[asyncio.Future[Any]] = set()  # stops in their threads: waited for on exit, never cancelled
 
     @classmethod
-    def from_config(cls, cfg: SamplerConfig, urls: Sequence[str], processes: Sequence[Process] | None) -> Supervisor:
+    def from_config(cls, cfg: SamplerConfig, urls: Sequence[str], processes: Sequence[ServerProcess] | None
+                    ) -> Supervisor:
         return cls(urls, processes, max_restarts=cfg.max_restarts, health_timeout_s=cfg.health_timeout_s,
                    attach_wait_s=cfg.attach_wait_s)
 
@@ -139,7 +116,7 @@ class Supervisor:
             await self._http.close()
 
     def bind(self, sampler: Any) -> None:
-        """Make `sampler` (a `VLLMSampler`) route by this supervisor: its requests go to the servers that are up."""
+        """Make `sampler` (a served sampler) route by this supervisor: its requests go to the servers that are up."""
         sampler.gate = self
 
     def start(self, restore: Restore, on_failure: Callable[[Exception], None]) -> None:
@@ -173,7 +150,7 @@ class Supervisor:
     async def lost(self, url: str) -> bool:
         """A call to `url` failed at the connection: whether its server is down, which then begins its mending.
         A started server is down once its process has ended (a killed one has closed its sockets as it dies, so
-        the exit shows within moments); an attached one once /health does not answer."""
+        the exit shows within moments); an attached one once its health probe does not answer."""
         s = self.by_url.get(url.rstrip("/"))
         if s is None or self._restore is None:
             return False  # not supervised (yet): the caller's error stands
@@ -214,7 +191,7 @@ class Supervisor:
         if self._probe is not None:
             return await self._probe(url, timeout_s)
         assert self._http is not None, "a Supervisor is used inside `async with`"
-        return await health(self._http, url, timeout_s)
+        return await self.backend.health(self._http, url, timeout_s)
 
     async def _watch(self) -> None:
         while True:
@@ -227,7 +204,7 @@ class Supervisor:
         elif await self.probe(s.url, self.probe_timeout_s):
             s.seen = _now()
         elif _now() - s.seen > self.health_timeout_s:
-            self._down(s, f"did not answer /health for {self.health_timeout_s:g} s (sampler.health_timeout_s)")
+            self._down(s, f"did not answer its health probe for {self.health_timeout_s:g} s (sampler.health_timeout_s)")
 
     def _down(self, s: _Server, why: str) -> None:
         if not s.up or s.gone:
@@ -258,15 +235,15 @@ class Supervisor:
         await self._give_up(s, f"vLLM server {s.url} {why}; restarted {s.restarts} time(s) already "
                                f"(sampler.max_restarts: {self.max_restarts})")
 
-    async def _started(self, process: Process) -> None:
-        """Until the launched server answers /health, within its start-up deadline (ServerError past it)."""
+    async def _started(self, process: ServerProcess) -> None:
+        """Until the launched server answers its health probe, within its start-up deadline (ServerError past it)."""
         deadline = _now() + process.startup_timeout_s
         while not await self.probe(process.url, 2.0):
             if (code := exit_status(process)) is not None:
                 raise ServerError(f"it exited with status {code} during start-up; log {process.log_path} ends "
                                   f"with: {process.log_tail()}")
             if _now() > deadline:
-                raise ServerError(f"it did not answer /health within {process.startup_timeout_s:g} s")
+                raise ServerError(f"it did not answer its health probe within {process.startup_timeout_s:g} s")
             await asyncio.sleep(0.5)
 
     async def _reattach(self, s: _Server, why: str) -> None:
@@ -280,7 +257,7 @@ class Supervisor:
                 try:
                     await self._restore(s.url)
                 except WeightSyncError:
-                    pass  # answering /health, not yet loading: try again
+                    pass  # healthy, not yet loading: try again
                 else:
                     return self._up(s)
             await asyncio.sleep(self.poll_s)
@@ -304,7 +281,7 @@ class Supervisor:
         if s.process is not None:
             await self._stop(s.process)
 
-    async def _stop(self, process: Process) -> None:
+    async def _stop(self, process: ServerProcess) -> None:
         """`process.stop()` in a thread (it waits for the group to end, within its deadlines); shielded, and waited
         for on exit, so that a cancelled restart never races the caller's own stop of the same server."""
         await asyncio.shield(self._spawn(asyncio.to_thread(process.stop), self._stops))
@@ -340,7 +317,7 @@ class Supervisor:
         return out
 
 
-def _keep_log(process: Process, restart: int) -> None:
+def _keep_log(process: ServerProcess, restart: int) -> None:
     """The log of the server that died, kept beside the new one's (`vllm-0.log` -> `vllm-0.before-restart-1.log`)."""
     path = process.log_path
     if path is not None and Path(path).is_file():

@@ -1,7 +1,7 @@
 """Rollout workers (`rollout.workers: N`): the episodes of a run played in N processes, each with its own event
 loop, environments and sampler, on a Ray cluster. The entry a run calls, importing Ray only when N > 0.
 
-Owns: `rollout_workers` (a run's `rollout.players.Fleet`: at N = 0 the sampler as it is and the players the caller
+Owns: `rollout_workers` (a run's `rollout.players.Served`: at N = 0 the sampler as it is and the players the caller
 plays with here; else `PooledSampler`, the same sampler with N workers behind it: a new policy, a hold, a release
 is true on every worker before the call returns, requests in flight are counted on every worker, the servers its
 supervisor marks down or back are told to every worker as it happens; and the workers' pool, which plays the
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from agent_rl.core.config import ConfigError, RayConfig
 from agent_rl.core.types import Message
-from agent_rl.rollout.players import Fleet, Players
+from agent_rl.rollout.players import Players, Served
 from agent_rl.rollout.remote_gate import WatchedGate
 from agent_rl.rollout.sampler import Completion, SamplingParams, ServedSampler, ServerGate
 from agent_rl.rollout.worker import Kit, ServedState, WorkerSettings
@@ -54,14 +54,14 @@ def ray_cluster(settings: RayConfig, workers: int) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedSampler, here: Players,
-                          settings: WorkerSettings = WorkerSettings()) -> AsyncIterator[Fleet]:
+                          settings: WorkerSettings = WorkerSettings()) -> AsyncIterator[Served]:
     """`sampler` itself, and `here` playing the episodes, at `workers` = 0. Else `workers` rollout workers, each
     building `kit()` (a picklable function: it runs in the worker's process), which play the episodes, and a
     sampler that passes every change of the served policy on to each of them before it returns (`PooledSampler`);
     the workers are stopped on exit. A sampler that is not a `ServedSampler` (a scripted one, in tests) works too:
     its `policy_version` is then all it serves."""
     if not workers:
-        yield Fleet(sampler, here)
+        yield Served(sampler, here)
         return
     need_ray(workers)
     from agent_rl.rollout import ray_connect, ray_pool  # Ray only when workers are asked for
@@ -72,7 +72,7 @@ async def rollout_workers(workers: int, kit: Callable[[], Kit], sampler: ServedS
         pooled = None
         try:
             pooled = PooledSampler(sampler, pool)
-            yield Fleet(pooled, pool)
+            yield Served(pooled, pool)
         finally:
             if pooled is not None:
                 pooled.close()

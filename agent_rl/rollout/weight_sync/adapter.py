@@ -4,10 +4,10 @@ Owns: `AdapterSync`: writing each version of the adapter to `<run_dir>/adapters/
 as `{prefix}-v{version}` on every server, retiring old versions on the servers and on disk, pointing the
 sampler at the new version; loading a starting adapter (SFT's) as version 0; and `restore`: a server back
 in service gets every version still loaded, under its own name.
-Does not own: the HTTP calls and version folders (`weight_sync.base`), merged weights (`weight_sync.merged`),
-starting servers (`rollout.server`), training checkpoints (`runs.checkpoint`).
+Does not own: the calls to the servers and version folders (`weight_sync.base`, through `rollout.serving`), merged
+weights (`weight_sync.merged`), starting servers (`rollout.serving`), training checkpoints (`runs.checkpoint`).
 
-A name is never reloaded with new weights: vLLM keys its prefix cache on the adapter's (name, path), so
+A name is never reloaded with new weights: the server (vLLM) keys its prefix cache on the adapter's (name, path), so
 a reload would serve KV blocks computed with the old weights. A push needs no pause: requests in flight name
 their adapter and finish on it. The newest `keep` versions stay loaded (k + 1 under a staleness bound of k,
 `choose.start_weight_sync`), and an older one for as long as a request of the sampler's runs on it, so a
@@ -85,12 +85,11 @@ class AdapterSync:
         path = await asyncio.to_thread(write_version_dir, self.adapters_dir, version, write)
         t1 = time.perf_counter()
         name = self.name(version)
-        async with self.servers.lock, self.servers.session() as http:  # a restore waits for the push to end
-            urls = self.servers.live()  # a server down now gets this version from its restore
-            results = await asyncio.gather(
-                *(self.servers.post(http, url, "/v1/load_lora_adapter", f"loading adapter {name!r} from {path}",
-                                    {"lora_name": name, "lora_path": str(path.resolve())})
-                  for url in urls), return_exceptions=True)
+        servers, backend = self.servers, self.servers.backend
+        async with servers.lock, servers.session() as http:  # a restore waits for the push to end
+            urls = servers.live()  # a server down now gets this version from its restore
+            results = await asyncio.gather(*(servers.call(url, backend.load_adapter(http, url, name, path))
+                                             for url in urls), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException) and not isinstance(r, Gone)]
             if failed:
                 # leave no server with a version the sampler will never use, then report
@@ -110,7 +109,7 @@ class AdapterSync:
             retired = [v for v in self.loaded[: -self.keep] if not self.sampler.in_flight(model=self.name(v))]
             self.loaded = [v for v in self.loaded if v not in retired]
             for old in retired:
-                await self._unload(http, self.servers.live(), self.name(old))
+                await self._unload(http, servers.live(), self.name(old))
         await asyncio.to_thread(prune_version_dirs, self.adapters_dir, set(self.loaded))
         t3 = time.perf_counter()
         self.last_timings = {"save_s": t1 - t0, "load_s": t2 - t1, "retire_s": t3 - t2}
@@ -125,8 +124,7 @@ class AdapterSync:
             for version in self.loaded:
                 if (name := self.name(version)) not in held:
                     path = (self.adapters_dir / f"v{version}").resolve()
-                    await self.servers.post(http, url, "/v1/load_lora_adapter", f"loading adapter {name!r} from "
-                                            f"{path}", {"lora_name": name, "lora_path": str(path)})
+                    await self.servers.call(url, self.servers.backend.load_adapter(http, url, name, path))
 
     async def finish(self) -> None:
         """Nothing to restore: the servers' own weights were never touched (the run's last adapters stay
@@ -140,6 +138,5 @@ class AdapterSync:
         self.loaded = []
 
     async def _unload(self, http: aiohttp.ClientSession, urls: list[str], name: str) -> None:
-        # 404: the server no longer has it (restarted, or unloaded by hand); that is the goal anyway
-        await self.servers.on_all(http, "/v1/unload_lora_adapter", f"unloading adapter {name!r}", {"lora_name": name},
-                                  urls=urls, ok=(404,))
+        """`name` unloaded from `urls` (a server that no longer holds it, restarted or unloaded by hand, is done)."""
+        await self.servers.on_all(lambda url: self.servers.backend.unload_adapter(http, url, name), urls=urls)

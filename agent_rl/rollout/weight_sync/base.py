@@ -1,15 +1,15 @@
 """What every weight sync shares: the protocol the trainer calls, the calls to the servers, the version folders.
 
 Owns: `WeightSync` (the protocol: `push(model, version)` at any moment, episodes in flight or not; `restore(url)`
-for a server back in service; `finish()` at the end of a run), `WeightSyncError` and `Gone`, `Servers` (POST to
-every server of a sampler that is up, with a deadline, each error naming the server and quoting its reply; a
-server that went down in the middle skipped, as its restore will bring it the weights; the lock that keeps a
-push and a restore apart; `reload_in_place`, the one place the push protocol of weights reloaded in place is
+for a server back in service; `finish()` at the end of a run), `WeightSyncError` and `Gone`, `Servers` (the serving
+backend's calls to every server of a sampler that is up, with a deadline, each error naming the server and quoting
+its reply; a server that went down in the middle skipped, as its restore will bring it the weights; the lock that
+keeps a push and a restore apart; `reload_in_place`, the one place the push protocol of weights reloaded in place is
 written: hold the sampler, pause with abort, reload, reset the prefix cache, sweep, resume, release), and the
 version folders on disk (`write_version_dir`, `prune_version_dirs`).
 Does not own: what a version is (`adapter`, `full`, `merged`), which sync a run uses (`choose`),
 the sampler and how it goes on from an aborted request (`rollout.sampler`), which servers are up and
-restarting them (`rollout.supervisor`).
+restarting them (`rollout.supervisor`), the routes each call takes (`rollout.serving`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ import contextlib
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
 from agent_rl.core.files import atomic_dir
 from agent_rl.rollout.sampler import ServerGate
+from agent_rl.rollout.serving.base import ServerCallError
+from agent_rl.rollout.serving.choose import serving_backend
+
+T = TypeVar("T")
 
 
 class WeightSyncError(Exception):
@@ -99,16 +103,17 @@ def _nothing() -> None:
 
 
 class Servers:
-    """The servers a sync talks to: every call has a deadline; every error names the server and quotes its reply.
-    With a gate (`rollout.supervisor`), calls go to the servers that are up, and a server that goes down during
-    one is left out of it (`Gone`): its restart restores what the others serve, under `lock`, which a push holds
-    too, so a restore reads the weights of a finished push."""
+    """The servers a sync talks to, through the run's serving backend (`rollout.serving`): every call has a deadline;
+    every error names the server and quotes its reply. With a gate (`rollout.supervisor`), calls go to the servers
+    that are up, and a server that goes down during one is left out of it (`Gone`): its restart restores what the
+    others serve, under `lock`, which a push holds too, so a restore reads the weights of a finished push."""
 
     def __init__(self, urls: Sequence[str], timeout_s: float, connect_timeout_s: float, gate: ServerGate | None = None):
         self.urls = list(urls)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self.gate = gate
         self.lock = asyncio.Lock()
+        self.backend = serving_backend()
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(timeout=self.timeout)
@@ -117,57 +122,42 @@ class Servers:
         """The servers that take calls now: all of them, without a gate."""
         return [u for u in self.urls if self.gate is None or self.gate.is_up(u)]
 
-    async def post(self, http: aiohttp.ClientSession, url: str, path: str, what: str,
-                   body: dict[str, Any] | None = None, ok: tuple[int, ...] = ()) -> int:
+    async def call(self, url: str, work: Awaitable[T]) -> T:
+        """`work`, a call of the backend's to the server at `url`; its failure a WeightSyncError, or `Gone` when the
+        server gave no answer and the gate says it is down (a refusal came from a server alive enough to answer)."""
         try:
-            async with http.post(url + path, json=body if body is not None else {}) as resp:
-                status, text = resp.status, await resp.text()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
-            error = WeightSyncError if self.gate is None or not await self.gate.lost(url) else Gone
-            raise error(f"vLLM server {url} did not answer POST {path} ({what}): "
-                        f"{type(e).__name__}: {e or 'timed out'}") from None
-        if status >= 400 and status not in ok:
-            hint = ""
-            if status == 404 and "Not Found" in text[:40]:
-                hint = (" (the endpoint does not exist: LoRA loading needs "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, in-place reloading VLLM_SERVER_DEV_MODE=1)")
-            raise WeightSyncError(f"vLLM server {url} refused {what} (HTTP {status}): {text[:500]!r}{hint}")
-        return status
+            return await work
+        except ServerCallError as e:
+            gone = not e.answered and self.gate is not None and await self.gate.lost(url)
+            raise (Gone if gone else WeightSyncError)(str(e)) from None
 
-    async def on_all(self, http: aiohttp.ClientSession, path: str, what: str,
-                     body: dict[str, Any] | None = None, urls: Sequence[str] | None = None,
-                     ok: tuple[int, ...] = ()) -> None:
-        """The same POST to every server that is up (or to `urls`), concurrently; the first failure is raised,
-        a server gone in the middle (`Gone`) left out."""
-        results = await asyncio.gather(*(self.post(http, url, path, what, body, ok)
-                                         for url in (self.live() if urls is None else urls)), return_exceptions=True)
+    async def on_all(self, work: Callable[[str], Awaitable[None]], urls: Sequence[str] | None = None) -> None:
+        """`work(url)` on every server that is up (or on `urls`), concurrently; the first failure is raised, a server
+        gone in the middle (`Gone`) left out."""
+        results = await asyncio.gather(*(self.call(url, work(url)) for url in (self.live() if urls is None else urls)),
+                                       return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, Gone):
                 raise r
 
     async def adapters(self, http: aiohttp.ClientSession, url: str) -> set[str]:
-        """The names of the LoRA adapters the server at `url` holds (`GET /v1/models`)."""
-        try:
-            async with http.get(url + "/v1/models") as resp:
-                cards = (await resp.json())["data"]
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError) as e:
-            raise WeightSyncError(f"vLLM server {url} did not list its models: {type(e).__name__}: {e}") from None
-        return {c["id"] for c in cards if c.get("parent")}
+        """The names of the LoRA adapters the server at `url` holds."""
+        return set(await self.call(url, self.backend.adapters(http, url)))
 
-    async def reload_in_place(self, folder: Path, what: str, switch: Callable[[], None] = _nothing,
+    async def reload_in_place(self, folder: Path, switch: Callable[[], None] = _nothing,
                               sampler: Held | None = None) -> dict[str, float]:
-        """Every server replaces its weights with those in `folder`, through vLLM's development endpoints
-        (servers started with `VLLM_SERVER_DEV_MODE=1`), while `sampler`'s episodes may be in flight:
+        """Every server replaces its weights with those in `folder` (servers that can reload in place: vLLM's in dev
+        mode), while `sampler`'s episodes may be in flight; each step a call of the backend's to every server:
           1. `sampler.hold()`: its new requests wait, so none is sent under the version being replaced;
-          2. `POST /pause?mode=abort`: every request in flight ends at once with the tokens it has sampled
+          2. `pause` with abort: every request in flight ends at once with the tokens it has sampled
              (finish_reason "abort"); the sampler keeps them, tagged with the old version, and will go on
              from them under the new one (`VLLMSampler.sample`). Requests that reach a paused server wait;
-          3. `POST /collective_rpc` `reload_weights` from `folder` (every worker), then `POST
-             /reset_prefix_cache`: KV blocks computed with the old weights must not be reused;
+          3. `load_weights` from `folder`, which also drops the prefix cache: KV blocks computed with the old
+             weights must not be reused;
           4. the sweep: a request of the sampler's still unanswered reached its server after the pause and
-             waits there; `POST /abort_requests` ends it (no tokens yet) before it could run on the new
+             waits there; `abort_requests` ends it (no tokens yet) before it could run on the new
              weights under the old version's tag, until the sampler has nothing in flight;
-          5. `switch()` (the sampler onto the new version), `POST /resume`, `sampler.release()`.
+          5. `switch()` (the sampler onto the new version), `resume`, `sampler.release()`.
         Why abort and go on rather than wait for requests in flight: a wait lasts as long as the longest
         turn in flight (thousands of tokens on a long-tailed agent task, while every server idles more and
         more); the abort costs one prefill of each interrupted request, which the reset cache needs anyway.
@@ -175,26 +165,25 @@ class Servers:
         A failure resumes every server and releases the sampler (never left paused), and is raised; the
         first one is reported. Returns the seconds of each phase: `drain_s` (the pause), `reload_s` (reload,
         reset and sweep), `resume_s`."""
+        backend = self.backend
         if sampler is not None:
             sampler.hold()
         try:
             async with self.session() as http:
                 t0 = time.perf_counter()
                 try:
-                    await self.on_all(http, "/pause?mode=abort", "pausing generation")
+                    await self.on_all(lambda url: backend.pause(http, url))
                     t1 = time.perf_counter()
-                    await self.on_all(http, "/collective_rpc", f"reloading {what} from {folder}",
-                                      {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
-                    await self.on_all(http, "/reset_prefix_cache", "resetting the prefix cache")
+                    await self.on_all(lambda url: backend.load_weights(http, url, folder))
                     if sampler is not None:
                         await self._sweep(http, sampler)
                     switch()
                 except BaseException:
                     with contextlib.suppress(WeightSyncError):
-                        await asyncio.shield(self.on_all(http, "/resume", "resuming generation"))
+                        await asyncio.shield(self.on_all(lambda url: backend.resume(http, url)))
                     raise
                 t2 = time.perf_counter()
-                await self.on_all(http, "/resume", "resuming generation")
+                await self.on_all(lambda url: backend.resume(http, url))
         finally:
             if sampler is not None:
                 sampler.release()
@@ -206,8 +195,7 @@ class Servers:
         deadline = time.monotonic() + (self.timeout.total or 60.0)
         while waiting := [url for url in self.live() if sampler.in_flight(url)]:
             if time.monotonic() > deadline:
-                raise WeightSyncError(f"vLLM server {waiting[0]} still holds {sampler.in_flight(waiting[0])} "
-                                      f"request(s) after pausing and aborting (POST /abort_requests)")
-            await self.on_all(http, "/abort_requests", "aborting the requests that came during the pause",
-                              urls=waiting)
+                raise WeightSyncError(f"server {waiting[0]} still holds {sampler.in_flight(waiting[0])} "
+                                      f"request(s) after pausing and aborting them")
+            await self.on_all(lambda url: self.backend.abort_requests(http, url), urls=waiting)
             await asyncio.sleep(every_s)

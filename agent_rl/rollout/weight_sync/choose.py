@@ -3,7 +3,8 @@
 Owns: `start_weight_sync` (full weights under full fine-tuning; else the adapter, merged weights, or
 `auto`), `choose_sync` (`auto`: a short burst with the adapter and one with the plain served weights
 decide, the choice and its figures logged), and the rule it decides by (`prefer_merged`).
-Does not own: how each sync pushes (`weight_sync.adapter`, `full`, `merged`), servers (`rollout.server`).
+Does not own: how each sync pushes (`weight_sync.adapter`, `full`, `merged`), servers and whether they can reload
+in place (`rollout.serving`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from agent_rl.core.config import TrainConfig
+from agent_rl.core.config import AlgorithmConfig, ModelConfig, RolloutConfig
 from agent_rl.rollout.sampler import Sampler, SamplingParams, ServedSampler
+from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.base import WeightSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
@@ -28,28 +30,28 @@ from agent_rl.rollout.weight_sync.merged import MergedSync
 log = logging.getLogger(__name__)
 
 
-async def start_weight_sync(cfg: TrainConfig, run_dir: Path, sampler: ServedSampler, model: Any,
-                            version: int) -> WeightSync:
+async def start_weight_sync(model_cfg: ModelConfig, algorithm: AlgorithmConfig, rollout: RolloutConfig,
+                            run_dir: Path, sampler: ServedSampler, model: Any, version: int) -> WeightSync:
     """The sync a run uses, with `model` pushed as `version` (the servers then sample exactly the
     trainer's weights): full weights under full fine-tuning; else as `model.sync` says (adapter,
     merged, or auto: merged where it pays and the servers can reload weights in place). An adapter sync
     keeps the newest `algorithm.max_staleness` + 1 versions loaded (the versions a trained token may come from)."""
     sync: AdapterSync | FullWeightSync
-    if cfg.model.full_finetune:
+    if model_cfg.full_finetune:
         sync = FullWeightSync(run_dir, sampler)
-    elif cfg.model.sync == "merged":
+    elif model_cfg.sync == "merged":
         sync = MergedSync(run_dir, sampler, model)
     else:
-        sync = AdapterSync(run_dir, sampler, keep=cfg.algorithm.max_staleness + 1,
+        sync = AdapterSync(run_dir, sampler, keep=algorithm.max_staleness + 1,
                            prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")
     await sync.push(model, version)
-    if cfg.model.sync != "auto" or not isinstance(sync, AdapterSync):  # full fine-tuning: full weights
+    if model_cfg.sync != "auto" or not isinstance(sync, AdapterSync):  # full fine-tuning: full weights
         return sync
-    if not all([await _dev_mode(url) for url in sampler.urls]):
+    if not all([await _can_reload(url) for url in sampler.urls]):
         log.warning("weight sync: adapter (model.sync auto: the servers cannot reload weights in place; "
                     "start them with VLLM_SERVER_DEV_MODE=1 to let merged weights compete)")
         return sync
-    tokens = cfg.rollout.rollouts_per_step * cfg.rollout.max_tokens_per_turn
+    tokens = rollout.rollouts_per_step * rollout.max_tokens_per_turn
     return await choose_sync(run_dir, sampler, model, version, tokens, sync)
 
 
@@ -94,11 +96,7 @@ async def burst_tokens_per_s(sampler: Sampler, requests: int = 8, tokens: int = 
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
 
-async def _dev_mode(url: str) -> bool:
-    """Whether the server at `url` has vLLM's development endpoints (it can reload weights in place)."""
+async def _can_reload(url: str) -> bool:
+    """Whether the server at `url` can reload weights in place (vLLM: its development routes, in dev mode)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        try:
-            async with http.get(url + "/is_paused") as resp:
-                return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            return False
+        return await serving_backend().can_reload(http, url)

