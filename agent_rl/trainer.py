@@ -10,7 +10,7 @@ abandoned, the last completed one checkpointed).
 Does not own: signals, whether a faulted step may be checkpointed and the line a stopped run ends with
 (`stopping`), any of the maths (`learn.advantages`, `learn.loss`,
 `learn.update`), tokens (`rollout.runner`, `core.renderers.base`), which groups a step trains and when they are played
-(`rollout.stream`, `rollout.admission`), servers (`rollout.server`), weight transport
+(`rollout.stream`, `rollout.admission`), servers (`rollout.serving`), weight transport
 (`rollout.weight_sync`), persistence (`runs.checkpoint`, `runs.runlog`, `runs.traces`).
 
 State is passed, not read from globals: the step, the stream's state (task position, the slots not yet

@@ -22,10 +22,9 @@ turns, others fill the batch. What the rollouts still pay is theirs: each turn's
 
 Before (`--episodes 32 --in-flight 32 --server-seqs 0`, the default until 2026-11-28): 32 episodes
 started together, no more than the server's batch and no queue. A turn cut by its budget ends its episode
-and the others wait on tools, so the batch thins out (23 of 32 requests in flight on average) and the
-episodes with the most turns finish alone at a small batch, which a CPU server runs at far fewer
-tokens/s; the raw side's 32 requests end when their tokens are done. `rollout_efficiency` measured that
-lockstep and tail, 0.82-0.92 (docs/performance.md).
+and the others wait on tools, so the batch thins out and the episodes with the most turns finish alone at a
+small batch, which a CPU server runs at far fewer tokens/s; the raw side's 32 requests end when their tokens are
+done. `rollout_efficiency` measured that lockstep and tail (docs/performance.md#rollouts-against-raw-generation).
 
 Steady state (`steady_*`, a diagnosis beside the target): the same ratio over each side's steady window
 alone, by the server's own count of generated tokens (vLLM's `generation_tokens` counter) read at its two
@@ -215,7 +214,7 @@ async def rollouts(sampler, renderer, args, url, figures, side: str, episodes: i
     queries, hits = (after[k] - before[k] for k in cache)
     figures[f"cache_hit_{side}"].append(hits / queries if queries else float("nan"))
     figures[f"prefill_{side}"].append((queries - hits) / meter.requests)
-    if side == "merged":  # where the rest goes (module doc); the adapter's sides say the same at ~2.5x the time
+    if side == "merged":  # where the rest goes (module doc); the adapter's sides say the same, slower
         before = await counters(url, *cache)
         replay, sent = await replay_side(url, sampler.model, prompts, plans)
         after = await counters(url, *cache)

@@ -12,8 +12,9 @@ uses them), the zero-overhead client and the in-process runner (bench/runner_sca
 Design, and what it costs. The simulation must be one: every worker's requests queue on the same servers, under
 the same routing (`SimCluster`'s sticky or least-outstanding rule, across all requests). It runs in one Ray actor
 (one process, one event loop) that listens on a TCP port; each worker holds one connection to it and multiplexes
-its requests by id. Ray's own actor calls were measured here at ~0.4 ms of the caller's CPU and ~0.55 ms of the
-callee's per call: a simulation fed by them would spend more CPU than the runner it measures. A line of JSON over
+its requests by id. Ray's own actor calls cost each side a good part of a turn's CPU (measured:
+docs/performance.md#rollout-workers-on-ray): a simulation fed by them would spend more CPU than the runner it
+measures. A line of JSON over
 a socket costs tens of microseconds a side. What the design costs is reported, not hidden: the simulation
 process's CPU per request (`sim_cpu_ms_per_turn`), rank 0's per turn (`driver_cpu_ms_per_turn`: the episodes
 sent and their trajectories received in batches, `agent_rl.rollout.ray_pool`), and the workers' (`cpu_ms_per_turn`,

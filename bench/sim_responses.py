@@ -7,8 +7,9 @@ Does not own: when a server answers (bench/sim_servers.py), what a reply says (b
 `SimSampler`), reading a response (VLLMSampler's `read_response`, `response_completion`).
 
 Why fragments: writing a response is the servers' work, which a deployment does on its GPU machines, yet here it
-runs in the measured process. Written whole each turn (`response_json`: ~5 objects a sampled token) it took
-0.12-0.15 ms a turn at 64 x 4,096, ~25% of the runner process's CPU, and its allocations churn the caches the
+runs in the measured process. Written whole each turn (`response_json`: ~5 objects a sampled token) it took a
+quarter of the runner process's CPU (docs/performance.md#the-runner-at-scale-by-simulation), and its allocations
+churn the caches the
 runner's own work runs in. A reply here is a prefix of one long sequence (the stand-in's filler, the ideal
 client's text) and a short ending, and an echo is the request's own JSON: so each prefix's JSON is cut from text
 written once, and only the ending is written per turn. The runner's side and the ideal client's both write this
@@ -66,7 +67,8 @@ def response_json(prompt_ids: Sequence[int], ids: list[int], pieces: Sequence[st
 class ServerWork:
     """The simulated servers' work in this process, timed: writing each response's JSON, choosing each reply's
     length, and on the runner's side which reply it is and the fingerprints of a context's ids the prefix cache
-    compares (wall clock: it never waits, and a CPU clock costs 0.6 us a read here against 0.08)."""
+    compares (wall clock: it never waits, and a CPU clock costs several times more a read here:
+    docs/performance.md#smaller-measurements)."""
 
     seconds: float = 0.0
 

@@ -2,9 +2,10 @@
 
 Owns: timing only. The runner plays calculator episodes against the simulated servers exactly as
 `bench/runner_scale.py --runner-only` does (`measure_side`), while each part below is wrapped in a timer of the
-thread's CPU time. A part costs 2-5x in place what it costs in a tight loop (thousands of episodes share the
-caches), so only a measurement in place says what to cut. The timers cost ~1 us a call themselves (a CPU clock
-read is a system call here), which each part's figure includes; `cpu_ms_per_turn` is the process's over the window,
+thread's CPU time. A part costs several times more in place than in a tight loop (thousands of episodes share the
+caches: docs/performance.md#where-a-turns-cpu-goes), so only a measurement in place says what to cut. The timers
+cost a little themselves (a CPU clock read is a system call here: docs/performance.md#smaller-measurements), which
+each part's figure includes; `cpu_ms_per_turn` is the process's over the window,
 with them. The parts are counted over the whole run, warm-up included, per response read (one a turn).
 
 Parts: reading the response (`read_response`), its checks (`response_completion`), decoding and parsing the turn

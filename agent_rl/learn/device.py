@@ -2,7 +2,7 @@
 
 Owns: `resolve_device` (`model.device`: auto = the first CUDA device when torch sees one, else the
 CPU), `resolve_dtype` (`model.dtype`: auto = bfloat16 on CUDA, float32 on the CPU) and `model_device`.
-A vLLM server started for the run serves in the same precision (`rollout.server.server_dtype`).
+A vLLM server started for the run serves in the same precision (`rollout.serving.vllm.server.server_dtype`).
 Does not own: moving the model (`learn.policy.build_policy`) or batches (`learn.batching.Batch.to`);
 the log-probs and the loss are computed in float32 from low-precision logits (`learn.logprobs`).
 """

