@@ -31,23 +31,16 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig, OptimConfig, TrainConfig
-from agent_rl.core.config_file import dump_config
+from agent_rl.config.file import dump_config
+from agent_rl.config.train import TrainConfig
+from agent_rl.core.config import OptimConfig
 from agent_rl.core.files import write_text
 from agent_rl.core.types import TrajectoryGroup
 from agent_rl.faults import mended, server_gone
-from agent_rl.learn.advantages import (
-    AdvantageFn,
-    CreditRule,
-    GroupAdvantages,
-    dr_grpo_advantages,
-    group_advantages,
-    grpo_advantages,
-    has_signal,
-    rloo_advantages,
-)
+from agent_rl.learn.advantages import ESTIMATORS, AdvantageFn, CreditRule, GroupAdvantages, group_advantages, has_signal
+from agent_rl.learn.algorithm import AlgorithmConfig, credit_of
 from agent_rl.learn.batching import Batch, collate
-from agent_rl.learn.credit import credit_metrics, credit_of
+from agent_rl.learn.credit import credit_metrics
 from agent_rl.learn.distributed import (
     Dist,
     GatheredModel,
@@ -75,7 +68,6 @@ from agent_rl.runs.traces import write_step as write_traces
 from agent_rl.session import Session, judging, open_session, supervised_sampling
 
 T = TypeVar("T")
-ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
 class StreamStage(Protocol):
@@ -242,7 +234,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     # 2. score: rewards came back with each trajectory (env.reward, + group rewards, each turn's own)
     # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
     credit = credit_of(algo)
-    adv = stages.advantages(groups, ADVANTAGES[algo.advantage], algo.truncated_reward, credit)
+    adv = stages.advantages(groups, ESTIMATORS[algo.advantage].advantages, algo.truncated_reward, credit)
     metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
                     **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
     t_train = time.perf_counter()

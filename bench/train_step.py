@@ -64,7 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.update import policy_update

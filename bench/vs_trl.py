@@ -328,8 +328,8 @@ def main() -> None:
     args = parse_args()
     if args.steps < 1:
         raise BenchError(f"--steps must be >= 1 (got {args.steps})")
+    from agent_rl.config.file import load_config
     from agent_rl.core.config import ConfigError
-    from agent_rl.core.config_file import load_config
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

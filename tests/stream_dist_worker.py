@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import cache_dir

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.policy import Policy
 from agent_rl.rollout import stream

@@ -11,7 +11,7 @@ import json
 import torch
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.policy import Policy
 from agent_rl.rollout.runner import EpisodeLimits, request_seed
 from agent_rl.runs.runlog import RunLogger

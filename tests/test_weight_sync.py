@@ -220,7 +220,7 @@ async def test_merged_sync_serves_the_lora_policy_as_plain_weights(dev_server, t
 
 async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_server, tiny_dir, fixed_ids, tmp_path,
                                                                         caplog):
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
 
     cfg = load_config(None, [f"model.name={tiny_dir}", "model.sync=auto"])
     model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16)
