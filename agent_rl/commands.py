@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent_rl.core.config import TrainConfig
+    from agent_rl.config.train import TrainConfig
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 BARE_CALLS = {"auto": "null", "on": "true", "off": "false"}  # rollout --bare-calls -> model.bare_tool_calls
@@ -60,7 +60,7 @@ def errors_as_lines() -> Iterator[None]:
 
 def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """The YAML file `args.config` (or the defaults) with `--set` overrides, then `extra` ones."""
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
 
     with errors_as_lines():
         return load_config(args.config, [*(args.set or []), *extra])

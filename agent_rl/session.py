@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agent_rl.core.config import JudgeConfig, TrainConfig
+from agent_rl.config.train import TrainConfig
+from agent_rl.core.config import JudgeConfig
 from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.renderers.base import Renderer

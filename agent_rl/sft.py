@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from agent_rl.core.config import TrainConfig
-from agent_rl.core.config_file import dump_config
+from agent_rl.config.file import dump_config
+from agent_rl.config.train import TrainConfig
 from agent_rl.core.files import write_text
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.demos import Demo, read_demos

@@ -31,23 +31,16 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
-from agent_rl.core.config_file import dump_config
+from agent_rl.config.file import dump_config
+from agent_rl.config.train import TrainConfig
+from agent_rl.core.config import ModelConfig, OptimConfig, RolloutConfig
 from agent_rl.core.files import write_text
 from agent_rl.core.seeds import step_seed
 from agent_rl.core.types import TrajectoryGroup
-from agent_rl.learn.advantages import (
-    AdvantageFn,
-    CreditRule,
-    GroupAdvantages,
-    dr_grpo_advantages,
-    group_advantages,
-    grpo_advantages,
-    has_signal,
-    rloo_advantages,
-)
+from agent_rl.learn.advantages import ESTIMATORS, AdvantageFn, CreditRule, GroupAdvantages, group_advantages, has_signal
+from agent_rl.learn.algorithm import AlgorithmConfig, credit_of
 from agent_rl.learn.batching import Batch, collate
-from agent_rl.learn.credit import credit_metrics, credit_of
+from agent_rl.learn.credit import credit_metrics
 from agent_rl.learn.distributed import (
     Dist,
     GatheredModel,
@@ -77,7 +70,6 @@ from agent_rl.session import Session, episodes, judging, open_session, supervise
 from agent_rl.stopping import Preemption, end_of_run, mended, server_gone, unless_stopped, watch
 
 T = TypeVar("T")
-ADVANTAGES = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
 
 
 class StreamStage(Protocol):
@@ -106,7 +98,7 @@ class UpdateStage(Protocol):
 class SyncStage(Protocol):
     """The run's weight sync, with `model` already pushed as `version`: `rollout.weight_sync.start_weight_sync`."""
 
-    async def __call__(self, model_cfg: ModelConfig, algorithm: AlgorithmConfig, rollout: RolloutConfig, run_dir: Path,
+    async def __call__(self, model_cfg: ModelConfig, rollout: RolloutConfig, max_staleness: int, run_dir: Path,
                        sampler: ServedSampler, model: Any, version: int, /) -> WeightSync: ...
 
 
@@ -187,7 +179,8 @@ async def train(cfg: TrainConfig, resume: bool = False, stages: Stages = Stages(
     async with supervised_sampling(run.session, run.run_dir / "vllm.log") as (served, supervisor), \
             judging(run.session, served.sampler.urls, run.run_dir) as run.session:
         # the servers sample with exactly the trainer's weights from the first step on
-        sync = await stages.sync(cfg.model, cfg.algorithm, cfg.rollout, run.run_dir, served.sampler, first, run.start)
+        sync = await stages.sync(cfg.model, cfg.rollout, cfg.algorithm.max_staleness, run.run_dir, served.sampler,
+                                 first, run.start)
         del first
         # from here a server that dies comes back with the current weights; one that cannot stops the loop
         run.supervisor = supervisor
@@ -241,7 +234,7 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     # 2. score: rewards and returns came back with each trajectory (env.reward, + group rewards, each turn's own)
     # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
     credit = credit_of(algo)
-    adv = stages.advantages(groups, ADVANTAGES[algo.advantage], credit)
+    adv = stages.advantages(groups, ESTIMATORS[algo.advantage].advantages, credit)
     metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
                     **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
     t_train = time.perf_counter()

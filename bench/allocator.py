@@ -53,7 +53,7 @@ def child(demos_path: str, mode: str, steps: int, batch: int, micro_batch_tokens
 
     if mode != "cap":  # build_policy caps heap buffers; every other mode measures the heap without it
         policy_module.cap_heap_buffers = lambda: False
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
     from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.demos import read_demos
     from agent_rl.learn.allocator import release_freed_memory

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.core.types import Message
 from agent_rl.envs.base import ToolEnv, turn_rewards_on

@@ -49,7 +49,7 @@ def worker(args) -> None:
     """One rank: build the policy, time `--reps` updates of the batch; rank 0 writes the figures."""
     import torch
 
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
     from agent_rl.learn.distributed import init_distributed
     from agent_rl.learn.models import resolve_model
     from agent_rl.learn.policy import build_policy

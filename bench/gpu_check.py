@@ -49,7 +49,7 @@ def served_logprobs(url: str, adapter: Path, ids: list[int]) -> torch.Tensor:
 
 
 def check(args) -> dict:
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
     from agent_rl.core.renderers.choose import load_renderer
     from agent_rl.learn.device import resolve_device, resolve_dtype
     from agent_rl.learn.logprobs import token_logprobs

@@ -221,7 +221,7 @@ async def grpo_steps(model_dir: Path, run_dir: Path, steps: int, device: str) ->
     """`steps` steps of the real loop on the toy env, sampled by `HFSampler`; each step's metrics, and whether
     the run's last checkpoint was written."""
     from agent_rl import trainer
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
     from agent_rl.rollout.players import LocalPlayers
     from agent_rl.runs.runlog import RunLogger
 

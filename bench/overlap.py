@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
 from agent_rl.rollout.serving.vllm.server import VLLMServer, attach
 from agent_rl.trainer import train

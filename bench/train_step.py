@@ -64,7 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.models import resolve_model
 from agent_rl.learn.update import policy_update
@@ -172,10 +172,10 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
             probe.update_s[probe.step] = probe.update_s.get(probe.step, 0.0) + time.perf_counter() - t0
             probe.stage = "sync"  # then the push (and the loop's bookkeeping) until the next sampling
 
-    async def sync(model_cfg, algorithm, rollout, run_dir, sampler, model, version):
+    async def sync(model_cfg, rollout, max_staleness, run_dir, sampler, model, version):
         probe.stage = "sync"
         t0 = time.perf_counter()
-        inner = await start_weight_sync(model_cfg, algorithm, rollout, run_dir, sampler, model, version)
+        inner = await start_weight_sync(model_cfg, rollout, max_staleness, run_dir, sampler, model, version)
         probe.pushes.append({"version": version, "total_s": time.perf_counter() - t0, **inner.last_timings})
         probe.sync, probe.model, probe.step = inner, model, version + 1
         return TimedSync(inner, probe)

@@ -2,7 +2,7 @@
 
 Owns: the work both sides run (the task rows `bench_rows`, the TRL-style reward function `correct`,
 the calculator tool, and the settings, read from `examples/calculator_recipe.yaml`), this module's
-role as the agent-rl environment of that work (`make_env`, `load_tasks`), setting up TRL's own
+role as the agent-rl environment of that work (`ENV`: `make_env`, `load_tasks`), setting up TRL's own
 virtualenv, running both sides one after the other, and the one JSON line that compares them.
 Does not own: TRL's trainer set-up (`bench/trl_side.py`, run inside TRL's virtualenv) or anything
 in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's config with this env).
@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from agent_rl.core.registry import EnvSpec  # noqa: E402
 from agent_rl.envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
 
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
@@ -101,6 +102,9 @@ def make_env(task: dict[str, Any]):
 
 def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
     return bench_rows(n)  # one fixed row order for both trainers, whatever the run's seed
+
+
+ENV = EnvSpec("vs_trl", make_env, load_tasks)  # agent-rl's side: `rollout.env=bench.vs_trl`
 
 
 # -- set-up ------------------------------------------------------------------------------------------
@@ -329,8 +333,8 @@ def main() -> None:
     args = parse_args()
     if args.steps < 1:
         raise BenchError(f"--steps must be >= 1 (got {args.steps})")
+    from agent_rl.config.file import load_config
     from agent_rl.core.config import ConfigError
-    from agent_rl.core.config_file import load_config
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from test_stream import TimedSampler, VersionSync
 
 from agent_rl import trainer
 from agent_rl.commands import CLIError, errors_as_lines
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
 from agent_rl.rollout.weight_sync.base import WeightSyncError

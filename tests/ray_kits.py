@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from agent_rl.core.config import TrainConfig
+from agent_rl.config.train import TrainConfig
 from agent_rl.core.registry import load_env
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.rollout.sampler import Completion

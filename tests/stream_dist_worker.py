@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import cache_dir
@@ -87,7 +87,7 @@ def main(run_dir: Path) -> None:
         async with Supervisor([], None, max_restarts=0, health_timeout_s=60.0, attach_wait_s=0.0) as supervisor:
             yield Served(sampler[0], LocalPlayers(session.env.make_env, sampler[0], session.renderer)), supervisor
 
-    async def sync(model_cfg, algorithm, rollout, run_dir, served, model, version):
+    async def sync(model_cfg, rollout, max_staleness, run_dir, served, model, version):
         return Push(served)
 
     def advantages(groups, advantage_fn, credit):

@@ -21,7 +21,7 @@ from helpers import here
 from test_stream import TimedSampler, VersionSync, slow_snails
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.models import build_tiny_model, cache_dir, resolve_model
 from agent_rl.runs.runlog import RunLogger

@@ -25,6 +25,9 @@ def test_rows_are_trl_conversational_and_a_stable_prefix():
     assert [m["role"] for m in rows[0]["prompt"]] == ["system", "user"]
     assert rows[2]["prompt"][1]["content"] == "What is (998 + 533) * 17?" and rows[2]["answer"] == 26027
     assert load_tasks(4, seed=7) == bench_rows(4)  # one row order whatever the run's seed
+    from agent_rl.core.registry import load_env
+
+    assert load_env("bench.vs_trl").load_tasks(2) == bench_rows(2)  # agent-rl's side: rollout.env=bench.vs_trl
 
 
 def test_reward_on_trl_completions():

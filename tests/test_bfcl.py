@@ -230,7 +230,7 @@ async def test_the_evaluation_against_vllm(checker, vllm_server, tiny_dir, rende
     """Two questions of two categories, the tiny random model on the test server: figures per category."""
     import contextlib
 
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
     from agent_rl.core.registry import load_env as env_named
     from agent_rl.rollout.serving.base import Fleet
     from agent_rl.session import Session

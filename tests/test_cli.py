@@ -76,8 +76,9 @@ def test_unknown_environment(capsys):
     assert one_error_line(capsys).startswith("error: unknown environment 'no_such_env_module' (built-in: calculator")
 
 
-ENV_MODULE = ("def make_env(task):\n    return task\n\n\n"
-              "def load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n")
+ENV_MODULE = ("from agent_rl.core.registry import EnvSpec\n\n\ndef make_env(task):\n    return task\n\n\n"
+              "def load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n\n\n"
+              "ENV = EnvSpec('mine', make_env, load_tasks)\n")
 
 
 @pytest.fixture
@@ -116,8 +117,8 @@ def test_environment_from_the_current_folder_or_a_file(user_folder):
     ("./syntax_env_d.py", {"syntax_env_d.py": "def f(:\n"},
      "environment './syntax_env_d.py' failed to import: SyntaxError: "),
     ("half_env_e", {"half_env_e.py": "def make_env(task):\n    return task\n"},
-     "environment module 'half_env_e' lacks load_tasks: an environment module exports "
-     'ENV = EnvSpec("half_env_e", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
+     "environment module 'half_env_e' defines make_env by name, which agent-rl no longer reads (0.1.0); export "
+     'its spec: ENV = EnvSpec("half_env_e", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
 ])
 def test_environment_that_cannot_load_is_one_error_line(user_folder, capsys, name, files, message):
     for file, text in files.items():

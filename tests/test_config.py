@@ -7,14 +7,10 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from agent_rl.core.config import (
-    AlgorithmConfig,
-    ConfigError,
-    ModelConfig,
-    RolloutConfig,
-    TrainConfig,
-)
-from agent_rl.core.config_file import dump_config, load_config
+from agent_rl.config.file import dump_config, load_config
+from agent_rl.config.train import TrainConfig
+from agent_rl.core.config import ConfigError, ModelConfig, RolloutConfig
+from agent_rl.learn.algorithm import AlgorithmConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator_grpo.yaml"
 
@@ -117,8 +113,8 @@ def test_unknown_field():
 
 
 def test_bad_literal():
-    assert error_of(None, ["algorithm.advantage=ppo"]) == (
-        "config error: algorithm.advantage: Input should be 'grpo', 'dr_grpo' or 'rloo' (got ppo)")
+    assert error_of(None, ["model.dtype=half"]) == (
+        "config error: model.dtype: Input should be 'auto', 'float32', 'bfloat16', 'float16' or 'float64' (got half)")
 
 
 def test_bounds():
@@ -139,16 +135,19 @@ def test_cross_field_errors_name_the_field():
         "config error: algorithm.mismatch_bounds: must satisfy 0 < low <= 1 <= high (got [2.0, 3.0])")
 
 
-def test_mismatch_bounds_of_before_the_decoupled_correction_mean_the_same_or_say_what_to_write():
-    """Bounds alone used to drop sequences; now `mismatch_mask` chooses tokens or sequences. A config written
-    then with bounds set is told what to add; one with bounds null (no mask) loads as no mask."""
+def test_mismatch_bounds_of_before_0_1_0_are_one_line_saying_what_changed():
+    """Before 0.1.0 bounds alone dropped sequences and bounds null meant no mask; now `mismatch_mask` chooses
+    tokens, sequences or nothing and the bounds are only its range. Neither old form is read: each is refused
+    with what changed (a config written since always holds the mismatch_mask key: dump_config writes it)."""
     assert error_of(None, ["algorithm.mismatch_bounds=[0.5, 2]"]) == (
-        "config error: algorithm.mismatch_mask: mismatch_bounds alone drops nothing; add mismatch_mask: sequence "
-        "(what bounds alone did before) or token (IcePop's token mask)")
-    old = load_config(None, ["algorithm.mismatch_bounds=null"]).algorithm
-    assert old.mismatch_mask is None and old.mismatch_bounds == (0.5, 2.0)
-    assert error_of(None, ["algorithm.mismatch_mask=token", "algorithm.mismatch_bounds=null"]) == (
-        "config error: algorithm.mismatch_bounds: give [low, high] for mismatch_mask (got null)")
+        "config error: algorithm.mismatch_mask: mismatch_bounds alone drops nothing since 0.1.0; add mismatch_mask: "
+        "sequence (what bounds alone did before) or token (IcePop's token mask)")
+    null = ("config error: algorithm.mismatch_bounds: null meant no mask before 0.1.0; now mismatch_mask: null is no "
+            "mask and the bounds are its range: leave mismatch_bounds out (got null)")
+    assert error_of(None, ["algorithm.mismatch_bounds=null"]) == null
+    assert error_of(None, ["algorithm.mismatch_mask=token", "algorithm.mismatch_bounds=null"]) == null
+    assert load_config(None, ["algorithm.mismatch_mask=null", "algorithm.mismatch_bounds=[0.5, 3]"]).algorithm \
+        .mismatch_mask is None  # written since 0.1.0: the key is there
 
 
 def test_several_errors_still_one_line():

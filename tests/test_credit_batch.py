@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import scored_groups
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.types import Segment, StopReason, Trajectory, TrajectoryGroup, Turn
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
+from agent_rl.learn.algorithm import credit_of
 from agent_rl.learn.batching import collate, micro_batches, select_rows, split_steps
-from agent_rl.learn.credit import credit_of
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.loss import gspo_loss, per_token, ppo_clip_loss, sequence_mean, token_mean
 from agent_rl.learn.policy import build_policy, trainable_parameters
@@ -81,7 +81,8 @@ def test_the_config_refuses_what_cannot_take_an_advantage_per_token():
         load_config(None, ["algorithm.gamma=0.9"])
     with pytest.raises(ValueError, match=r"^config error: algorithm.step_weight: read only with credit: gigpo"):
         load_config(None, ["algorithm.credit=turn", "algorithm.step_weight=0.5"])
-    with pytest.raises(ValueError, match=r"^config error: algorithm.credit: Input should be 'trajectory', 'turn' or "):
+    with pytest.raises(ValueError, match=r"^config error: algorithm.credit: must be one of trajectory, turn, gigpo "
+                                         r"\(got step\)$"):
         load_config(None, ["algorithm.credit=step"])
     algo = load_config(None, ["algorithm.credit=gigpo", "algorithm.gamma=0.95"]).algorithm
     assert credit_of(algo) is not None and credit_of(load_config(None, []).algorithm) is None

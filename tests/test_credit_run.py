@@ -10,7 +10,7 @@ import torch
 from helpers import here
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, StopReason

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.registry import load_env
 from agent_rl.demos import make_demos, read_demos, write_demos
 from agent_rl.rollout.runner import EpisodeLimits

@@ -21,7 +21,7 @@ pytest.importorskip("verifiers", reason="the verifiers adapter needs pip install
 pytest.importorskip("openenv", reason="the OpenEnv adapter needs pip install 'agent-rl[openenv]'")
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # a CLI run starts a process and loads a model
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,18 +1,18 @@
 """The environment contract: a module exports one `EnvSpec` as `ENV` and the registry reads it; a module
-written the old way (make_env and load_tasks by name) still loads, with one notice saying the line to add;
-anything else is one error line naming the module."""
+written before 0.1.0 (make_env and load_tasks by name, or agent-rl's packages under their top-level names) is
+one error line saying what changed; anything else is one error line naming the module."""
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 import pytest
 from test_cli import one_error_line, user_folder  # noqa: F401  (a fixture)
 
 from agent_rl.cli import main
-from agent_rl.core import registry
 from agent_rl.core.audit_target import ANSWERED, AuditTarget, NotAudited
-from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import BUILTIN, EnvSpec, load_env
 
 NEW_STYLE = '''
@@ -50,9 +50,6 @@ def solve(task, messages, direct=False):
 def mistake(task, messages, rng):
     return None
 '''
-NOTICE = ("notice: environment module 'old_env_b' defines make_env and load_tasks by name, which agent-rl reads "
-          "for now; export its spec instead: ENV = EnvSpec(\"old_env_b\", make_env, load_tasks, solve=solve, "
-          "mistake=mistake) (from agent_rl.core.registry import EnvSpec)\n")
 
 
 def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_for(user_folder, capsys):  # noqa: F811
@@ -68,25 +65,35 @@ def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_f
     assert capsys.readouterr().err == ""  # no notice for a module that exports its spec
 
 
-def test_an_old_style_module_loads_with_one_notice(user_folder, capsys, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(registry, "_noticed", set())
+def test_a_module_written_before_0_1_0_is_one_error_line_saying_what_changed(user_folder, capsys):  # noqa: F811
+    """make_env and load_tasks by name were read until 0.1.0 (with a notice); now the line says what to write."""
     (user_folder / "old_env_b.py").write_text(OLD_STYLE)
-    spec = load_env("old_env_b")
-    module = importlib.import_module("old_env_b")
-    assert (spec.name, spec.make_env, spec.load_tasks, spec.solve, spec.mistake) == \
-        ("old_env_b", module.make_env, module.load_tasks, module.solve, module.mistake)
-    assert spec.group_reward is None and spec.audit is None and spec.load_tasks(2) == [{"id": "t0"}, {"id": "t1"}]
-    load_mixture([("old_env_b", 1.0), ("toy", 1.0)])  # loaded again: no second notice
-    assert capsys.readouterr().err == NOTICE
-
-
-def test_an_old_style_module_with_a_built_in_make_env_keeps_its_audit_target(user_folder, capsys):  # noqa: F811
+    assert main(["play", "old_env_b"]) == 2
+    assert one_error_line(capsys) == (
+        "error: environment module 'old_env_b' defines make_env and load_tasks by name, which agent-rl no longer "
+        'reads (0.1.0); export its spec: ENV = EnvSpec("old_env_b", make_env, load_tasks, solve=solve, '
+        'mistake=mistake) (from agent_rl.core.registry import EnvSpec)')
     (user_folder / "reuse_env_f.py").write_text("from agent_rl.envs.calculator import load_tasks, make_env, solve\n"
                                                  "def group_reward(task, trajectories):\n    return None\n")
-    spec = load_env("reuse_env_f")
-    assert spec.audit is load_env("calculator").audit and spec.group_reward is not None
-    assert 'ENV = EnvSpec("reuse_env_f", make_env, load_tasks, solve=solve, group_reward=group_reward)' in \
-        capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^environment module 'reuse_env_f' defines make_env and load_tasks by name.*"
+                                         r'ENV = EnvSpec\("reuse_env_f", make_env, load_tasks, solve=solve, '
+                                         r"group_reward=group_reward\)"):
+        load_env("reuse_env_f")
+
+
+def test_a_module_importing_the_top_level_spelling_of_before_0_1_0_is_one_error_line(user_folder, capsys,  # noqa: F811
+                                                                                      monkeypatch):
+    """A user's project with its own `envs` package, whose module still imports agent-rl's environments as
+    `envs.calculator`: one line naming the new import (Python alone would say only "No module named")."""
+    (user_folder / "envs").mkdir()
+    own = types.ModuleType("envs")
+    own.__path__ = [str(user_folder / "envs")]  # the user's own envs package, found first
+    monkeypatch.setitem(sys.modules, "envs", own)
+    (user_folder / "old_import_env_g.py").write_text("from envs.calculator import load_tasks, make_env\n")
+    assert main(["play", "old_import_env_g"]) == 2
+    assert one_error_line(capsys) == (
+        "error: environment 'old_import_env_g' failed to import: No module named 'envs.calculator'; agent-rl's envs "
+        "package is agent_rl.envs since 0.1.0: import agent_rl.envs.calculator")
 
 
 @pytest.mark.parametrize("name, text, message", [
@@ -97,8 +104,9 @@ def test_an_old_style_module_with_a_built_in_make_env_keeps_its_audit_target(use
      "environment module 'empty_env_d' lacks ENV: an environment module exports "
      'ENV = EnvSpec("empty_env_d", make_env, load_tasks) (from agent_rl.core.registry import EnvSpec)'),
     ("half_env_e", "def load_tasks(n, seed=0, split='train'):\n    return []\n\ndef solve(t, m, d):\n    pass\n",
-     "environment module 'half_env_e' lacks make_env: an environment module exports "
-     'ENV = EnvSpec("half_env_e", make_env, load_tasks, solve=solve) (from agent_rl.core.registry import EnvSpec)'),
+     "environment module 'half_env_e' defines load_tasks by name, which agent-rl no longer reads (0.1.0); export "
+     'its spec: ENV = EnvSpec("half_env_e", make_env, load_tasks, solve=solve) '
+     "(from agent_rl.core.registry import EnvSpec)"),
 ])
 def test_a_module_without_a_spec_is_one_error_line_saying_what_to_write(user_folder, capsys, name, text,  # noqa: F811
                                                                         message):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from agent_rl.cli import main
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.registry import load_env
 from agent_rl.evaluation.evaluate import (
     PolicySpec,

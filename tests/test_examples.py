@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.session import env_of
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))

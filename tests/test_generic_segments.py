@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_rollout_tokens import AddEnv
 
+from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
-from agent_rl.core.config_file import load_config
 from agent_rl.core.renderers import choose as renderers
 from agent_rl.core.renderers.choose import GENERIC_NOTICE, detect, get_renderer
 from agent_rl.core.renderers.generic import GenericRenderer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.types import Message, StopReason, Trajectory, Turn
 from agent_rl.envs.dataset import RubricEnv
 from agent_rl.rewards.group import rubric_group_reward

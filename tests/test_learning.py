@@ -15,7 +15,7 @@ import json
 import pytest
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages
 
 pytestmark = pytest.mark.integration

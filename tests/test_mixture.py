@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
-from agent_rl.core.config_file import load_config
 from agent_rl.core.mixture import Mixture, load_mixture, schedule
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory, TrajectoryGroup
@@ -37,7 +37,7 @@ def test_each_environment_of_a_mixture_takes_its_own_env_args():
 
 
 def test_a_mixture_round_trips_through_the_saved_config(tmp_path):
-    from agent_rl.core.config_file import dump_config
+    from agent_rl.config.file import dump_config
 
     cfg = load_config(None, ["rollout.envs={calculator: 3, toy: 1}"])
     path = tmp_path / "config.yaml"

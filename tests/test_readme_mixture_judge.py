@@ -16,8 +16,8 @@ import pytest
 from doc_pages import ROOT, marked_block, page_with
 from test_readme_example import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, readme_commands
 
+from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
-from agent_rl.core.config_file import load_config
 from agent_rl.core.mixture import Mixture
 from agent_rl.core.registry import EnvSpec, load_env
 from agent_rl.core.types import EPISODE_REWARD

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.rollout.serving.base import ServerError
 from agent_rl.rollout.serving.vllm.server import check_logprobs_mode, max_lora_rank
 

@@ -27,9 +27,6 @@ ROUTES = re.compile(r"/pause\b|/resume\b|/is_paused\b|/collective_rpc\b|\breload
 ELSEWHERE = {
     "envs/agent_proxy.py": {"/v1/models"},  # our own OpenAI-compatible endpoint for a user's agent
     "envs/openenv_env.py": {"/health"},  # an OpenEnv environment server's
-    # the descriptions of `sampler.max_restarts` and `health_timeout_s` (prose, not a call); core/config.py is
-    # being rewritten elsewhere (#41): to reword there as "its health probe"
-    "agent_rl/core/config.py": {"/health"},
 }
 
 

@@ -20,7 +20,7 @@ import torch
 from helpers import here
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.learn.policy import Policy
 from agent_rl.rollout.players import RequestMeter

@@ -27,7 +27,7 @@ import torch
 from helpers import here
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.update import policy_update
 from agent_rl.rollout.sampler import Completion
 from agent_rl.runs.runlog import RunLogger

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import load_causal_lm
 from agent_rl.runs import traces

@@ -12,7 +12,7 @@ import torch
 from helpers import here
 
 from agent_rl import trainer
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.core.seeds import request_seed
 from agent_rl.learn.policy import Policy
 from agent_rl.rollout.runner import EpisodeLimits

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from agent_rl.core.config import AlgorithmConfig
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
+from agent_rl.learn.algorithm import AlgorithmConfig
 from agent_rl.learn.batching import collate
 from agent_rl.learn.logprobs import Scoring, token_logprobs
 from agent_rl.learn.policy import build_policy, trainable_parameters
@@ -118,10 +118,11 @@ def test_each_proximal_rule_names_its_log_probs_and_the_corrections_act_as_worke
         a = rule.anchors(batch, current)
         assert [float(a.behaviour_logp_B_T[0, 0]), float(a.proximal_logp_B_T[0, 0])] == pytest.approx(want[name])
     assert corrections(AlgorithmConfig(tis_cap=1.2, mismatch_mask="sequence")) == ["truncated_weights",
-                                                                                   "sequence_mask"]
+                                                                                   "mismatch_mask"]
     assert corrections(AlgorithmConfig(tis_cap=None)) == [] and corrections(masked) == ["truncated_weights",
-                                                                                        "token_mask"]
-    assert [n for n, c in CORRECTIONS.items() if c.masks] == ["token_mask", "sequence_mask"]
+                                                                                        "mismatch_mask"]
+    assert corrections(AlgorithmConfig(tis_cap=None, mismatch_mask="token")) == ["mismatch_mask"]
+    assert [n for n, c in CORRECTIONS.items() if c.masks] == ["mismatch_mask"]
     anchors = PROXIMAL_RULES["recomputed"].anchors(batch, current)
     mask = batch.loss_mask_B_T
     # TIS: 1.6487 capped at 1.2 on the sampled column, 1.0 elsewhere
@@ -129,12 +130,11 @@ def test_each_proximal_rule_names_its_log_probs_and_the_corrections_act_as_worke
     assert weights.flatten().tolist() == pytest.approx([1.2, 1.0, 1.2, 1.0])
     # MIS: 1.6487 is inside [0.5, 2.0], outside [0.7, 1.5]; a token's mask and its one-token sequence's agree
     for kind in ("token", "sequence"):
-        name = f"{kind}_mask"
         wide = AlgorithmConfig(mismatch_mask=kind)
         narrow = AlgorithmConfig(mismatch_mask=kind, mismatch_bounds=(0.7, 1.5))
-        keep = CORRECTIONS[name].apply(anchors, mask, wide).keep_B_T & mask
+        keep = CORRECTIONS["mismatch_mask"].apply(anchors, mask, wide).keep_B_T & mask
         assert keep.tolist() == [[True, False], [True, False]]
-        keep = CORRECTIONS[name].apply(anchors, mask, narrow).keep_B_T & mask
+        keep = CORRECTIONS["mismatch_mask"].apply(anchors, mask, narrow).keep_B_T & mask
         assert keep.tolist() == [[False, False], [False, False]]
 
 

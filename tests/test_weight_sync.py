@@ -221,7 +221,7 @@ async def test_merged_sync_serves_the_lora_policy_as_plain_weights(dev_server, t
 
 async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_server, tiny_dir, fixed_ids, tmp_path,
                                                                         caplog):
-    from agent_rl.core.config_file import load_config
+    from agent_rl.config.file import load_config
 
     cfg = load_config(None, [f"model.name={tiny_dir}", "model.sync=auto"])
     model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8, alpha=16)
@@ -231,7 +231,8 @@ async def test_auto_sync_picks_by_a_burst_of_each_and_serves_the_policy(dev_serv
         await MergedSync(tmp_path / "restore", sampler, model).finish()
         before = set(await served_names(dev_server.url))  # other tests' adapters stay loaded
         with caplog.at_level("WARNING", logger="agent_rl.rollout.weight_sync.choose"):
-            sync = await start_weight_sync(cfg.model, cfg.algorithm, cfg.rollout, tmp_path, sampler, model, 7)
+            sync = await start_weight_sync(cfg.model, cfg.rollout, cfg.algorithm.max_staleness, tmp_path, sampler,
+                                           model, 7)
         chosen = "merged" if isinstance(sync, MergedSync) else "adapter"
         assert f"weight sync: {chosen} (burst: adapter" in caplog.text
         served = await served_logprobs(dev_server.url, sampler.model, fixed_ids)

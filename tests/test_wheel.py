@@ -122,9 +122,9 @@ def test_a_project_with_its_own_tools_envs_rewards_runs_an_environment(installed
     assert out["agent_rl"].startswith(str(venv))  # the wheel's copy, not the checkout
     assert out["reward"] == 1.0 and out["calls"] == 1
     assert out["mine"] == ["found x", "mine", 0.5]
-    # the old top-level spelling, with the user's own envs/ in the way: one line naming the new import
-    assert out["old_import"] == ("No module named 'envs.calculator'; agent-rl's envs package is agent_rl.envs now: "
-                                 "import agent_rl.envs.calculator")
+    # the top-level spelling of before 0.1.0 in the user's own script: Python's own error, no finder of ours on
+    # sys.meta_path (where agent-rl imports such a module, the error names the new import: below)
+    assert out["old_import"] == "No module named 'envs.calculator'"
 
 
 def test_the_installed_command_plays_from_the_project_folder(installed, tmp_path):
@@ -143,3 +143,9 @@ def test_the_installed_command_plays_from_the_project_folder(installed, tmp_path
     assert old.stderr.strip() == ("error: unknown environment 'envs.calculator': agent-rl's environments are "
                                   "agent_rl.envs now; write 'agent_rl.envs.calculator' (or a built-in name: "
                                   f"{builtins})")
+    (project / "old_env.py").write_text("from envs.calculator import load_tasks, make_env\n")
+    mine = _run(venv, ["agent-rl", "play", "./old_env.py"], project, "x\n")
+    assert mine.returncode == 2
+    assert mine.stderr.strip() == ("error: environment './old_env.py' failed to import: No module named "
+                                   "'envs.calculator'; agent-rl's envs package is agent_rl.envs since 0.1.0: import "
+                                   "agent_rl.envs.calculator")

@@ -24,8 +24,8 @@ import pytest
 from test_stream import VersionSync, play, scripted_run
 
 from agent_rl import trainer
+from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.core.config_file import load_config
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.worker import WorkerError, WorkerSettings

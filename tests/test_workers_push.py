@@ -16,7 +16,7 @@ from conftest import until
 from helpers import not_here
 from test_push_in_flight import SavesAFile, StandInVLLM
 
-from agent_rl.core.config_file import load_config
+from agent_rl.config.file import load_config
 from agent_rl.evaluation.evaluate import evaluate
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.serving.base import Fleet

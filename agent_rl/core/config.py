@@ -1,13 +1,14 @@
-"""Run configuration: what to train, how to sample, which algorithm, and where to write.
+"""Run configuration sections that every floor reads: what to train, how to sample, where to write.
 
-Owns: one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`, `RolloutConfig` with its
-`EnvWeight`s, `AlgorithmConfig`, `OptimConfig`, `RunConfig`, `JudgeConfig`, `RayConfig`, and for the cold start and
-evaluation `SFTConfig`, `EvalConfig`) gathered in `TrainConfig`; their bounds and the combinations
-that cannot work together. `AlgorithmConfig` is written in `core.config_algorithm` and `ConfigError`, the one
-line naming the field that every mistake becomes, in `core.config_base`; both are imported from here.
-Does not own: reading YAML and `--set` overrides, or writing a config back (`core.config_file`);
-acting on the values (the trainer, sampler, policy), or knowing which environments or models exist
-(`core.registry`, `learn.models`): a bad name fails where it is resolved.
+Owns: `ConfigError` (the one line naming the field that every config mistake becomes), `Section` (the frozen,
+strict base of every section), and one frozen pydantic model per concern (`ModelConfig`, `SamplerConfig`,
+`RolloutConfig` with its `EnvWeight`s, `OptimConfig`, `RunConfig`, `JudgeConfig`, `RayConfig`, and for the
+cold start and evaluation `SFTConfig`, `EvalConfig`): their bounds and the combinations of their own fields that
+cannot work together.
+Does not own: the `algorithm` section (`learn.algorithm`: its choices are names from the tables of learn, which
+this ground floor cannot import), the whole run's config that gathers every section, its cross-section rules
+and its YAML files (`agent_rl.config`), acting on the values (the trainer, sampler, policy), or knowing which
+environments or models exist (`core.registry`, `learn.models`): a bad name fails where it is resolved.
 
 Every field is validated where it is declared, with `extra="forbid"` so a typo such as
 `rollout.group_sise` is an error instead of a silently ignored key. Values that follow from
@@ -18,16 +19,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-# re-exported: every section and the error are imported from here, wherever they are written
-from agent_rl.core.config_algorithm import LOSS_DEFAULTS as LOSS_DEFAULTS
-from agent_rl.core.config_algorithm import AlgorithmConfig as AlgorithmConfig
-from agent_rl.core.config_base import ConfigError as ConfigError
-from agent_rl.core.config_base import _Section
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class ModelConfig(_Section):
+class ConfigError(ValueError):
+    """A config mistake; `str(e)` is one line, `config error: <field>: <problem>`."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"config error: {where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class Section(BaseModel):
+    """What every section is: frozen, strict (`extra="forbid"`), its defaults validated too."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class ModelConfig(Section):
     name: str = Field("smollm2-135m", min_length=1,
                       description="policy model: a local folder, a hub id, a .gguf file or a built-in name")
     lora_rank: int = Field(16, ge=1, description="LoRA rank r (ignored when full_finetune)")
@@ -76,7 +86,7 @@ class ModelConfig(_Section):
         return v
 
 
-class SamplerConfig(_Section):
+class SamplerConfig(Section):
     server_urls: list[str] = Field(
         default_factory=list, description="running vLLM servers to attach to; empty: start one here")
     temperature: float = Field(1.0, gt=0.0,
@@ -91,21 +101,22 @@ class SamplerConfig(_Section):
         0.5, gt=0.0, lt=1.0, description="share of the GPU a server started here may take (GPU build): leave the "
                                          "trainer's weights, gradients and optimizer room on the same GPU")
     max_model_len: int = Field(4096, ge=1, description="context length of a server started here")
-    max_restarts: int = Field(3, ge=0, description="restarts of each server `train` started (on exit or no /health) "
-                                                   "before the run checkpoints and stops")
-    health_timeout_s: float = Field(60.0, gt=0.0, description="seconds without an answer to /health after which a "
-                                                              "server counts as dead (restarted, or waited for)")
+    max_restarts: int = Field(3, ge=0, description="restarts of each server `train` started (on exit or no answer "
+                                                   "to its health probe) before the run checkpoints and stops")
+    health_timeout_s: float = Field(60.0, gt=0.0, description="seconds without an answer to its health probe "
+                                                              "after which a server counts as dead (restarted, or "
+                                                              "waited for)")
     attach_wait_s: float = Field(300.0, ge=0.0, description="seconds `train` waits for a server of server_urls that "
                                                             "stopped answering before the run checkpoints and stops")
 
 
-class EnvWeight(_Section):
+class EnvWeight(Section):
     name: str = Field(..., min_length=1, description="built-in name, module name or .py file (core.registry)")
     weight: float = Field(1.0, gt=0.0, description="share of the task slots it gets: weight / sum of weights")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of its load_tasks")
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     env: str | None = Field("calculator", min_length=1,
                             description="built-in name, module name or .py file (core.registry); null with envs")
     envs: list[EnvWeight] = Field(
@@ -168,7 +179,7 @@ class RolloutConfig(_Section):
         return tuple((e.name, e.weight) for e in self.envs) if self.envs else ((str(self.env), 1.0),)
 
 
-class OptimConfig(_Section):
+class OptimConfig(Section):
     lr: float = Field(5e-5, gt=0.0, description="AdamW peak learning rate")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW first-moment decay")
@@ -185,7 +196,7 @@ class OptimConfig(_Section):
                                "the vocabulary-wide logits held at once")
 
 
-class RayConfig(_Section):
+class RayConfig(Section):
     address: str | None = Field(
         None, description="Ray cluster the rollout workers join: host:port of its head, ray://host:port, or auto "
                           "(the one running on this machine); null: RAY_ADDRESS, else a cluster of this machine "
@@ -200,7 +211,7 @@ class RayConfig(_Section):
                                                               "come back, before the run fails")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     steps: int = Field(20, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seed for task order, sampling and initialisation")
     run_dir: str = Field("runs/default", min_length=1, description="folder for config, metrics, plots and checkpoints")
@@ -217,7 +228,7 @@ class RunConfig(_Section):
                              "the step); 0: off")
 
 
-class JudgeConfig(_Section):
+class JudgeConfig(Section):
     url: str | None = Field(
         None, description="an OpenAI-compatible server ranking each group's answers: 'run' (the run's own vLLM "
                           "server) or a base URL (http://host:8000); null: no judge")
@@ -236,7 +247,7 @@ class JudgeConfig(_Section):
                                                       "(never the key itself: config.yaml is saved in the run)")
 
 
-class SFTConfig(_Section):
+class SFTConfig(Section):
     demos: str = Field("runs/demos.jsonl", min_length=1, description="demonstrations file (`agent-rl demos` writes it)")
     num_demos: int = Field(256, ge=1, description="tasks the scripted solver plays for `agent-rl demos`")
     direct_share: float = Field(0.3, ge=0.0, le=1.0,
@@ -258,48 +269,10 @@ class SFTConfig(_Section):
         return self
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     tasks: int = Field(64, ge=1, description="held-out tasks evaluated")
     samples: int = Field(4, ge=1, description="rollouts per task (K of pass@K)")
     split: str = Field("eval", min_length=1, description="the environment's split to draw tasks from")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature of the evaluation rollouts")
     success_threshold: float = Field(1.0, description="a rollout counts as solved when its reward reaches this")
     seed: int = Field(12345, description="seed of the held-out tasks and of sampling (fixed: reports compare)")
-
-
-class TrainConfig(_Section):
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its adapter")
-    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="the vLLM servers and sampling")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="environment and episode limits")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and the loss")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and micro-batching")
-    run: RunConfig = Field(default_factory=RunConfig, description="length, seed, outputs and alarms")
-    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="an LLM judge as a group reward (off)")
-    ray: RayConfig = Field(default_factory=RayConfig, description="the Ray cluster of rollout.workers")
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="cold-start demonstrations and SFT")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
-
-    @model_validator(mode="after")
-    def _episode_fits_context(self) -> TrainConfig:
-        if self.rollout.max_total_tokens > self.sampler.max_model_len:
-            raise ValueError(f"rollout.max_total_tokens: must be <= sampler.max_model_len "
-                             f"({self.sampler.max_model_len}) (got {self.rollout.max_total_tokens})")
-        return self
-
-    @model_validator(mode="after")
-    def _settings_work_together(self) -> TrainConfig:
-        model, algo, rollouts = self.model, self.algorithm, self.rollout.rollouts_per_step
-        if model.full_finetune and model.sync == "adapter":
-            raise ValueError("model.sync: a full fine-tune has no adapter to push; its weights are reloaded in "
-                             "place (use merged or auto) (got adapter)")
-        if model.full_finetune and model.init_adapter:
-            raise ValueError(f"model.init_adapter: a LoRA adapter cannot start a full fine-tune "
-                             f"(model.full_finetune is true) (got {model.init_adapter})")
-        if algo.mini_batches > rollouts:
-            raise ValueError(f"algorithm.mini_batches: must be <= the rollouts of a step, rollout.tasks_per_step "
-                             f"x rollout.group_size ({rollouts}) (got {algo.mini_batches})")
-        if model.lora_dropout > 0 and algo.epochs * algo.mini_batches > 1:
-            raise ValueError(f"model.lora_dropout: must be 0 with several optimizer steps per batch "
-                             f"(algorithm.epochs x mini_batches): the ratio to the old policy needs a "
-                             f"deterministic forward pass (got {model.lora_dropout})")
-        return self

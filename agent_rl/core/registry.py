@@ -8,11 +8,11 @@ rollout --env my_env` finds `./my_env.py`, as `python -m` would, although a cons
 put the current folder on the path); or a path to a `.py` file (`./my_env.py`, `/abs/env.py`),
 imported under its file name with its folder added to the import path, so that worker processes
 (`tools.runners`) import it the same way. The spec `load_env` returns is named by the name it was
-given. A module written before the spec (module-level `make_env` and `load_tasks`, maybe `solve`,
-`group_reward`, `mistake`) still loads, with one notice on stderr giving the line to add; where its
-`make_env` is another environment's (`from agent_rl.envs.calculator import make_env, ...`), it keeps
-that environment's audit target. A benchmark (`EVAL_ONLY`: BFCL) is refused under any spelling
-(`bfcl`, `agent_rl.evaluation.bfcl`, a `bfcl.py`).
+given. Forms of before 0.1.0 are refused, each with one line saying what changed: a module that defines
+`make_env` and `load_tasks` by name instead of exporting its spec (the line gives the spec to write), and the
+top-level spelling of agent-rl's packages (`envs.calculator`, or a module importing `from envs... import`:
+they are `agent_rl.envs`, `agent_rl.tools`, `agent_rl.rewards`). A benchmark (`EVAL_ONLY`: BFCL) is refused
+under any spelling (`bfcl`, `agent_rl.evaluation.bfcl`, a `bfcl.py`).
 Does not own: the environments themselves (`envs`), the protocol they implement (`core.env`), what an
 audit target holds (`core.audit_target`), several environments as one (`core.mixture`).
 
@@ -46,7 +46,7 @@ BUILTIN = {name: f"agent_rl.envs.{name}" for name in
 # benchmarks that must never be trained on: refused as an environment under any spelling
 EVAL_ONLY = {"bfcl": "agent-rl eval --benchmark bfcl"}
 SPEC = "ENV"  # the name an environment module exports its EnvSpec under
-HOOKS = ("solve", "group_reward", "mistake")  # the optional callables an old-style module defines by name
+MOVED = ("envs", "tools", "rewards")  # top-level packages before 0.1.0, agent_rl.envs etc. since
 
 # (task, the conversation so far, direct) -> the next assistant reply: its `content` is the prose and
 # its `tool_calls` the calls to make (tool results are in the tool messages); with `direct` it answers
@@ -100,39 +100,24 @@ def load_env(name: str) -> EnvSpec:
     module = _import_env(name)
     spec = getattr(module, SPEC, None)
     if spec is None:
-        spec = _spec_from_names(module)
-    elif not isinstance(spec, EnvSpec):
+        named = [f for f in ("make_env", "load_tasks") if callable(getattr(module, f, None))]
+        if named:  # written before 0.1.0, when the registry read these names
+            raise ValueError(f"environment module {module.__name__!r} defines {' and '.join(named)} by name, which "
+                             f"agent-rl no longer reads (0.1.0); export its spec: {_spec_line(module)}")
+        raise ValueError(f"environment module {module.__name__!r} lacks {SPEC}: an environment module exports "
+                         f"{_spec_line(module)}")
+    if not isinstance(spec, EnvSpec):
         raise ValueError(f"environment module {module.__name__!r}: its {SPEC} is a {type(spec).__name__}, not an "
-                         f"EnvSpec; write {_spec_line(module, HOOKS)}")
+                         f"EnvSpec; write {_spec_line(module)}")
     return dataclasses.replace(spec, name=name)
 
 
-def _spec_line(module: ModuleType, hooks: Sequence[str]) -> str:
-    """The line that exports `module`'s spec, with the hooks of `hooks` it defines by name."""
-    named = "".join(f", {h}={h}" for h in hooks if callable(getattr(module, h, None)))
+def _spec_line(module: ModuleType) -> str:
+    """The line that exports `module`'s spec, with the optional functions of `EnvSpec` it defines by name."""
+    optional = [f.name for f in dataclasses.fields(EnvSpec) if f.name not in ("name", "make_env", "load_tasks")]
+    named = "".join(f", {h}={h}" for h in optional if callable(getattr(module, h, None)))
     return (f'{SPEC} = EnvSpec("{module.__name__}", make_env, load_tasks{named}) '
             f"(from agent_rl.core.registry import EnvSpec)")
-
-
-_noticed: set[str] = set()
-
-
-def _spec_from_names(module: ModuleType) -> EnvSpec:
-    """The spec of a module written the old way: `make_env`, `load_tasks` and the hooks found by name."""
-    missing = [f for f in ("make_env", "load_tasks") if not callable(getattr(module, f, None))]
-    if missing:
-        lacks = SPEC if len(missing) == 2 else missing[0]
-        raise ValueError(f"environment module {module.__name__!r} lacks {lacks}: an environment module exports "
-                         f"{_spec_line(module, HOOKS)}")
-    if module.__name__ not in _noticed:  # once per module and process
-        _noticed.add(module.__name__)
-        print(f"notice: environment module {module.__name__!r} defines make_env and load_tasks by name, which "
-              f"agent-rl reads for now; export its spec instead: {_spec_line(module, HOOKS)}", file=sys.stderr)
-    hooks = [getattr(module, h, None) for h in HOOKS]
-    solve, group_reward, mistake = (h if callable(h) else None for h in hooks)
-    home = getattr(sys.modules.get(getattr(module.make_env, "__module__", "")), SPEC, None)  # where it was defined
-    audit = home.audit if isinstance(home, EnvSpec) and home.make_env is module.make_env else None
-    return EnvSpec(module.__name__, module.make_env, module.load_tasks, solve, group_reward, mistake, audit)
 
 
 def _import_env(name: str) -> ModuleType:
@@ -177,6 +162,10 @@ def _import(module_name: str, name: str) -> ModuleType:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise ValueError(f"unknown environment {name!r} (built-in: {', '.join(BUILTIN)}; or a module name, "
                              f"or a .py file): {e}") from None
+        top = (e.name or "").partition(".")[0]
+        if top in MOVED:  # the module imports agent-rl's packages under their names of before 0.1.0
+            raise ValueError(f"environment {name!r} failed to import: {e}; agent-rl's {top} package is "
+                             f"agent_rl.{top} since 0.1.0: import agent_rl.{e.name}") from None
         raise ValueError(f"environment {name!r} failed to import: {e}") from None
     except Exception as e:  # a bug in the user's module: one line, not a traceback
         raise ValueError(f"environment {name!r} failed to import: {type(e).__name__}: {e}") from None

@@ -2,7 +2,8 @@
 
 Owns: the advantage estimators as pure functions over the group axis (`grpo_advantages`,
 `dr_grpo_advantages`, `rloo_advantages`), each also as the comparison it makes (`Relative`: a
-baseline and a scale, `ESTIMATORS`), and the group-level bookkeeping that decides which
+baseline and a scale), and their one table, `ESTIMATORS`, whose keys are the names `algorithm.advantage`
+allows (`learn.algorithm`); and the group-level bookkeeping that decides which
 trajectories enter the batch (`group_advantages`): the trajectories whose return is usable enter
 their group's statistics (`usable`); groups without variance in their returns are dropped and
 counted; the spread the estimator normalised (`GroupAdvantages.spread`). `has_signal` is what
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -98,11 +99,17 @@ def rloo_advantages(rewards_G: Sequence[float] | torch.Tensor) -> torch.Tensor:
     return compare(rewards, rloo_relative(rewards))
 
 
-# each estimator (`algorithm.advantage`) as its function and as its comparison
-ESTIMATORS: dict[str, tuple[AdvantageFn, Callable[[torch.Tensor], Relative]]] = {
-    "grpo": (grpo_advantages, grpo_relative),
-    "dr_grpo": (dr_grpo_advantages, dr_grpo_relative),
-    "rloo": (rloo_advantages, rloo_relative),
+class Estimator(NamedTuple):
+    """One `algorithm.advantage`: its function over the group axis, and the comparison it makes."""
+
+    advantages: AdvantageFn
+    relative: Callable[[torch.Tensor], Relative]  # credit per turn compares each turn's return the same way
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(grpo_advantages, grpo_relative),
+    "dr_grpo": Estimator(dr_grpo_advantages, dr_grpo_relative),
+    "rloo": Estimator(rloo_advantages, rloo_relative),
 }
 
 

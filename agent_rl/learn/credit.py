@@ -1,12 +1,14 @@
 """Credit per turn: which advantage each turn of an episode gets (`algorithm.credit`).
 
 Owns: each turn's return (`turn_returns`); the rules that give each turn an advantage of its own,
-`turn` (`turn_credit`) and `gigpo` (`gigpo_credit`, with its step groups, `step_groups`), in the table
-`CREDITS`; the rule a config asks for (`credit_of`, a `TurnCredit`: `learn.advantages.CreditRule`); and
-its figures (`credit_metrics`).
+`turn` (`turn_credit`) and `gigpo` (`gigpo_credit`, with its step groups, `step_groups`); their one table,
+`CREDITS`, beside `trajectory` (no rule: every token gets its episode's advantage), whose keys are the names
+`algorithm.credit` allows; a rule with its settings (`TurnCredit`: `learn.advantages.CreditRule`); and its
+figures (`credit_metrics`).
 Does not own: the estimators and the group bookkeeping (`learn.advantages`: which trajectories enter,
 their episode advantages), the turns' rewards and start states (the runner records them on each
-`core.types.Turn`), tokens (`learn.batching` gives every token of a turn that turn's advantage).
+`core.types.Turn`), tokens (`learn.batching` gives every token of a turn that turn's advantage), the rule
+a config asks for (`learn.algorithm.credit_of`).
 
 Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it, outcome R_i
 (the environment's reward, or `algorithm.truncated_reward` for a truncated episode), discount gamma.
@@ -34,7 +36,6 @@ from statistics import fmean
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig
 from agent_rl.core.types import Trajectory
 from agent_rl.learn.advantages import ESTIMATORS, GroupAdvantages, GroupCredit, Relative
 
@@ -54,7 +55,7 @@ def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float) -> li
 class TurnCredit:
     """Credit per turn as the config sets it: a `learn.advantages.CreditRule` for `group_advantages`."""
 
-    rule: str  # a key of CREDITS: turn or gigpo
+    rule: str  # a key of CREDITS whose row has a rule
     estimator: str = "grpo"  # algorithm.advantage: a key of learn.advantages.ESTIMATORS
     gamma: float = 1.0
     step_weight: float = 1.0
@@ -64,8 +65,10 @@ class TurnCredit:
 
     def __call__(self, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
         """`kept`: trajectories whose returns are usable (`Trajectory.ret`); their outcomes R_i are the returns'."""
+        assign = CREDITS[self.rule].assign
+        assert assign is not None, f"credit {self.rule!r} gives each token its episode's advantage: no TurnCredit"
         outcomes = [t.ret.outcome for t in kept if t.ret is not None]
-        return CREDITS[self.rule](self, kept, outcomes, advantages_G)
+        return assign(self, kept, outcomes, advantages_G)
 
 
 def turn_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
@@ -76,7 +79,7 @@ def turn_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequen
     scale by: every turn 0."""
     returns = credit.returns(kept, outcomes)
     first = [g[0] if g else r for g, r in zip(returns, outcomes)]
-    relative = ESTIMATORS[credit.estimator][1](torch.tensor(first, dtype=torch.float64))
+    relative = ESTIMATORS[credit.estimator].relative(torch.tensor(first, dtype=torch.float64))
     if len(set(first)) <= 1:
         if relative.scale is not None:
             return GroupCredit(tuple((0.0,) * len(g) for g in returns))
@@ -107,7 +110,7 @@ def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Seque
     """GiGPO: the episode's advantage plus step_weight x the estimator over the returns of the turns that
     start from the same state (0 for a turn alone in its state, or among equal returns)."""
     returns = credit.returns(kept, outcomes)
-    estimator = ESTIMATORS[credit.estimator][0]
+    estimator = ESTIMATORS[credit.estimator].advantages
     step = [[0.0] * len(g) for g in returns]
     shared = 0
     for members in step_groups(kept):
@@ -124,17 +127,20 @@ def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Seque
     return GroupCredit(out, turns_in_step_groups=shared)
 
 
-CREDITS: dict[str, Callable[[TurnCredit, Sequence[Trajectory], Sequence[float], torch.Tensor], GroupCredit]] = {
-    "turn": turn_credit,
-    "gigpo": gigpo_credit,
+@dataclass(frozen=True)
+class Credit:
+    """One `algorithm.credit`: the rule that gives each turn its advantage, and the settings it reads."""
+
+    # None: no rule, every token gets its episode's advantage (the group bookkeeping alone decides)
+    assign: Callable[[TurnCredit, Sequence[Trajectory], Sequence[float], torch.Tensor], GroupCredit] | None
+    reads: tuple[str, ...] = ()  # the `algorithm` fields the rule reads besides the estimator
+
+
+CREDITS: dict[str, Credit] = {
+    "trajectory": Credit(None),
+    "turn": Credit(turn_credit, reads=("gamma",)),
+    "gigpo": Credit(gigpo_credit, reads=("gamma", "step_weight")),
 }
-
-
-def credit_of(algo: AlgorithmConfig) -> TurnCredit | None:
-    """The rule `algorithm.credit` names; None for `trajectory` (one advantage per trajectory, as always)."""
-    if algo.credit == "trajectory":
-        return None
-    return TurnCredit(algo.credit, algo.advantage, algo.gamma, algo.step_weight)
 
 
 def credit_metrics(adv: GroupAdvantages, credit: TurnCredit | None) -> dict[str, float]:

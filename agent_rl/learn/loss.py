@@ -1,13 +1,16 @@
-"""The policy-gradient loss, as pure functions of tensors.
+"""The policy-gradient loss, as pure functions of tensors, and the tables that name them.
 
 Owns: the per-token objectives (`ppo_clip_loss` with DAPO's separate eps_low / eps_high, taking an
 advantage per sequence or per token, `per_token`; `gspo_loss` with GSPO's sequence-level ratio), the k3 KL
 penalty against a reference policy (`k3_kl`), the off-policy corrections between the proximal and the
 behaviour policy (TIS: `truncated_importance_weights`; MIS: `mismatch_token_mask`, IcePop's two-sided token
 mask, and `mismatch_sequence_mask`, the geometric-mean sequence mask) and the reductions to a scalar
-(`token_mean`, `sequence_mean`, `constant_normalised_sum`).
+(`token_mean`, `sequence_mean`, `constant_normalised_sum`); and the one table of each choice among them that
+the `algorithm` config names: `LOSSES` (each loss with the clip range and reduction it implies where a config
+leaves them out), `AGGREGATIONS`, `MISMATCH_MASKS`. The config's allowed names are these tables' keys
+(`learn.algorithm`): a new loss is a pure function here and one row of `LOSSES`, nothing else.
 Does not own: log-probs (`learn.logprobs`), tensors from trajectories (`learn.batching`), the optimizer
-step (`learn.update`).
+step and which correction applies when (`learn.update`), the config section (`learn.algorithm`).
 
 Conventions. Every `_B_T` tensor is aligned the same way (see `learn.batching`): row b, column t holds the
 quantity for the token at t + 1. `mask_B_T` is bool, True where that token was sampled by the
@@ -42,7 +45,9 @@ A step, put together (the loop does this; no function here branches on a variant
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -293,3 +298,50 @@ def constant_normalised_sum(
     sequence, or the batch's other sequences, turned out to be.
     """
     return _where(mask_B_T, loss_B_T).sum() / (max(int(step_num_sequences), 1) * max_tokens)
+
+
+# --- the tables the `algorithm` config names ------------------------------------------------------------------
+
+
+class PolicyLossFn(Protocol):
+    """A policy-gradient loss: (current, proximal log-probs [B, T], advantage [B] or [B, T], trained mask,
+    the clip range) -> the per-token loss and its statistics."""
+
+    def __call__(self, logp_B_T: Tensor, old_logp_B_T: Tensor, advantage: Tensor, mask_B_T: Tensor, /,
+                 eps_low: float, eps_high: float) -> PolicyLoss: ...
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One `algorithm.loss`: its function, and what it implies for the fields a config leaves out."""
+
+    fn: PolicyLossFn
+    eps_low: float
+    eps_high: float
+    aggregation: str  # a key of AGGREGATIONS
+    # takes one advantage per token (credit per turn); False: one ratio, so one advantage, per sequence
+    per_token_advantages: bool = True
+
+
+# DAPO's clip-higher for PPO; the GSPO paper's sequence-level ranges (a sequence ratio moves far less than a
+# token ratio) and per-sequence mean
+LOSSES: dict[str, Loss] = {
+    "ppo": Loss(ppo_clip_loss, eps_low=0.2, eps_high=0.28, aggregation="token_mean"),
+    "gspo": Loss(gspo_loss, eps_low=3e-4, eps_high=4e-4, aggregation="sequence_mean", per_token_advantages=False),
+}
+
+# (loss_B_T, mask_B_T, the step's trained tokens, the step's trained sequences, constant_norm_tokens) -> the
+# micro-batch's share of its optimizer step's loss (`algorithm.aggregation`)
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int, int, int], Tensor]] = {
+    "token_mean": lambda loss, mask, tokens, sequences, norm: token_mean(loss, mask, tokens),
+    "sequence_mean": lambda loss, mask, tokens, sequences, norm: sequence_mean(loss, mask, sequences),
+    "constant": lambda loss, mask, tokens, sequences, norm: constant_normalised_sum(loss, mask, sequences, norm),
+}
+
+# (proximal_logp_B_T, behaviour_logp_B_T, mask_B_T, low, high) -> the tokens kept, [B, T] or [B, 1]
+# (`algorithm.mismatch_mask`)
+MISMATCH_MASKS: dict[str, Callable[[Tensor, Tensor, Tensor, float, float], Tensor]] = {
+    "token": mismatch_token_mask,
+    "sequence": lambda proximal, behaviour, mask, low, high: mismatch_sequence_mask(
+        proximal, behaviour, mask, low, high)[:, None],
+}

@@ -2,13 +2,14 @@
 where needed, then epochs x mini-batches of optimizer steps (`policy_update`); one optimizer step of
 accumulated micro-batches (`optimizer_step`, which SFT uses too).
 
-Owns: the tables that turn the algorithm config into lookups, not branches inside the loss (`LOSSES`,
-`AGGREGATIONS`, the proximal rules `PROXIMAL_RULES` chosen by `proximal_rule`, the off-policy corrections
+Owns: the rules the config does not name but implies, each a table of lookups rather than branches inside
+the loss (the proximal rules `PROXIMAL_RULES` chosen by `proximal_rule`, the off-policy corrections
 `CORRECTIONS` chosen by `corrections`), the no-grad pass that fixes the proximal policy's log-probs, the masks
 they decide and the KL reference's log-probs, a micro-batch's `LossTerms`, their aggregation, gradient
 accumulation with each optimizer step's own denominators, and the update's statistics (among them the
 behaviour/trainer mismatch per version lag).
-Does not own: the maths of each loss and correction (`learn.loss`), scoring a micro-batch (`learn.logprobs`),
+Does not own: the maths of each loss and correction and the tables of the choices a config names (`learn.loss`:
+`LOSSES`, `AGGREGATIONS`, `MISMATCH_MASKS`), scoring a micro-batch (`learn.logprobs`),
 the reference policy (`learn.reference`), what is in the batch and how it is split (`learn.batching`).
 
 Decoupled PPO (AReaL) is the one rule, whatever the batch's staleness. Three log-probs of each sampled token,
@@ -22,9 +23,10 @@ each its own named tensor (`Anchors`, and the gradient pass's own):
 - the current policy's, with gradient.
 Each token's loss is weighted by pi_proximal / pi_behaviour (the maths: `learn.loss`), corrected as the config
 says (`CORRECTIONS`): capped (TIS, `algorithm.tis_cap`), or the token (IcePop) or its whole sequence (geometric
-mean) masked where the ratio leaves `algorithm.mismatch_bounds` (MIS, `algorithm.mismatch_mask`). Where the
-behaviour and proximal log-probs are equal every weight is 1 and the loss is exactly the on-policy loss; with
-k = 0 the weight corrects the sampler/trainer mismatch of one version alone (truncated importance sampling).
+mean) masked where the ratio leaves `algorithm.mismatch_bounds` (MIS, `algorithm.mismatch_mask`, a name from
+`learn.loss.MISMATCH_MASKS`). Where the behaviour and proximal log-probs are equal every weight is 1 and the loss
+is exactly the on-policy loss; with k = 0 the weight corrects the sampler/trainer mismatch of one version alone
+(truncated importance sampling).
 
 Where the proximal log-probs come from (`PROXIMAL_RULES`, chosen by `proximal_rule`):
 - "current" (one optimizer step per batch, no mask): the gradient pass's own log-probs, detached. A separate
@@ -36,7 +38,8 @@ step's trained tokens or sequences, `Batch.trained_mask_B_T`), and an optimizer 
 before its first micro-batch (so that micro-batch losses add up to the step's). Every token's mask must so be
 known before the first step, from the proximal log-probs of the whole batch, not micro-batch by micro-batch in
 the gradient pass (`fixed_logprobs`). A weight (TIS) changes no denominator: it is applied per micro-batch.
-A new correction is one entry in `CORRECTIONS` and a small function in `learn.loss`.
+A new correction is one entry in `CORRECTIONS` and a small function in `learn.loss`; a new mask is one row of
+`learn.loss.MISMATCH_MASKS`.
 """
 
 from __future__ import annotations
@@ -47,33 +50,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from agent_rl.core.config import AlgorithmConfig, OptimConfig
+from agent_rl.core.config import OptimConfig
+from agent_rl.learn.algorithm import AlgorithmConfig
 from agent_rl.learn.allocator import release_freed_memory
 from agent_rl.learn.batching import Batch, rank_micro_batches, share_rows, split_steps
 from agent_rl.learn.distributed import Dist, all_reduce_adapter_grads, clip_grad_norm, reshard, sum_over_ranks
 from agent_rl.learn.logprobs import Scoring, score
-from agent_rl.learn.loss import (
-    constant_normalised_sum,
-    gspo_loss,
-    k3_kl,
-    mismatch_sequence_mask,
-    mismatch_token_mask,
-    ppo_clip_loss,
-    sequence_mean,
-    token_mean,
-    truncated_importance_weights,
-)
+from agent_rl.learn.loss import AGGREGATIONS, LOSSES, MISMATCH_MASKS, k3_kl, truncated_importance_weights
 from agent_rl.learn.policy import Policy
 
 Tensor = torch.Tensor
-
-LOSSES = {"ppo": ppo_clip_loss, "gspo": gspo_loss}
-# loss_B_T, mask_B_T, the step's batch, constant_norm_tokens -> the micro-batch's share of the step's loss
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Batch, int], Tensor]] = {
-    "token_mean": lambda loss, mask, batch, norm: token_mean(loss, mask, batch.step_num_tokens),
-    "sequence_mean": lambda loss, mask, batch, norm: sequence_mean(loss, mask, batch.step_num_sequences),
-    "constant": lambda loss, mask, batch, norm: constant_normalised_sum(loss, mask, batch.step_num_sequences, norm),
-}
 
 
 # --- which log-probs the ratio and the corrections are measured against --------------------------------
@@ -133,17 +119,13 @@ def _truncated_weights(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig
     return Correction(weight_B_T=tis.weight_B_T)
 
 
-def _token_mask(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
-    """MIS, IcePop: tokens whose pi_proximal / pi_behaviour leaves `algorithm.mismatch_bounds`, dropped."""
-    return Correction(keep_B_T=mismatch_token_mask(anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, mask_B_T,
-                                                   *algo.mismatch_bounds))
-
-
-def _sequence_mask(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
-    """MIS: sequences whose geometric-mean pi_proximal / pi_behaviour leaves `algorithm.mismatch_bounds`, dropped."""
-    keep_B = mismatch_sequence_mask(anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, mask_B_T,
-                                    *algo.mismatch_bounds)
-    return Correction(keep_B_T=keep_B[:, None])
+def _mismatch_mask(anchors: Anchors, mask_B_T: Tensor, algo: AlgorithmConfig) -> Correction:
+    """MIS: the tokens (IcePop) or the sequences (geometric mean) whose pi_proximal / pi_behaviour leaves
+    `algorithm.mismatch_bounds`, dropped (`algorithm.mismatch_mask`, a row of `learn.loss.MISMATCH_MASKS`)."""
+    assert algo.mismatch_mask is not None, "chosen only with a mask (`corrections`)"
+    keep = MISMATCH_MASKS[algo.mismatch_mask](anchors.proximal_logp_B_T, anchors.behaviour_logp_B_T, mask_B_T,
+                                              *algo.mismatch_bounds)
+    return Correction(keep_B_T=keep)
 
 
 @dataclass(frozen=True)
@@ -158,15 +140,13 @@ class CorrectionRule:
 
 CORRECTIONS: dict[str, CorrectionRule] = {
     "truncated_weights": CorrectionRule(_truncated_weights, masks=False),
-    "token_mask": CorrectionRule(_token_mask, masks=True),
-    "sequence_mask": CorrectionRule(_sequence_mask, masks=True),
+    "mismatch_mask": CorrectionRule(_mismatch_mask, masks=True),
 }
 
 
 def corrections(algo: AlgorithmConfig) -> list[str]:
     """The off-policy corrections the config turns on, in table order."""
-    on = {"truncated_weights": algo.tis_cap is not None, "token_mask": algo.mismatch_mask == "token",
-          "sequence_mask": algo.mismatch_mask == "sequence"}
+    on = {"truncated_weights": algo.tis_cap is not None, "mismatch_mask": algo.mismatch_mask is not None}
     return [name for name in CORRECTIONS if on[name]]
 
 
@@ -208,8 +188,8 @@ def _micro_terms(policy: Policy, mb: Batch, algo: AlgorithmConfig, scoring: Scor
     out = score(policy.model, mb, scoring)
     logp = out.logp_B_T  # [B, T], column t scores token t+1 (0.0 where not sampled)
     anchors = rule.anchors(mb, logp.detach())
-    pl = LOSSES[algo.loss](logp, anchors.proximal_logp_B_T, mb.advantage, trained,
-                           eps_low=algo.eps_low, eps_high=algo.eps_high)
+    pl = LOSSES[algo.loss].fn(logp, anchors.proximal_logp_B_T, mb.advantage, trained,
+                              eps_low=algo.eps_low, eps_high=algo.eps_high)
     policy_B_T = pl.loss_B_T
     for name in corrections(algo):
         if not CORRECTIONS[name].masks:  # the masks are in `trained` already
@@ -264,7 +244,8 @@ def _mismatch_stats(sums: dict[str, float], lags: Sequence[int]) -> dict[str, fl
 def _aggregate(terms: LossTerms, step: Batch, algo: AlgorithmConfig) -> Tensor:
     """The micro-batch's share of its optimizer step's loss: the KL term added, reduced as configured."""
     loss_B_T = terms.policy_B_T if terms.kl_B_T is None else terms.policy_B_T + algo.kl_beta * terms.kl_B_T
-    return AGGREGATIONS[algo.aggregation](loss_B_T, terms.mask_B_T, step, algo.constant_norm_tokens)
+    return AGGREGATIONS[algo.aggregation](loss_B_T, terms.mask_B_T, step.step_num_tokens, step.step_num_sequences,
+                                          algo.constant_norm_tokens)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from agent_rl.core.config import AlgorithmConfig, ModelConfig, RolloutConfig
+from agent_rl.core.config import ModelConfig, RolloutConfig
 from agent_rl.rollout.sampler import Sampler, SamplingParams, ServedSampler
 from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
@@ -30,19 +30,19 @@ from agent_rl.rollout.weight_sync.merged import MergedSync
 log = logging.getLogger(__name__)
 
 
-async def start_weight_sync(model_cfg: ModelConfig, algorithm: AlgorithmConfig, rollout: RolloutConfig,
-                            run_dir: Path, sampler: ServedSampler, model: Any, version: int) -> WeightSync:
+async def start_weight_sync(model_cfg: ModelConfig, rollout: RolloutConfig, max_staleness: int, run_dir: Path,
+                            sampler: ServedSampler, model: Any, version: int) -> WeightSync:
     """The sync a run uses, with `model` pushed as `version` (the servers then sample exactly the
     trainer's weights): full weights under full fine-tuning; else as `model.sync` says (adapter,
     merged, or auto: merged where it pays and the servers can reload weights in place). An adapter sync
-    keeps the newest `algorithm.max_staleness` + 1 versions loaded (the versions a trained token may come from)."""
+    keeps the newest `max_staleness` + 1 versions loaded (the versions a trained token may come from)."""
     sync: AdapterSync | FullWeightSync
     if model_cfg.full_finetune:
         sync = FullWeightSync(run_dir, sampler)
     elif model_cfg.sync == "merged":
         sync = MergedSync(run_dir, sampler, model)
     else:
-        sync = AdapterSync(run_dir, sampler, keep=algorithm.max_staleness + 1,
+        sync = AdapterSync(run_dir, sampler, keep=max_staleness + 1,
                            prefix=f"policy-{os.getpid()}-{secrets.token_hex(3)}")
     await sync.push(model, version)
     if model_cfg.sync != "auto" or not isinstance(sync, AdapterSync):  # full fine-tuning: full weights

@@ -3,7 +3,7 @@
 Owns: `load_config` (a YAML file, then each override, validated into a `TrainConfig`; any mistake is one
 `ConfigError` line naming the field) and `dump_config` (every field written out; `load_config` reads
 it back).
-Does not own: the sections and their rules (`core.config`).
+Does not own: the sections and their rules (`config.train`, `core.config`, `learn.algorithm`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from agent_rl.core.config import ConfigError, TrainConfig
+from agent_rl.config.train import TrainConfig
+from agent_rl.core.config import ConfigError
 
 
 def _one_line(e: ValidationError) -> ConfigError:
