@@ -32,6 +32,7 @@ from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rewards.group import combine_group_rewards, judge_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, LLMJudge
+from agent_rl.rollout.branching import BranchRule
 from agent_rl.rollout.engine import Episodes
 from agent_rl.rollout.players import LocalPlayers, Players, Served
 from agent_rl.rollout.runner import EpisodeLimits
@@ -144,12 +145,23 @@ def with_workers(session: Session, urls: Sequence[str], sampler: ServedSampler
     return rollout_workers(cfg.rollout.workers, kit, sampler, here, settings)
 
 
-def episodes(session: Session, players: Players, limits: EpisodeLimits, group_size: int) -> Episodes:
+def episodes(session: Session, players: Players, limits: EpisodeLimits, group_size: int,
+             training: bool = False) -> Episodes:
     """How every command plays a group: on `players`, with the environment's group reward, the config's failure
-    policy (`rollout.on_error`, `max_retries`) and its return rule (`algorithm.truncated_reward`)."""
+    policy (`rollout.on_error`, `max_retries`) and its return rule (`algorithm.truncated_reward`); in `training`,
+    with the branches at the tool decision that `algorithm.tool_branches` asks for (`rollout.branching`)."""
     cfg = session.cfg
     return Episodes(players, limits, group_size, session.env.group_reward, cfg.rollout.on_error,
-                    cfg.rollout.max_retries, cfg.algorithm.truncated_reward)
+                    cfg.rollout.max_retries, cfg.algorithm.truncated_reward,
+                    branch_rule(session) if training and cfg.algorithm.tool_branches > 0 else None)
+
+
+def branch_rule(session: Session) -> BranchRule:
+    """`algorithm.tool_branches`' rule, with the opening of a call as the session's renderer writes it and what
+    `eval.success_threshold` counts as solved."""
+    cfg, renderer = session.cfg, session.renderer
+    return BranchRule(cfg.algorithm.tool_branches, tuple(renderer.call_opening()), cfg.algorithm.force_call,
+                      cfg.eval.success_threshold, functools.lru_cache(maxsize=None)(lambda i: renderer.decode_raw([i])))
 
 
 def worker_kit(cfg: TrainConfig, urls: Sequence[str]) -> Kit:

@@ -62,7 +62,7 @@ from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.base import WeightSync, WeightSyncError
 from agent_rl.rollout.weight_sync.choose import start_weight_sync
 from agent_rl.runs.checkpoint import CheckpointError, latest_step, load_checkpoint, save_checkpoint
-from agent_rl.runs.metrics import lag_metrics, rollout_metrics
+from agent_rl.runs.metrics import branch_metrics, lag_metrics, rollout_metrics, tool_decision_metrics
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.runs.traces import truncate_after as truncate_traces
 from agent_rl.runs.traces import write_step as write_traces
@@ -109,8 +109,8 @@ def open_stream(run: Run, players: Players) -> RolloutStream:
     cfg, algo, rollout = run.cfg, run.cfg.algorithm, run.cfg.rollout
     shape = (rollout.tasks_per_step, algo.max_staleness, cfg.run.steps, algo.slots_ahead(rollout.tasks_per_step))
     admission = Admission.from_json(run.saved, *shape) if run.saved is not None else Admission(*shape)
-    return RolloutStream(run.tasks, episodes(run.session, players, run.limits, rollout.group_size), admission,
-                         run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
+    played = episodes(run.session, players, run.limits, rollout.group_size, training=True)
+    return RolloutStream(run.tasks, played, admission, run_seed=cfg.run.seed, max_concurrent=rollout.max_concurrent,
                          max_rounds=algo.max_resample_batches, signal=has_signal if algo.dynamic_sampling else None)
 
 
@@ -235,7 +235,10 @@ async def train_step(run: Run, stream: RolloutStream, sync: WeightSync, log: Run
     # 3. advantages: one per trajectory, or with credit per turn one per turn (algorithm.credit)
     credit = credit_of(algo)
     adv = stages.advantages(groups, ESTIMATORS[algo.advantage].advantages, credit)
-    metrics.update({**rollout_metrics(trajs, cfg.eval.success_threshold), **group_metrics(groups, adv),
+    own = [t for t in trajs if t.branch is None]  # the policy's own episodes; branches are counted apart
+    threshold = cfg.eval.success_threshold
+    metrics.update({**rollout_metrics(own, threshold), **tool_decision_metrics(groups, threshold),
+                    **branch_metrics(groups, threshold), **group_metrics(groups, adv),
                     **lag_metrics(adv.trajectories, step), **credit_metrics(adv, credit)})
     t_train = time.perf_counter()
     # 4. batch (sent to every rank), 5. loss + backward, 6. optimizer step (the stream plays on meanwhile)

@@ -163,6 +163,29 @@ def _check_aligned(task_id: str, seg: Segment | Trajectory, which: str) -> None:
 
 
 @dataclass(frozen=True)
+class Branch:
+    """Where a branch episode leaves episode `source` of its group (`rollout.branching`): the source's sampled ids of
+    turns 0 .. t - 1 replayed as they were (`replies`), the first ids of turn t kept (`kept`), then `forced` ids given
+    (the opening of a call), none of them sampled: the policy samples the rest. Every given id is context (mask 0):
+    the shared prefix is trained once, in the source's row."""
+
+    source: int  # the index of the source episode in its group
+    replies: tuple[tuple[int, ...], ...]  # the source's sampled ids of each turn before the branch
+    kept: tuple[int, ...]  # the source's first ids of the branch's turn
+    forced: tuple[int, ...] = ()  # given after them, not sampled (the opening of a call)
+
+    @property
+    def turn(self) -> int:
+        """The turn the branch leaves its source at."""
+        return len(self.replies)
+
+    @property
+    def head(self) -> tuple[int, ...]:
+        """The given ids the branch's turn starts with: the kept ones, then the forced ones."""
+        return self.kept + self.forced
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One finished episode, token-exact."""
 
@@ -193,6 +216,8 @@ class Trajectory:
     error_type: str = ""
     # the return its group's statistics compare, set once its group has ended (`core.returns`); None: not yet
     ret: Return | None = None
+    # a branch of another episode of its group (`rollout.branching`); None: one of the group's own G episodes
+    branch: Branch | None = None
 
     def __post_init__(self) -> None:
         if not self.versions and self.token_ids:

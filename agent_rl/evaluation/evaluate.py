@@ -32,7 +32,7 @@ from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
-from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics
+from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics, tool_decision_metrics
 from agent_rl.session import Session, episodes, with_workers
 
 BASE = "base"
@@ -52,7 +52,8 @@ def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.
 
     accuracy = solved rollouts / rollouts (= mean pass@1); pass@K per task, averaged; tool-use and
     per-tool rates, turns and lengths from `rollout_metrics`; accuracy split by whether the rollout
-    used a tool; tool calls per solved rollout; with tasks of several environments, the main figures of
+    used a tool; tool calls per solved rollout; by task, whether the policy tries its tools
+    (`runs.metrics.tool_decision_metrics`); with tasks of several environments, the main figures of
     each (`env/<name>/...`). Infrastructure errors are counted and left out of every rate.
     """
     return {**_figures(groups, success_threshold), **_per_env(groups, success_threshold)}
@@ -81,7 +82,7 @@ def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
         else math.nan
     metrics = rollout_metrics(trajs)
     metrics.pop("rollouts", None)
-    return {**report, **metrics}
+    return {**report, **metrics, **tool_decision_metrics(groups, success_threshold)}
 
 
 def _per_env(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dict[str, float]:
@@ -203,7 +204,8 @@ def format_report(report: dict[str, Any]) -> str:
     results = report["results"]
     labels = list(results)
     keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
-                        "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "tool_calls_per_traj",
+                        "tool_use_rate", "tool/no_attempt_groups", "tool/all_fail_groups", "accuracy_with_tools",
+                        "accuracy_without_tools", "tool_calls_per_traj",
                         "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean",
                         "truncation_rate", "infra_error_rate") if k in results[labels[0]]]
     keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))

@@ -21,6 +21,7 @@ factor sqrt(4/3); Dr. GRPO and RLOO have no std and are unaffected.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -175,6 +176,39 @@ class GroupAdvantages:
     turns_in_step_groups: int = 0  # turns that share their start state with another of their group's turns
 
 
+def depends_on(traj: Trajectory, index: int) -> bool:
+    """Whether `traj` is a branch that keeps some of the sampled ids of its group's episode `index` (replayed turns
+    or a kept part of a turn: `core.types.Branch`), so that its return depends on them."""
+    b = traj.branch
+    return b is not None and b.source == index and bool(b.replies or b.kept)
+
+
+def tree_advantages(returns_L: torch.Tensor, excluded_L_L: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Advantages over a group that is a tree (docs/algorithms.md#branching-at-the-tool-decision): each leaf's return
+    less the mean return of the leaves its baseline may see, those whose returns do not depend on its own sampled
+    ids (`excluded_L_L[l, m]`: leaf m may not enter l's baseline; the diagonal is True), over `scale` (the
+    estimator's over all the leaves; None: 1). A leaf whose baseline has no leaf gets 0."""
+    seen_L_L = (~excluded_L_L).to(returns_L.dtype)  # [L, L]: 1 where m enters l's baseline
+    counts_L = seen_L_L.sum(dim=1)  # [L]
+    baseline_L = (seen_L_L @ returns_L) / counts_L.clamp(min=1)  # [L]
+    advantages_L = torch.where(counts_L > 0, returns_L - baseline_L, torch.zeros_like(returns_L))
+    return advantages_L if scale is None else advantages_L / scale
+
+
+def _tree(group: TrajectoryGroup, kept: Sequence[Trajectory], returns_L: torch.Tensor,
+          advantage_fn: AdvantageFn) -> torch.Tensor:
+    """`tree_advantages` for a group with branches, the scale that of the table's estimator `advantage_fn`."""
+    estimator = next((e for e in ESTIMATORS.values() if e.advantages is advantage_fn), None)
+    if estimator is None:
+        raise ValueError(f"a group with branches (algorithm.tool_branches) needs an estimator of the table "
+                         f"learn.advantages.ESTIMATORS ({', '.join(ESTIMATORS)}), not {advantage_fn!r}")
+    index = {id(t): i for i, t in enumerate(group.trajectories)}
+    where = [index[id(t)] for t in kept]
+    excluded_L_L = torch.tensor([[m == n or depends_on(t, i) for n, t in zip(where, kept)] for m, i in
+                                 zip(where, where)], dtype=torch.bool)
+    return tree_advantages(returns_L, excluded_L_L, estimator.relative(returns_L).scale)
+
+
 def group_advantages(
     groups: Sequence[TrajectoryGroup],
     advantage_fn: AdvantageFn = grpo_advantages,
@@ -187,6 +221,8 @@ def group_advantages(
     `credit`: advantages per turn as well (`learn.credit`); None: one per trajectory. With credit, a group whose
     returns are all equal (its episode advantages all 0) stays when some turn's advantage is not 0: the turns' own
     rewards can tell its turns apart (and dropping such a group would bias the estimate, docs/credit.md).
+    A group with branches (`rollout.branching`) is a tree: its advantages are `tree_advantages`, and under credit
+    per turn each of its turns gets its episode's advantage.
     """
     trajectories: list[Trajectory] = []
     advantages: list[float] = []
@@ -198,22 +234,17 @@ def group_advantages(
         num_truncated += sum(t.truncated for t in group.trajectories)
         kept, returns = usable(group)
         values = [r.value for r in returns]
-        flat = len(set(values)) <= 1  # no episode did better than another
-        if flat and (credit is None or len(kept) < 2):
+        done = _one_group(group, kept, values, advantage_fn, credit)
+        if done is None:
             num_zero_variance += 1
             continue
-        rewards_G = torch.tensor(values, dtype=torch.float64)
-        advantages_G = torch.zeros_like(rewards_G) if flat else advantage_fn(rewards_G)
-        if credit is not None:  # a flat group may still tell turns apart: kept unless every turn gets 0
-            done = credit(kept, advantages_G)
-            if flat and not any(a for turns in done.turn_advantages for a in turns):
-                num_zero_variance += 1
-                continue
-            per_turn.extend(done.turn_advantages)
-            in_step_groups += done.turns_in_step_groups
+        advantages_G, turns, shared = done
+        if turns is not None:
+            per_turn.extend(turns)
+        in_step_groups += shared
         trajectories.extend(kept)
         advantages.extend(float(a) for a in advantages_G)
-        spreads.append(float(rewards_G.std(unbiased=True)) if len(values) > 1 else 0.0)
+        spreads.append(statistics.stdev(values) if len(values) > 1 else 0.0)
     return GroupAdvantages(
         trajectories=tuple(trajectories),
         advantages=tuple(advantages),
@@ -225,3 +256,26 @@ def group_advantages(
         turns_in_step_groups=in_step_groups,
         spread=sum(spreads) / len(spreads) if spreads else 0.0,
     )
+
+
+def _one_group(group: TrajectoryGroup, kept: Sequence[Trajectory], values: Sequence[float],
+               advantage_fn: AdvantageFn, credit: CreditRule | None
+               ) -> tuple[torch.Tensor, tuple[tuple[float, ...], ...] | None, int] | None:
+    """One group's episode advantages, its turns' (with `credit`) and its turns in step groups; None: no signal."""
+    flat = len(set(values)) <= 1  # no episode did better than another
+    if flat and (credit is None or len(kept) < 2):
+        return None
+    rewards_G = torch.tensor(values, dtype=torch.float64)
+    tree = any(t.branch is not None for t in kept)
+    if flat:
+        advantages_G = torch.zeros_like(rewards_G)
+    else:
+        advantages_G = _tree(group, kept, rewards_G, advantage_fn) if tree else advantage_fn(rewards_G)
+    if credit is None:
+        return advantages_G, None, 0
+    if tree:  # each turn its episode's advantage (a branch's turns before its cut hold no sampled token)
+        return advantages_G, tuple((float(a),) * len(t.turns) for t, a in zip(kept, advantages_G)), 0
+    done = credit(kept, advantages_G)  # a flat group may still tell turns apart: kept unless every turn gets 0
+    if flat and not any(a for turns in done.turn_advantages for a in turns):
+        return None
+    return advantages_G, done.turn_advantages, done.turns_in_step_groups

@@ -100,6 +100,13 @@ class AlgorithmConfig(Section):
                                                           f"turn's return (credit: {' or '.join(_readers('gamma'))})")
     step_weight: float = Field(1.0, ge=0.0, description="weight of GiGPO's step-level advantage "
                                                         f"(credit: {' or '.join(_readers('step_weight'))})")
+    tool_branches: float = Field(
+        0.0, ge=0.0, le=1.0, description="branching at the tool decision: a group whose rollouts never tried a tool, "
+                                         "or whose tool-using rollouts all failed, gets this share of group_size (at "
+                                         "least one) as branches of its own episodes (rollout.branching); 0: off")
+    force_call: bool = Field(True, description="with tool_branches: a group without a tool attempt branches at a "
+                                               "turn's start with the opening of a call forced (off: it does not "
+                                               "branch)")
 
     @model_validator(mode="before")
     @classmethod

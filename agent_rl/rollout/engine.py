@@ -35,7 +35,8 @@ from typing import Any
 from agent_rl.core.env import Env
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.returns import scored
-from agent_rl.core.types import Trajectory, TrajectoryGroup
+from agent_rl.core.types import Branch, Trajectory, TrajectoryGroup
+from agent_rl.rollout.branching import BranchRule, branches
 from agent_rl.rollout.players import LocalPlayers, Players
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.runner import EpisodeLimits, score_group
@@ -53,6 +54,7 @@ class Episodes:
     on_error: str = "keep"  # an episode that failed: "retry" (then drop its group), "drop_group" or "keep"
     max_retries: int = 0  # replays of a failed episode under "retry"
     truncated_reward: float | None = None  # the return's truncation rule (`core.returns`)
+    branching: BranchRule | None = None  # branches at the tool decision (`rollout.branching`); None: none
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Group:
     trajs: list[Trajectory | None]
     on_end: Callable[[Group], None]
     retries: Counter[int] = field(default_factory=Counter)  # episode index -> replays so far
+    branches: dict[int, Branch] = field(default_factory=dict)  # episode index (G and on) -> the branch it plays
+    branched: bool = False  # its episodes' branches were decided (`Episodes.branching`)
     ended: TrajectoryGroup | None = None  # once its last episode has ended and it is scored
     dropped: bool = False  # an episode failed (after its retries) and `on_error` keeps the group out
 
@@ -178,7 +182,7 @@ class Engine:
             group, index = await self.queue.get()
             self.running += 1
             try:
-                traj = await self.episodes.players.play(group.task, index, group.limits)
+                traj = await self.episodes.players.play(group.task, index, group.limits, group.branches.get(index))
             finally:
                 self.running -= 1
             ROLLOUT_GC.collect_if_piling_up()
@@ -205,8 +209,24 @@ class Engine:
         self.queue.put_nowait((group, index))
         return True
 
+    def _branch(self, group: Group) -> bool:
+        """Queue the branches of a group whose own episodes have all ended, if it branches; whether it did."""
+        group.branched = True
+        rule, trajs = self.episodes.branching, [t for t in group.trajs if t is not None]
+        plans = [] if rule is None else branches(rule, trajs)
+        for k, plan in enumerate(plans, start=len(group.trajs)):
+            group.branches[k] = plan
+            group.trajs.append(None)
+            self._busy(+1)
+            self.queue.put_nowait((group, k))
+        return bool(plans)
+
     async def _end(self, group: Group) -> None:
-        """A group's episodes have all ended: its group reward, the returns, whether it is dropped, `on_end`."""
+        """A group's episodes have all ended: its branches if it branches (then it ends again once they have), else
+        its group reward, the returns, whether it is dropped, `on_end`."""
+        if not group.branched and self._branch(group):
+            self._busy(-1)  # the group's own count: its branches hold it open now
+            return
         ep, ended = self.episodes, [t for t in group.trajs if t is not None]
         if ep.group_reward is not None:
             failed = sum(t.infra_error for t in ended)

@@ -19,16 +19,18 @@ from typing import Any, Protocol
 
 from agent_rl.core.env import Env
 from agent_rl.core.renderers.base import Renderer
-from agent_rl.core.types import Message, Trajectory
+from agent_rl.core.types import Branch, Message, Trajectory
 from agent_rl.rollout.runner import EpisodeLimits, play_task
 from agent_rl.rollout.sampler import Completion, Sampler, SamplingParams, ServedSampler
 
 
 class Players(Protocol):
-    """Plays rollout `index` of `task` under `limits` (its seeds included) and returns its trajectory, never
-    raising for an episode's own failures; and says how idle the servers were since it was last asked."""
+    """Plays rollout `index` of `task` under `limits` (its seeds included), a branch of another of its group's
+    episodes when `branch` says so (`rollout.branching`), and returns its trajectory, never raising for an episode's
+    own failures; and says how idle the servers were since it was last asked."""
 
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory: ...
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits,
+                   branch: Branch | None = None) -> Trajectory: ...
 
     def idle_share(self) -> float: ...
 
@@ -89,8 +91,9 @@ class LocalPlayers:
         self.make_env, self.renderer = make_env, renderer
         self.meter = RequestMeter(sampler, servers)
 
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
-        return await play_task(task, index, self.make_env, self.meter, self.renderer, limits)
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits,
+                   branch: Branch | None = None) -> Trajectory:
+        return await play_task(task, index, self.make_env, self.meter, self.renderer, limits, branch)
 
     def idle_share(self) -> float:
         return self.meter.idle_share()

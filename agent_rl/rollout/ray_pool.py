@@ -48,11 +48,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
-from agent_rl.core.types import Trajectory
+from agent_rl.core.types import Branch, Trajectory
 from agent_rl.rollout.ray_connect import first_line
 from agent_rl.rollout.runner import EpisodeLimits, failed_episode
 from agent_rl.rollout.sampler import ServerGate
-from agent_rl.rollout.worker import Kit, RolloutWorker, ServedState, WorkerError, WorkerSettings
+from agent_rl.rollout.worker import Kit, RolloutWorker, ServedState, Submitted, WorkerError, WorkerSettings
 
 CONTROL_TIMEOUT_S = 30.0  # a control call to a worker that is up: past it the worker is hung, the run ends
 POLL_S = 1.0  # how long one `results` call waits for an episode to end before it answers with none
@@ -77,7 +77,7 @@ class _Worker:
     dead: bool = False  # for good: restarts used up, or it did not come back in time
     life: int = 0  # counts its deaths: a call made before the last one cannot find it dead again
     episodes: dict[int, _Sent] = field(default_factory=dict)  # given to it and not ended, by id
-    outbox: list[tuple[int, dict[str, Any], int, EpisodeLimits]] = field(default_factory=list)  # not yet sent
+    outbox: list[Submitted] = field(default_factory=list)  # not yet sent
     cancels: list[int] = field(default_factory=list)  # episodes given up on, not yet told
     mark: tuple[int, float] = (0, 0.0)  # (pid, request-seconds) at the last idle-share reading
 
@@ -152,13 +152,14 @@ class WorkerPool:
 
     # -- episodes -------------------------------------------------------------------------------------------------
 
-    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits) -> Trajectory:
+    async def play(self, task: dict[str, Any], index: int, limits: EpisodeLimits,
+                   branch: Branch | None = None) -> Trajectory:
         """Rollout `index` of `task` on the least busy worker; an infrastructure error if the worker dies."""
         worker = await self._pick()
         eid, loop = next(self.ids), asyncio.get_running_loop()
         episode = _Sent(task, self.state.version, loop.create_future())
         worker.episodes[eid] = episode
-        worker.outbox.append((eid, task, index, limits))
+        worker.outbox.append((eid, task, index, limits, branch))
         if len(worker.outbox) == 1:  # the episodes given in this turn of the loop go as one call
             loop.call_soon(self._flush, worker)
         try:

@@ -37,6 +37,7 @@ from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.seeds import request_seed
 from agent_rl.core.types import (
     EPISODE_REWARD,
+    Branch,
     Message,
     Reward,
     Segment,
@@ -45,6 +46,7 @@ from agent_rl.core.types import (
     Trajectory,
     Turn,
 )
+from agent_rl.rollout.branching import BranchSampler
 from agent_rl.rollout.sampler import Sampler, SamplingParams, ServerLost
 
 T = TypeVar("T")
@@ -152,7 +154,11 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
             ep.server_lost = True
             raise
         start = len(buf.ids)
-        buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
+        if out.given:  # a branch's given ids (`rollout.branching`): context, the rest sampled
+            buf.add_context(out.token_ids[:out.given])
+            buf.add_sampled(out.token_ids[out.given:], out.logprobs[out.given:], out.versions[out.given:])
+        else:
+            buf.add_sampled(out.token_ids, out.logprobs, out.versions)  # each token's version: the sampler's
         ep.turns.append(Turn(start, len(buf.ids), out.finish_reason, out.policy_version, len(buf.closed),
                              state=state))
         reply = renderer.parse(out.token_ids)
@@ -243,13 +249,17 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
 
 
 async def play_task(task: dict[str, Any], index: int, make_env: Callable[[dict[str, Any]], Env], sampler: Sampler,
-                    renderer: Renderer, limits: EpisodeLimits) -> Trajectory:
-    """Rollout `index` of `task` in an environment of its own; never raises for the env's or sampler's failures."""
+                    renderer: Renderer, limits: EpisodeLimits, branch: Branch | None = None) -> Trajectory:
+    """Rollout `index` of `task` in an environment of its own; never raises for the env's or sampler's failures.
+    With `branch`, a branch of another episode of its group (`rollout.branching`), marked as one."""
     task_id = str(task.get("id", ""))
     try:
         env = make_env(task)
         async with env:
-            traj = await run_episode(env, sampler, renderer, limits, task_id, index)
+            played = sampler if branch is None else BranchSampler(sampler, branch)
+            traj = await run_episode(env, played, renderer, limits, task_id, index)
+            if branch is not None:
+                traj = replace(traj, branch=branch)
     except Exception as e:  # the env could not even be built or entered
         return failed_episode(task, f"environment could not start: {type(e).__name__}: {e}", type(e).__name__,
                               sampler.policy_version)

@@ -76,12 +76,17 @@ class Completion:
     # the version that sampled each token; () on construction: every token is `policy_version`'s (a push
     # that aborted the request in the middle gives the later tokens the new version: module doc)
     versions: tuple[int, ...] = ()
+    # the first `given` ids were not sampled by the policy but given (a branch's replayed turns, the part of a turn
+    # it keeps and the opening of a call it forces: `rollout.branching`): context, out of the loss
+    given: int = 0
 
     def __post_init__(self) -> None:
         if not self.versions:
             object.__setattr__(self, "versions", (self.policy_version,) * len(self.token_ids))
         if len(self.versions) != len(self.token_ids):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.versions)} versions")
+        if not 0 <= self.given <= len(self.token_ids):
+            raise ValueError(f"{self.given} given ids of {len(self.token_ids)}")
 
 
 class Sampler(Protocol):

@@ -29,12 +29,15 @@ from typing import Any, cast
 from agent_rl.core.config import RayConfig
 from agent_rl.core.env import Env
 from agent_rl.core.renderers.base import Renderer
-from agent_rl.core.types import Trajectory
+from agent_rl.core.types import Branch, Trajectory
 from agent_rl.rollout.players import RequestMeter
 from agent_rl.rollout.quiet_gc import ROLLOUT_GC
 from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, play_task
 from agent_rl.rollout.sampler import Sampler, ServedSampler
+
+# an episode rank 0 gives a worker: (its id, the task, the rollout index, the limits, the branch it plays or None)
+Submitted = tuple[int, dict[str, Any], int, EpisodeLimits, Branch | None]
 
 
 class WorkerError(Exception):
@@ -89,12 +92,12 @@ class RolloutWorker:
         """The worker's process id once it is up, and why it cannot play ("" if it can)."""
         return os.getpid(), self.broken
 
-    async def submit(self, episodes: list[tuple[int, dict[str, Any], int, EpisodeLimits]], state: ServedState) -> int:
+    async def submit(self, episodes: list[Submitted], state: ServedState) -> int:
         """Start playing each (id, task, rollout index, limits: seeds included) as `rollout.runner.play_task`
         plays it; returns at once, with the process id (rank 0 tells a restarted worker by it)."""
         self._adopt(state)
-        for eid, task, index, limits in episodes:
-            self.playing[eid] = asyncio.ensure_future(self._play(eid, task, index, limits))
+        for eid, task, index, limits, branch in episodes:
+            self.playing[eid] = asyncio.ensure_future(self._play(eid, task, index, limits, branch))
         return os.getpid()
 
     async def results(self, wait_s: float, gap_s: float = 0.005
@@ -124,12 +127,13 @@ class RolloutWorker:
             if task is not None:
                 task.cancel()
 
-    async def _play(self, eid: int, task: dict[str, Any], index: int, limits: EpisodeLimits) -> None:
+    async def _play(self, eid: int, task: dict[str, Any], index: int, limits: EpisodeLimits,
+                    branch: Branch | None) -> None:
         if not self.quiet:  # the process's garbage collection while episodes run (`rollout.quiet_gc`)
             self.gc.enter_context(ROLLOUT_GC.quiet())
             self.quiet = True
         try:
-            traj = await play_task(task, index, self.kit.make_env, self.meter, self.kit.renderer, limits)
+            traj = await play_task(task, index, self.kit.make_env, self.meter, self.kit.renderer, limits, branch)
         finally:
             self.playing.pop(eid, None)
             if not self.playing and self.quiet:

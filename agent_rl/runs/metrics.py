@@ -3,7 +3,8 @@
 Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per trajectory,
 per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors, the
 turns' own rewards by part, `turn_reward_metrics`), and in a run of several environments the main
-figures of each (`env/<name>/...`, `env_metrics`).
+figures of each (`env/<name>/...`, `env_metrics`); by group, whether the policy tries its tools
+(`tool_decision_metrics`) and what the branches at the tool decision cost and gave (`branch_metrics`).
 Does not own: training metrics (the loss returns its own), logging to files (`runs.runlog`).
 
 Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
@@ -17,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from statistics import fmean
 
-from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory
+from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory, TrajectoryGroup
 
 # the figures given per environment (`env/<name>/<figure>`) in a run of several
 ENV_FIGURES = ("rollouts", "infra_error_rate", "reward_mean", "accuracy", "tool_use_rate", "tool_calls_per_traj",
@@ -119,3 +120,45 @@ def lag_metrics(trajectories: Sequence[Trajectory], step: int) -> dict[str, floa
         return {}
     return {"lag/mean": sum(lag * n for lag, n in tokens.items()) / total, "lag/max": float(max(tokens)),
             **{f"lag/share_{lag}": n / total for lag, n in sorted(tokens.items())}}
+
+
+def tool_decision_metrics(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0) -> dict[str, float]:
+    """Whether the policy tries its tools, by group (the groups' own episodes: branches are not the policy's own
+    choice, `branch_metrics`): `tool/attempt_share` (rollouts that attempt a call, well formed or not),
+    `tool/no_attempt_groups` (groups where no rollout attempted one), `tool/all_fail_groups` (groups whose
+    tool-using rollouts all failed: the call gets no positive signal), each a share of the groups with a rollout that
+    played; `reward/with_tools` and `reward/without_tools` (the mean outcome of the rollouts that attempted a call and
+    of those that did not; absent when there are none)."""
+    own = [[t for t in g.trajectories if t.branch is None and not t.infra_error] for g in groups]
+    own = [g for g in own if g]
+    if not own:
+        return {}
+    rollouts = [t for g in own for t in g]
+    attempted = [t for t in rollouts if t.used_tools]
+    out = {"tool/attempt_share": len(attempted) / len(rollouts),
+           "tool/no_attempt_groups": _mean([0.0 if any(t.used_tools for t in g) else 1.0 for g in own]),
+           "tool/all_fail_groups": _mean([1.0 if (tried := [t for t in g if t.used_tools]) and not any(
+               solved(t, success_threshold) for t in tried) else 0.0 for g in own])}
+    if attempted:
+        out["reward/with_tools"] = _mean([t.reward for t in attempted])
+    if len(attempted) < len(rollouts):
+        out["reward/without_tools"] = _mean([t.reward for t in rollouts if not t.used_tools])
+    return out
+
+
+def branch_metrics(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0) -> dict[str, float]:
+    """What the branches at the tool decision cost and gave (`rollout.branching`): `branch/episodes`, their share of
+    the step's episodes (`branch/share`) and of its sampled tokens (`branch/token_share`), the groups that branched
+    (`branch/groups`), and of the branches that played: the share that attempted a call (`branch/attempt_share`) and
+    that solved their task (`branch/solved_share`); {} when the run does not branch."""
+    trajs = [t for g in groups for t in g.trajectories]
+    branched = [t for t in trajs if t.branch is not None]
+    if not branched:
+        return {}
+    played = [t for t in branched if not t.infra_error]
+    sampled = sum(t.num_sampled for t in trajs)
+    return {"branch/episodes": float(len(branched)), "branch/share": len(branched) / len(trajs),
+            "branch/token_share": sum(t.num_sampled for t in branched) / sampled if sampled else 0.0,
+            "branch/groups": float(sum(any(t.branch is not None for t in g.trajectories) for g in groups)),
+            "branch/attempt_share": _mean([1.0 if t.used_tools else 0.0 for t in played]),
+            "branch/solved_share": _mean([1.0 if solved(t, success_threshold) else 0.0 for t in played])}

@@ -38,6 +38,7 @@ class Panel:
 PANELS = (
     Panel("reward (mean ± the spread of a group's returns)", ("reward_mean",), band=("reward_mean", "reward_std")),
     Panel("tool use", ("tool_use_rate", "tool_failure_rate"), alarm="alarm/tool_collapse", unit=True),
+    Panel("the tool decision (groups)", ("tool/no_attempt_groups", "tool/all_fail_groups", "branch/share"), unit=True),
     Panel("entropy (nats / sampled token)", ("entropy",), alarm="alarm/entropy_collapse"),
     Panel("KL", ("kl", "approx_kl_old")),
     Panel("clip fraction", ("clip_frac", "tis_capped_frac")),

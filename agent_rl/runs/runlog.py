@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # (label in the progress bar, metric name)
-POSTFIX = (("reward", "reward_mean"), ("tools", "tool_use_rate"), ("entropy", "entropy"), ("kl", "kl"))
+POSTFIX = (("reward", "reward_mean"), ("tools", "tool_use_rate"), ("no-try", "tool/no_attempt_groups"),
+           ("all-fail", "tool/all_fail_groups"), ("entropy", "entropy"), ("kl", "kl"))
 
 
 class RunLogError(RuntimeError):

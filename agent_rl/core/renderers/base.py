@@ -179,6 +179,14 @@ class Renderer(abc.ABC):
         text = self.decode(ids)
         return Message("assistant", text, tool_calls=tuple(self.parse_tool_calls(text)))
 
+    def call_opening(self) -> list[int]:
+        """The ids that open a tool call at the start of a turn, up to the tool's name, as this family writes a call
+        (`format_reply`): what a branch forces at the tool decision (`rollout.branching`); [] if a call's text does
+        not hold its name verbatim."""
+        mark = "zq_tool_name"
+        text = self.format_reply("", [ToolCall(mark, {})])
+        return self.encode_reply(text[:text.index(mark)]) if mark in text else []
+
     def reply_ids(self, reply: Message) -> list[int]:
         """A hand-written reply as the ids a policy would sample for it, stop token included."""
         ids = self.encode_reply(self.format_reply(reply.content, reply.tool_calls))
