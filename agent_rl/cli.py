@@ -80,7 +80,7 @@ def _play_parsers(sub) -> None:
 
 
 def _training_parsers(sub) -> None:
-    """Commands that read a config or a run: train, demos, sft, eval, plot, view."""
+    """Commands that read a config or a run: train, demos, bootstrap, sft, eval, plot, view."""
     t = sub.add_parser("train", help="GRPO training from a YAML config")
     _config_arguments(t, "YAML file (defaults for missing keys)", "algorithm.kl_beta=0.01")
     _run_arguments(t, "the run dir's last checkpoint")
@@ -94,6 +94,18 @@ def _training_parsers(sub) -> None:
     _config_arguments(d, "YAML file: rollout.env, rollout limits and sft.* are used", "sft.direct_share=0.5")
     d.add_argument("--out", help="output JSONL (default: sft.demos)")
     d.set_defaults(func=commands.demos)
+
+    b = sub.add_parser("bootstrap", help="demonstrations (sft.demos) from the policy's own tool-using, solved "
+                                         "episodes, played with help and kept without it")
+    _config_arguments(b, "YAML file: model, sampler, rollout, eval.success_threshold and sft.* are used",
+                      "sft.num_demos=64")
+    b.add_argument("--hint", help="a hint (a text file, added to the system prompt) or a worked example (a .json list "
+                                  "of {role, content} messages, placed before the task)")
+    b.add_argument("--force-call", action="store_true", help="open a call at the start of each episode's first turn")
+    b.add_argument("--tasks", type=int, default=None, help="training tasks played (default: sft.num_demos)")
+    b.add_argument("--samples", type=int, default=4, help="episodes per task")
+    b.add_argument("--out", help="output JSONL (default: sft.demos)")
+    b.set_defaults(func=commands.bootstrap)
 
     s = sub.add_parser("sft", help="supervised fine-tuning of the adapter on demonstrations")
     _config_arguments(s, "YAML file: model, optim and sft.* are used", "sft.epochs=3")

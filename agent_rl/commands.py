@@ -1,6 +1,6 @@
 """What each `agent-rl` sub-command does, on top of the library; `cli` parses the arguments.
 
-Owns: one function per command (`rollout`, `train`, `demos`, `sft`, `eval` and `eval --benchmark bfcl`,
+Owns: one function per command (`rollout`, `train`, `demos`, `bootstrap`, `sft`, `eval` and `eval --benchmark bfcl`,
 `play`, `audit-reward`, `plot`, `view`, and the tool services), the mapping of library errors to one
 `error: ...` line with an exit status (2 for bad input such as a config, a model path or an environment
 name; 1 for a failed run such as an unreachable server), and printing results.
@@ -177,6 +177,40 @@ def demos(args: argparse.Namespace) -> int:
                                              limits=EpisodeLimits.from_config(cfg.rollout)))
     if not made:
         raise CLIError(f"the {session.env.name!r} solver solved none of {s.num_demos} tasks within the rollout limits")
+    write_demos(out, made)
+    print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
+    return 0
+
+
+def bootstrap(args: argparse.Namespace) -> int:
+    from agent_rl.bootstrap import Help, bootstrap, help_from_file
+    from agent_rl.demos import write_demos
+    from agent_rl.rollout.players import LocalPlayers
+    from agent_rl.rollout.runner import EpisodeLimits
+    from agent_rl.session import open_session, sampling
+
+    cfg = config(args)
+    out = args.out or cfg.sft.demos
+    with errors_as_lines():
+        help_ = help_from_file(args.hint) if args.hint else Help()
+        session = open_session(cfg)
+        if args.force_call:
+            help_ = Help(help_.hint, help_.example, tuple(session.renderer.call_opening()))
+        tasks = session.env.load_tasks(args.tasks or cfg.sft.num_demos, seed=cfg.run.seed, split="train")
+        limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature, cfg.sampler.top_p, seed=cfg.run.seed)
+
+        async def run():  # the episodes play here: each environment wrapped with the help
+            async with sampling(session) as served:
+                return await bootstrap(session.env, session.renderer,
+                                       lambda make_env: LocalPlayers(make_env, served.sampler, session.renderer),
+                                       tasks, args.samples, limits, help_, cfg.eval.success_threshold)
+
+        announce_server(cfg)
+        made, stats = asyncio.run(run())
+    if not made:
+        raise CLIError(f"no episode of {int(stats['played'])} used a tool and solved its task: nothing to learn "
+                       f"from (attempted {stats['attempted']:.2f}, solved {stats['solved']:.2f}); try --force-call "
+                       f"or a hint")
     write_demos(out, made)
     print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
     return 0

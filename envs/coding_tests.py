@@ -24,7 +24,8 @@ a fresh sandbox, the submission in a process of its own (`rewards.code.run_hidde
 is what pass@1 counts, the share gives a gradient to partly right code. No format part: any part a
 submission can earn without passing a hidden test would pay the reward audit's hacks (a program that
 only exits 0 compiles). Metrics (weight 0): `tests_passed`, `submitted`, `compiled`, `ran_tests` (the
-visible tests were run before the submission), `test_runs`.
+visible tests were run before the submission), `test_runs`, `revised_after_failure` (a test run that failed was
+followed by other code: a later run's or the submission: the test-fix loop).
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class CodingTestsEnv(ToolEnv):
         self._backend = get_backend(sandbox, GRADER_LIMITS)
         self.max_timeouts = max_timeouts
         self.test_runs = 0
+        self.runs: list[tuple[str, bool]] = []  # each run's code, and whether every visible test passed
         super().__init__([self.run_tests])
 
     async def run_tests(self, code: str) -> str:
@@ -157,6 +159,7 @@ class CodingTestsEnv(ToolEnv):
         t = self.task
         _, outcomes = await run_tests(self._backend, t["prompt"], code, t["entry_point"], t["visible_tests"],
                                       TOOL_TIMEOUTS, explain=True)
+        self.runs.append((code, len(outcomes) == len(t["shown_tests"]) and all(o.status == "ok" for o in outcomes)))
         return report(outcomes, t["shown_tests"])
 
     async def initial_messages(self) -> list[Message]:
@@ -169,8 +172,11 @@ class CodingTestsEnv(ToolEnv):
         final = messages[-1] if messages and messages[-1].role == "assistant" else None
         code = extract_code(final.content) if final is not None and not final.tool_calls else None
         ran = float(self.test_runs > 0)
+        codes = [c.strip() for c, _ in self.runs] + ([code.strip()] if code is not None else [])
+        revised = any(not ok and any(later != c.strip() for later in codes[i + 1:])
+                      for i, (c, ok) in enumerate(self.runs))
         parts = {"solved": 0.0, "tests_passed": 0.0, "submitted": float(code is not None), "compiled": 0.0,
-                 "ran_tests": ran, "test_runs": float(self.test_runs)}
+                 "ran_tests": ran, "test_runs": float(self.test_runs), "revised_after_failure": float(revised)}
         if code is None:
             return Reward(0.0, parts)
         t = self.task

@@ -322,3 +322,44 @@ def test_every_family_opens_a_call_as_it_writes_one(request, name):
     assert opening and text.startswith(renderer.decode_raw(opening))
     [parsed] = renderer.parse([*renderer.encode_reply(text), renderer.stop_token_ids[0]]).tool_calls
     assert (parsed.name, parsed.arguments) == ("calculator", {"expression": "6 * 7"})
+
+
+# -- the cold start from the policy's own episodes --------------------------------------------------------------
+
+
+async def test_a_bootstrapped_demo_is_the_hint_free_render_with_the_assistant_tokens_masked_in(renderer):
+    """A policy that calls the calculator only when the hint is in its prompt, or when a call's opening is forced:
+    helped, it solves every task with the tool; each kept episode, replayed without the help, is the hint-free
+    render of the same messages (its ids extend the environment's own prompt, token for token), and its mask marks
+    exactly the assistant's turns, the forced opening included (in SFT it is a target)."""
+    from agent_rl.bootstrap import Help, Helped, bootstrap
+    from agent_rl.core.registry import load_env
+
+    hint = "Always use the calculator."
+
+    policy = calculator_script()
+
+    def script(text: str) -> str:
+        helped_to_call = hint in text and "<tool_response>" not in text
+        return OPENING + policy(text + OPENING) if helped_to_call else policy(text)
+
+    spec = load_env("calculator")
+    tasks = spec.load_tasks(3, seed=0)
+    sampler = ScriptedSampler(renderer, script)
+    for help_ in (Help(hint=hint), Help(opening=tuple(renderer.call_opening()))):
+        demos, stats = await bootstrap(spec, renderer, lambda make_env: LocalPlayers(make_env, sampler, renderer),
+                                       tasks, 2, LIMITS, help_)
+        assert stats == {"played": 6.0, "attempted": 1.0, "solved": 1.0, "kept": 6.0, "diverged": 0.0, "yield": 1.0}
+        for demo in demos:
+            async with spec.make_env(next(t for t in tasks if t["id"] == demo.task_id)) as env:
+                prompt = renderer.render(await env.initial_messages(), env.tool_schemas)
+            assert hint not in renderer.render_text(demo.token_ids)
+            assert list(demo.token_ids[:len(prompt)]) == prompt  # the environment's own prompt, no help
+            full = renderer.render(list(demo.messages), env.tool_schemas, add_generation_prompt=False)
+            assert full[:len(demo.token_ids)] == list(demo.token_ids)
+            assistant = {k for turn in demo.turns for k in range(turn.start, turn.end)}
+            assert {k for k, m in enumerate(demo.loss_mask) if m} == assistant
+            first = demo.turns[0]
+            assert renderer.render_text(demo.token_ids[first.start:first.end]).startswith(OPENING)
+    async with Helped(spec.make_env(tasks[0]), Help(hint=hint)) as helped:
+        assert (await helped.initial_messages())[0].content.endswith("\n\n" + hint)

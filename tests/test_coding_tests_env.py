@@ -85,7 +85,7 @@ async def test_run_tests_fix_then_submit_earns_full_reward(scripted, renderer):
                      "1 of 1 visible tests passed.\npassed: assert truncate_number(3.5) == 0.5"]
     assert traj.reward == 1.0 and len(traj.turns) == 3
     assert traj.reward_parts == {"solved": 1.0, "tests_passed": 1.0, "submitted": 1.0, "compiled": 1.0,
-                                 "ran_tests": 1.0, "test_runs": 2.0}
+                                 "ran_tests": 1.0, "test_runs": 2.0, "revised_after_failure": 1.0}
 
 
 @needs_bwrap
@@ -97,7 +97,7 @@ async def test_partial_direct_and_missing_submissions(scripted, renderer):
                                  LIMITS, TRUNCATE["id"])
     assert traj.reward == pytest.approx(0.25)
     assert traj.reward_parts == {"solved": 0.0, "tests_passed": 0.5, "submitted": 1.0, "compiled": 1.0,
-                                 "ran_tests": 0.0, "test_runs": 0.0}
+                                 "ran_tests": 0.0, "test_runs": 0.0, "revised_after_failure": 0.0}
     # the solver, direct: full reward without a test run; a reply without code, or cut while calling: 0
     async with CodingTestsEnv(TRUNCATE) as env:
         traj = await run_episode(env, scripted(lambda m: solve(TRUNCATE, m, True), on_messages=True),
@@ -124,3 +124,20 @@ async def test_the_tool_says_why_code_fails_to_load_or_times_out():
                      "  timed out (over its CPU or wall-clock limit)")
     assert raises.endswith("  raised ZeroDivisionError: division by zero")
     assert env.test_runs == 3
+    # three failed runs, each followed by other code: the test-fix loop, as the reward's metric counts it
+    assert [ok for _, ok in env.runs] == [False, False, False]
+
+
+@needs_bwrap
+async def test_a_failed_run_followed_by_the_same_code_is_no_revision():
+    """`revised_after_failure`: a failing run then the same code submitted is not a fix; a passing run then other
+    code is not one either; a failing run then other code is."""
+    wrong = "def truncate_number(number):\n    return number - 1\n"
+    right = "def truncate_number(number):\n    return number % 1.0\n"
+    for runs, submitted, revised in (([wrong], wrong, 0.0), ([right], wrong, 0.0), ([wrong], right, 1.0),
+                                     ([wrong, right], right, 1.0)):
+        async with CodingTestsEnv(TRUNCATE) as env:
+            for code in runs:
+                await env.run_tests(code)
+            reward = await env.reward([Message("assistant", f"```python\n{submitted}```")])
+        assert reward.parts["revised_after_failure"] == revised, (runs, submitted)

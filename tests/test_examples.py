@@ -132,8 +132,9 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
     def result(pass1, tools):
         # tool_use_rate: episodes with any tool call; reward/ran_tests: those that ran the visible tests
         return {"accuracy": pass1, "pass@2": pass1 + 0.125, "reward/tests_passed": 0.5, "reward/ran_tests": tools,
-                "tool_use_rate": tools + 0.125, "turns_mean": 1.5, "sampled_tokens_mean": 200.0,
-                "reward/submitted": 1.0, "reward/compiled": 0.75, "truncation_rate": 0.0}
+                "reward/revised_after_failure": tools / 2, "tool_use_rate": tools + 0.125, "turns_mean": 1.5,
+                "sampled_tokens_mean": 200.0, "reward/submitted": 1.0, "reward/compiled": 0.75,
+                "truncation_rate": 0.0}
 
     runs = {}
     for seed, solved in ((0, [0.25, 0.5]), (1, [0.125, 0.25])):
@@ -156,7 +157,8 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
             for text, submitted, compiled in records))
     merged = {s: str(d / "merged") for s, d in runs.items()}  # how the recipe evaluates each run's policy
     report = {"results": {"base": result(0.25, 0.0), merged[0]: result(0.5, 0.75), merged[1]: result(0.375, 0.25)}}
-    out = recipe.summarise(report, merged, {"eval": 60.0})
+    summary = recipe.summarise(report, {"grpo": merged}, {"eval": 60.0})
+    out = summary["arms"]["grpo"]
     assert out["gain"][0]["pass@1"] == 0.25 and out["gain"][1]["pass@1"] == 0.125
     assert out["pass@1_min_gain"] == 0.125 and out["pass@1_seed_spread"] == 0.125
     assert out["tool_use_rate_min_gain"] == 0.25 and out["tool_use_rate_seed_spread"] == 0.5
@@ -170,6 +172,11 @@ def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
     assert out["diagnostics"][0]["inline_asserts"] == {"share_per_step": [0.5, 1.0], "submissions": 3,
                                                        "loaded_with": 0.5, "loaded_without": 1.0}
     assert out["diagnostics"][1]["inline_asserts"] == {}  # no traces
-    assert out["before"]["pass@2"] == 0.375 and out["wall_s"] == {"eval": 60.0}
+    assert out["before"]["pass@2"] == 0.375 and summary["wall_s"] == {"eval": 60.0}
+    # the targets: ran the tests >= 0.6 (0.75, 0.25), revised after a failure >= 0.2 (0.375, 0.125), tool use at
+    # the last step >= the first (0.125 -> 0.25, 0.0625 -> 0.125)
+    assert out["targets"] == {0: {"ran_tests_ge_0.6": True, "revised_ge_0.2": True, "tool_use_last_ge_first": True},
+                              1: {"ran_tests_ge_0.6": False, "revised_ge_0.2": False,
+                                  "tool_use_last_ge_first": True}}
     assert out["diagnostics"][0]["per_step"]["solved"] == [0.25, 0.5] and out["diagnostics"][1]["solved_mean"] == 0.1875
     assert out["diagnostics"][0]["step_s_mean"] == 300.0 and out["diagnostics"][0]["entropy_mean"] is None

@@ -169,7 +169,7 @@ class Branch:
     (the opening of a call), none of them sampled: the policy samples the rest. Every given id is context (mask 0):
     the shared prefix is trained once, in the source's row."""
 
-    source: int  # the index of the source episode in its group
+    source: int  # the index of the source episode in its group (-1: none, a forced first turn: `bootstrap`)
     replies: tuple[tuple[int, ...], ...]  # the source's sampled ids of each turn before the branch
     kept: tuple[int, ...]  # the source's first ids of the branch's turn
     forced: tuple[int, ...] = ()  # given after them, not sampled (the opening of a call)
