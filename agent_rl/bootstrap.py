@@ -21,6 +21,7 @@ time) is left out and counted (`diverged`).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,17 +148,20 @@ def keep(traj: Trajectory, success_threshold: float) -> bool:
 
 async def bootstrap(spec: EnvSpec, renderer: Renderer, players: Callable[[Callable[[dict[str, Any]], Env]], Players],
                     tasks: Sequence[dict[str, Any]], samples: int, limits: EpisodeLimits, help_: Help,
-                    success_threshold: float = 1.0) -> tuple[list[Trajectory], dict[str, float]]:
-    """`samples` helped episodes of each task on `players(make_env)`, the kept ones (`keep`) replayed without the
-    help (`without_help`); returns the demonstrations and the counts: played, attempted, solved, kept, diverged,
-    and the yield (demonstrations per episode played)."""
+                    success_threshold: float = 1.0, max_concurrent: int = 64
+                    ) -> tuple[list[Trajectory], dict[str, float]]:
+    """`samples` helped episodes of each task on `players(make_env)`, at most `max_concurrent` at once
+    (`rollout.max_concurrent`: more than the servers take makes requests wait past their deadline), the kept ones
+    (`keep`) replayed without the help (`without_help`); returns the demonstrations and the counts: played,
+    failed (infrastructure errors), attempted, solved, kept, diverged, and the yield (demonstrations per episode
+    played)."""
     def make_env(task: dict[str, Any]) -> Env:
         return Helped(spec.make_env(task), help_)
 
     played = Episodes(players(make_env), limits, samples)
     if help_.opening:  # the call's opening at the first turn: a branch of nothing, forced at its start
         played = Episodes(_Forced(played.players, Branch(-1, (), (), help_.opening)), limits, samples)
-    groups = await play_groups(tasks, played)
+    groups = await play_groups(tasks, played, max_concurrent)
     demos, diverged = [], 0
     for task, group in zip(tasks, groups):
         for traj in group.trajectories:
@@ -167,7 +171,11 @@ async def bootstrap(spec: EnvSpec, renderer: Renderer, players: Callable[[Callab
                 demos += [demo] if demo is not None else []
     trajs = [t for g in groups for t in g.trajectories]
     n = max(len(trajs), 1)
-    return demos, {"played": float(len(trajs)), "attempted": sum(t.used_tools for t in trajs) / n,
+    failed = [t.error for t in trajs if t.infra_error]
+    if failed:  # say what went wrong: a failure of every episode is not a policy that never tries
+        print(f"bootstrap: {len(failed)} of {len(trajs)} episodes failed, the first: {failed[0]}", file=sys.stderr)
+    return demos, {"played": float(len(trajs)), "failed": len(failed) / n,
+                   "attempted": sum(t.used_tools for t in trajs) / n,
                    "solved": sum(t.reward >= success_threshold for t in trajs) / n, "kept": float(len(demos)),
                    "diverged": float(diverged), "yield": len(demos) / n}
 

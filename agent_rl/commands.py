@@ -203,14 +203,15 @@ def bootstrap(args: argparse.Namespace) -> int:
             async with sampling(session) as served:
                 return await bootstrap(session.env, session.renderer,
                                        lambda make_env: LocalPlayers(make_env, served.sampler, session.renderer),
-                                       tasks, args.samples, limits, help_, cfg.eval.success_threshold)
+                                       tasks, args.samples, limits, help_, cfg.eval.success_threshold,
+                                       cfg.rollout.max_concurrent)
 
         announce_server(cfg)
         made, stats = asyncio.run(run())
     if not made:
         raise CLIError(f"no episode of {int(stats['played'])} used a tool and solved its task: nothing to learn "
-                       f"from (attempted {stats['attempted']:.2f}, solved {stats['solved']:.2f}); try --force-call "
-                       f"or a hint")
+                       f"from (failed {stats['failed']:.2f}, attempted {stats['attempted']:.2f}, solved "
+                       f"{stats['solved']:.2f}); try --force-call or a hint")
     write_demos(out, made)
     print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
     return 0

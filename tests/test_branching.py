@@ -349,7 +349,8 @@ async def test_a_bootstrapped_demo_is_the_hint_free_render_with_the_assistant_to
     for help_ in (Help(hint=hint), Help(opening=tuple(renderer.call_opening()))):
         demos, stats = await bootstrap(spec, renderer, lambda make_env: LocalPlayers(make_env, sampler, renderer),
                                        tasks, 2, LIMITS, help_)
-        assert stats == {"played": 6.0, "attempted": 1.0, "solved": 1.0, "kept": 6.0, "diverged": 0.0, "yield": 1.0}
+        assert stats == {"played": 6.0, "failed": 0.0, "attempted": 1.0, "solved": 1.0, "kept": 6.0, "diverged": 0.0,
+                         "yield": 1.0}
         for demo in demos:
             async with spec.make_env(next(t for t in tasks if t["id"] == demo.task_id)) as env:
                 prompt = renderer.render(await env.initial_messages(), env.tool_schemas)

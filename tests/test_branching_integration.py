@@ -42,6 +42,7 @@ def test_bootstrap_reports_its_yield_on_a_real_server(tmp_path, vllm_server, cap
         assert line["played"] == 4.0 and line["kept"] >= 1 and out.is_file()
     else:
         assert code == 1 and "error: no episode of 4 used a tool and solved its task" in captured.err
+        assert "(failed 0.00, attempted " in captured.err  # a policy that does not succeed, not a broken run
 
 
 def test_two_grpo_steps_with_branches_at_the_tool_decision(tmp_path, vllm_server, renderer):
