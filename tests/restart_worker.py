@@ -92,8 +92,9 @@ def main(kills: str, argv: list[str]) -> int:
     train = trainer.train
 
     async def killing_train(cfg, resume=False, stages=trainer.Stages()):
-        def stream(run, sampler):
-            return trainer.open_stream(run, Killing(sampler, versions, run_dir))
+        def stream(run, players):  # episodes play in this process: the meter's sampler is the run's
+            players.meter.inner = Killing(players.meter.inner, versions, run_dir)
+            return trainer.open_stream(run, players)
 
         return await train(cfg, resume, dataclasses.replace(stages, stream=stream))
 

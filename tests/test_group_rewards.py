@@ -66,14 +66,18 @@ async def test_a_group_reward_has_a_deadline():
 
 
 GROUP_ENV = '''
+from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Reward
-from agent_rl.envs.toy import load_tasks, make_env  # noqa: F401
+from agent_rl.envs.toy import load_tasks, make_env
 
 
 async def group_reward(task, trajectories):
     """The shortest answer of the group gets a bonus."""
     best = min(len(t.messages[-1].content) for t in trajectories)
     return [Reward(float(len(t.messages[-1].content) == best), {"shortest": 1.0}) for t in trajectories]
+
+
+ENV = EnvSpec("group_env_here", make_env, load_tasks, group_reward=group_reward)
 '''
 
 

