@@ -271,17 +271,6 @@ def docker_or_skip() -> None:
         pytest.skip(f"docker unavailable: {reason}")
 
 
-async def until(predicate, timeout_s: float = 30.0) -> None:
-    """Until `predicate()` holds, polled; a generous bound, which only a failing test waits out (a loaded machine
-    may run a thread, a restart or a round trip late, and a tight bound would then fail a test that is right)."""
-    import asyncio
-
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
-
-
 def deadline_slack_s(backend) -> float:
     """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
     Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""

@@ -1,10 +1,16 @@
 """What many tests share: factories of the project's nouns and small stand-ins, written once.
 
-Owns: `here` (episodes played in this process by a scripted sampler, as `trainer.loop` takes them), `scored_groups`
-(hand-built groups with their returns set, as advantages read them).
+Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never for a guessed
+time); `here` (episodes played in this process by a scripted sampler, as `trainer.loop` takes them),
+`scored_groups` (hand-built groups with their returns set, as advantages read them).
+Does not own: fixtures (tests/conftest.py: pytest finds them there), what one test file is about (its own file).
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
 
 from agent_rl.core.returns import scored
 from agent_rl.core.types import TrajectoryGroup
@@ -29,3 +35,21 @@ def not_here(sampler, renderer) -> LocalPlayers:
         raise AssertionError("an episode played here, where the workers should have played it")
 
     return LocalPlayers(no_env, sampler, renderer)
+
+
+# -- waits: each for a condition, with a deadline that only a failing test waits out ---------------------------
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Until `predicate()` holds, polled every 5 ms; fails naming `what` after `timeout_s` (a generous bound: a
+    loaded machine runs a thread, a restart or a round trip late, and a tight one would fail a right test)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout_s:g} s"
+        await asyncio.sleep(0.005)
+
+
+def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.01) -> None:
+    """`until` for a thread with no event loop (a test driving a subprocess): polled every `every_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(every_s)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import until
+from helpers import until
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.base import Env, StepResult
@@ -190,7 +190,7 @@ def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, r
         async with VLLMSampler([server.url], retries=2, backoff_s=0.1, request_timeout_s=30) as sampler:
             os.killpg(pgid, signal.SIGSTOP)  # its listening socket still takes the connections
             job = asyncio.create_task(rollout_groups(tasks, CalculatorEnv, sampler, renderer, limits, 2))
-            await until(lambda: sampler.in_flight(server.url) == 8)
+            await until(lambda: sampler.in_flight(server.url) == 8, "8 requests in flight")
             await asyncio.sleep(0.2)  # their bytes written (one still being written fails the same way)
             os.killpg(pgid, signal.SIGKILL)  # the server dies with all of them in flight
             return await asyncio.wait_for(job, 60)

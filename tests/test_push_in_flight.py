@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from conftest import until
+from helpers import until
 
 from agent_rl.rollout.sampler import SamplingParams
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
@@ -159,7 +159,7 @@ async def test_a_push_of_full_weights_aborts_requests_in_flight_and_they_go_on_u
         prompts = [[i, 7, 7] for i in range(8)]
         tasks = [asyncio.ensure_future(sampler.sample(p, SamplingParams(max_tokens=40, seed=i)))
                  for i, p in enumerate(prompts)]
-        await until(lambda: server.held == 8)
+        await until(lambda: server.held == 8, "8 requests held at their 12th token")
         await sync.push(SavesAFile(), 2)
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     for p, out in zip(prompts, outs):
@@ -180,7 +180,8 @@ async def test_a_request_that_reaches_the_server_during_the_pause_is_swept_not_m
     async with StandInVLLM(slow_prompt=42, slow_s=None) as server, VLLMSampler([server.url]) as sampler:
         sampler.set_policy("base", 1)
         late = asyncio.ensure_future(sampler.sample([42, 7], SamplingParams(max_tokens=10, seed=0)))
-        await until(lambda: sampler.in_flight(server.url) == 1)  # sent; it reaches the engine after the pause
+        # sent; it reaches the engine after the pause
+        await until(lambda: sampler.in_flight(server.url) == 1, "the late request sent")
         await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
         out = await asyncio.wait_for(late, 10)
     assert_tagged_by_what_sampled(out, [42, 7], 10)
@@ -199,7 +200,7 @@ async def test_an_adapter_push_leaves_requests_in_flight_on_their_own_version(tm
         write = SavesAFile()
         await sync.push(write, 1)
         long = asyncio.ensure_future(sampler.sample([1, 2], SamplingParams(max_tokens=60, seed=0)))
-        await until(lambda: server.held == 1)
+        await until(lambda: server.held == 1, "the request held at its 10th token")
         assert sampler.in_flight(model="p-v1") == 1
         await sync.push(write, 2)
         await sync.push(write, 3)

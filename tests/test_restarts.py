@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from conftest import until
+from helpers import until
 from test_on_error import total
 from test_push_in_flight import SavesAFile, StandInVLLM
 from test_stream import TimedSampler, play, scripted_run
@@ -201,7 +201,8 @@ async def test_a_restore_waits_for_the_push_under_way_and_brings_its_version(tmp
         b.adapters.clear()
         a.loads_wait_for, a.loading = asyncio.Event(), asyncio.Event()  # the push's load on the server that is up waits
         push = asyncio.ensure_future(sync.push(SavesAFile(), 1))
-        await until(a.loading.is_set)  # the push holds the servers' lock (it wrote v1 first, in a thread)
+        # the push holds the servers' lock (it wrote v1 first, in a thread)
+        await until(a.loading.is_set, "the push's adapter load on the server that is up")
         restore = asyncio.ensure_future(sync.restore(b.url))  # read now, the versions loaded would lack v1
         await asyncio.sleep(0.1)
         assert not restore.done() and not push.done()

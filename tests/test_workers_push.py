@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import functools
 
-from conftest import until
-from helpers import not_here
+from helpers import not_here, until
 from test_push_in_flight import SavesAFile, StandInVLLM
 
 from agent_rl.config.file import load_config
@@ -50,7 +49,7 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
                         for i in range(8)]
             while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
                 await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
-            await until(lambda: server.held == 8)  # 25 tokens each
+            await until(lambda: server.held == 8, "8 requests held at their 25th token")  # 25 tokens each
             await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
             trajs = await asyncio.wait_for(asyncio.gather(*episodes), 60)
             stats = sampler.stats()
@@ -82,7 +81,7 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
             long = asyncio.ensure_future(served.players.play({"id": "t", "topic": "cats"}, 0, limits))
             while sampler.in_flight(model="p-v1") < 1:
                 await asyncio.sleep(0.01)
-            await until(lambda: server.held == 1)
+            await until(lambda: server.held == 1, "the request held at its 10th token")
             await sync.push(write, 2)
             await sync.push(write, 3)
             assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3] and server.held == 1
