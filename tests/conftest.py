@@ -255,28 +255,6 @@ def harmony_standin(smol_dir):
     return tok
 
 
-# .ci/run sets this once it has started a Docker daemon of its own: from then on a Docker sandbox
-# case that cannot reach a daemon fails instead of skipping, so CI never passes with Docker untested.
-REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
-
-
-def docker_or_skip() -> None:
-    """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
-    fail it when REQUIRE_DOCKER is set."""
-    from agent_rl.tools.sandbox_docker import unavailable_reason
-
-    if reason := unavailable_reason():
-        if os.environ.get(REQUIRE_DOCKER):
-            pytest.fail(f"docker unavailable although {REQUIRE_DOCKER} is set: {reason}", pytrace=False)
-        pytest.skip(f"docker unavailable: {reason}")
-
-
-def deadline_slack_s(backend) -> float:
-    """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
-    Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
-    return 5.0 if backend.name == "docker" else 1.5
-
-
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray cluster for every rollout-worker test of the session (`rollout.workers`; a run that finds

@@ -2,15 +2,19 @@
 
 Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never for a guessed
 time); `here` (episodes played in this process by a scripted sampler, as `trainer.loop` takes them),
-`scored_groups` (hand-built groups with their returns set, as advantages read them).
+`scored_groups` (hand-built groups with their returns set, as advantages read them); the sandbox cases' terms
+(`docker_or_skip`, `deadline_slack_s`).
 Does not own: fixtures (tests/conftest.py: pytest finds them there), what one test file is about (its own file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
+
+import pytest
 
 from agent_rl.core.returns import scored
 from agent_rl.core.types import TrajectoryGroup
@@ -53,3 +57,26 @@ def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
         time.sleep(every_s)
+
+
+# -- sandboxes ---------------------------------------------------------------------------------------------------
+# .ci/run sets this once it has started a Docker daemon of its own: from then on a Docker sandbox
+# case that cannot reach a daemon fails instead of skipping, so CI never passes with Docker untested.
+REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
+
+
+def docker_or_skip() -> None:
+    """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
+    fail it when REQUIRE_DOCKER is set."""
+    from agent_rl.tools.sandbox_docker import unavailable_reason
+
+    if reason := unavailable_reason():
+        if os.environ.get(REQUIRE_DOCKER):
+            pytest.fail(f"docker unavailable although {REQUIRE_DOCKER} is set: {reason}", pytrace=False)
+        pytest.skip(f"docker unavailable: {reason}")
+
+
+def deadline_slack_s(backend) -> float:
+    """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
+    Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
+    return 5.0 if backend.name == "docker" else 1.5

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
+from helpers import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
 
 from agent_rl.tools.base import Tool
 from agent_rl.tools.python_tool import PythonSessionTool, PythonTool
