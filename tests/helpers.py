@@ -1,9 +1,9 @@
 """What many tests share: factories of the project's nouns and small stand-ins, written once.
 
-Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never for a guessed
-time); `here` (episodes played in this process by a scripted sampler, as `trainer.loop` takes them),
-`scored_groups` (hand-built groups with their returns set, as advantages read them); the sandbox cases' terms
-(`docker_or_skip`, `deadline_slack_s`).
+Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never for a guessed time);
+`trajectory` (an episode written by hand, any field set by keyword); `here` (episodes played in this process by a
+scripted sampler, as `trainer.loop` takes them), `scored_groups` (hand-built groups with their returns set, as
+advantages read them); the sandbox cases' terms (`docker_or_skip`, `deadline_slack_s`).
 Does not own: fixtures (tests/conftest.py: pytest finds them there), what one test file is about (its own file).
 """
 
@@ -12,13 +12,29 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from agent_rl.core.returns import scored
-from agent_rl.core.types import TrajectoryGroup
+from agent_rl.core.types import Message, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 from agent_rl.rollout.players import LocalPlayers
+
+
+def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, *, task_id: str = "t",
+               ids: Sequence[int] = (), prompt_len: int | None = None, mask: Sequence[int] | None = None,
+               logprobs: Sequence[float] | None = None, turns: Sequence[Turn | float] = (), states: Sequence[str] = (),
+               messages: Sequence[Message] = (), calls: Sequence[ToolCallRecord] = (), **fields) -> Trajectory:
+    """An episode written by hand. `ids`: the first `prompt_len` (1 where unset) the prompt, the rest sampled
+    unless `mask` says otherwise, each sampled token at log-prob -0.5 unless `logprobs` says; `turns`: Turns, or
+    rewards (each a turn with that reward, from the state `states` gives it); any other field by keyword."""
+    prompt_len = (1 if ids else 0) if prompt_len is None else prompt_len
+    mask = (0,) * prompt_len + (1,) * (len(ids) - prompt_len) if mask is None else mask
+    logprobs = tuple(-0.5 if m else 0.0 for m in mask) if logprobs is None else logprobs
+    states = states or [""] * len(turns)
+    made = tuple(t if isinstance(t, Turn) else Turn(0, 0, "stop", 0, reward=t, state=s) for t, s in zip(turns, states))
+    return Trajectory(task_id, tuple(ids), tuple(mask), tuple(logprobs), prompt_len, made, tuple(messages),
+                      tuple(calls), stop, reward, **fields)
 
 
 def here(run, sampler) -> LocalPlayers:

@@ -12,6 +12,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from helpers import trajectory
 
 from agent_rl import cli
 from agent_rl.core.returns import scored
@@ -96,7 +97,7 @@ def test_mask_runs_by_hand():
 
 
 def _group(task: str, stops: list[StopReason]) -> TrajectoryGroup:
-    return TrajectoryGroup(task, tuple(Trajectory(task, (), (), (), 0, (), (), (), s) for s in stops))
+    return TrajectoryGroup(task, tuple(trajectory(stop=s, task_id=task) for s in stops))
 
 
 def test_pick_groups_keeps_failures_and_spreads_the_rest_by_hand():

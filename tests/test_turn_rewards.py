@@ -10,6 +10,7 @@ import hashlib
 import json
 
 import pytest
+from helpers import trajectory
 from test_gui_env import TASK, call
 
 from agent_rl import cli
@@ -216,8 +217,7 @@ def test_audit_command_takes_environment_arguments(capsys):
 
 # -- metrics: per rollout --------------------------------------------------------------------------------
 def episode(turn_rewards: list[tuple[float, dict]], outcome: float) -> Trajectory:
-    turns = tuple(Turn(1, 1, "stop", 0, reward=r, reward_parts=p) for r, p in turn_rewards)
-    return Trajectory("t", (), (), (), 0, turns, (), (), StopReason.NO_TOOL_CALL, reward=outcome)
+    return trajectory(outcome, turns=[Turn(1, 1, "stop", 0, reward=r, reward_parts=p) for r, p in turn_rewards])
 
 
 def test_turn_reward_metrics_are_per_rollout():
