@@ -10,6 +10,7 @@ Does not own: fixtures (tests/conftest.py: pytest finds them there), what one te
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ import pytest
 from agent_rl.core.returns import scored
 from agent_rl.core.types import Message, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 from agent_rl.rollout.players import LocalPlayers
+from agent_rl.rollout.sampler import Completion, SamplerError
 
 
 def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, *, task_id: str = "t",
@@ -55,6 +57,100 @@ def not_here(sampler, renderer) -> LocalPlayers:
         raise AssertionError("an episode played here, where the workers should have played it")
 
     return LocalPlayers(no_env, sampler, renderer)
+
+
+# -- the training loop on a scripted sampler (`trainer` is imported where used: its ~10 s of imports are paid only
+# by the tests that run the loop) ------------------------------------------------------------------------------
+FAST_S = 0.01  # one request of an ordinary task; "snails" takes 10x that
+
+
+def slow_snails(prompt: str) -> float:
+    """A request's time: 10x `FAST_S` for the task about snails."""
+    return 10 * FAST_S if "snails" in prompt else FAST_S
+
+
+def toy_tasks(n: int, slow: int | None = None) -> list[dict]:
+    """`n` toy tasks about cats, task `slow` about snails."""
+    return [{"id": f"t{i}", "topic": "snails" if i == slow else "cats"} for i in range(n)]
+
+
+class TimedSampler:
+    """Replies "a" x (1 + seed mod 29) after `delay(prompt text)` seconds, tagged with the version served now."""
+
+    def __init__(self, renderer, delay, fail=lambda prompt: False):
+        self.renderer, self.delay, self.fail, self.policy_version = renderer, delay, fail, 0
+
+    async def sample(self, prompt_ids, params, messages=()):
+        prompt = self.renderer.render_text(prompt_ids)
+        await asyncio.sleep(self.delay(prompt))  # the request's time on a server: what the stream schedules around
+        if self.fail(prompt):
+            raise SamplerError("server down")
+        ids = [*self.renderer.encode_reply("a" * (1 + params.seed % 29)), self.renderer.stop_token_ids[0]]
+        return Completion(tuple(ids), (-0.5,) * len(ids), "stop", self.policy_version)
+
+
+class VersionSync:
+    """A push makes the servers sample with the new version, and the episodes in flight go on."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    async def push(self, model, version):
+        self.sampler.policy_version = version
+        return 0.0
+
+    async def finish(self):
+        pass
+
+
+def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str):
+    """A `trainer.Run` of 8 steps of 3 toy tasks x 2 one-turn episodes over `tasks`, `sets` on top, with a
+    one-weight policy: the loop's bookkeeping without a model."""
+    import torch
+
+    from agent_rl import trainer
+    from agent_rl.config.file import load_config
+    from agent_rl.learn.policy import Policy
+    from agent_rl.rollout.runner import EpisodeLimits
+    from agent_rl.session import Session, env_of
+
+    env = [] if any(x.startswith("rollout.envs=") for x in sets) else ["rollout.env=toy"]
+    cfg = load_config(None, [*env, "rollout.tasks_per_step=3", "rollout.group_size=2",
+                             "rollout.max_turns=1", "run.steps=8", "run.seed=3", f"run.run_dir={tmp_path}",
+                             "run.save_every=100", "run.tensorboard=false", "run.trace_groups=0", *sets])
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
+    return trainer.Run(cfg, tmp_path, Session(cfg, smol_dir, renderer, env_of(cfg)), policy, trainer.TaskStream(tasks),
+                       EpisodeLimits.from_config(cfg.rollout))
+
+
+async def run_loop(run, sampler, *, players=None, sync=None, train_s: float = 0.005, after_update=None):
+    """`trainer.loop` with a scripted update (`train_s` of training time, then `after_update()` in its thread),
+    its episodes played by `players` (default: here, through `sampler`), pushed by `sync` (default: `VersionSync`);
+    returns each step's groups (as the advantage stage got them) and its metrics lines."""
+    from agent_rl import trainer
+    from agent_rl.learn.advantages import group_advantages
+    from agent_rl.runs.runlog import RunLogger
+
+    seen = []
+
+    def advantages(groups, advantage_fn, credit):
+        seen.append(groups)
+        return group_advantages(groups, advantage_fn, credit)
+
+    def update(policy, batch, algo, optim, temperature, seed, version):
+        if train_s:
+            time.sleep(train_s)  # a step's training time, in which the stream runs ahead
+        policy.optimizer.step()  # no gradients: nothing moves (the loop steps the schedule after it)
+        if after_update is not None:
+            after_update()
+        return {"loss": 0.0}
+
+    with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
+        stages = trainer.Stages(advantages=advantages, update=update)
+        await trainer.loop(run, players or here(run, sampler), sync or VersionSync(sampler), log, stages)
+    return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 # -- waits: each for a condition, with a deadline that only a failing test waits out ---------------------------

@@ -9,8 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import trajectory
-from test_stream import scripted_run, toy_tasks
+from helpers import scripted_run, toy_tasks, trajectory
 
 from agent_rl import stopping, trainer
 from agent_rl.commands import CLIError, errors_as_lines

@@ -94,11 +94,11 @@ def test_a_server_killed_ends_the_run_with_one_line_and_a_checkpoint(tmp_path):
 
 
 async def test_a_signal_before_the_first_step_ends_the_run_with_nothing_saved(tmp_path, smol_dir, renderer):
-    from test_stream import TimedSampler, play, scripted_run, toy_tasks
+    from helpers import TimedSampler, run_loop, scripted_run, toy_tasks
 
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12))
     run.stop.request(signal.SIGTERM)
     with pytest.raises(Preempted) as e:
-        await play(run, TimedSampler(renderer, lambda prompt: 0.001))
+        await run_loop(run, TimedSampler(renderer, lambda prompt: 0.001))
     assert str(e.value).startswith("preempted by SIGTERM after step 0 of 8 (no step completed, nothing saved)")
     assert not (tmp_path / "checkpoints").exists()

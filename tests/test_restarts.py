@@ -11,10 +11,9 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from helpers import until
+from helpers import TimedSampler, run_loop, scripted_run, until
 from test_on_error import total
 from test_push_in_flight import SavesAFile, StandInVLLM
-from test_stream import TimedSampler, play, scripted_run
 
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
@@ -133,7 +132,7 @@ async def test_an_episode_whose_server_died_is_replayed_whatever_on_error_says(p
     def steps(run_dir, sampler, *sets):
         tasks = [{"id": f"t{i}", "topic": "snails" if i in (1, 5) else "cats"} for i in range(12)]
         run = scripted_run(run_dir, smol_dir, renderer, tasks, "algorithm.max_staleness=0", *sets)
-        return play(run, sampler)
+        return run_loop(run, sampler)
 
     clean, _ = await steps(tmp_path / "clean", TimedSampler(renderer, lambda prompt: 0.001))
     lost, lines = await steps(tmp_path / policy, LosesServers(renderer, {"snails"}), f"rollout.on_error={policy}",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_stream import play, scripted_run
+from helpers import run_loop, scripted_run
 
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
@@ -46,7 +46,7 @@ async def test_an_agent_episode_goes_on_through_a_push_token_exact(tmp_path, smo
     tasks = calculator.load_tasks(12)
     run = scripted_run(tmp_path, smol_dir, renderer, tasks, "rollout.env=agent_rl.envs.calculator_agent",
                        "rollout.max_turns=4", "run.steps=4", "algorithm.max_staleness=2")
-    seen, _ = await play(run, PushBetweenTurns(renderer, tasks), train_s=0.02)
+    seen, _ = await run_loop(run, PushBetweenTurns(renderer, tasks), train_s=0.02)
     trajs = [(step, t) for step, groups in enumerate(seen) for g in groups for t in g.trajectories]
     # 4 steps x 3 slots, one task each: every task trained once, the slow ones too
     assert sorted(g.task_id for groups in seen for g in groups) == sorted(str(t["id"]) for t in tasks)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import socket
 import subprocess
@@ -21,17 +20,13 @@ from pathlib import Path
 
 import helpers
 import pytest
-from test_stream import VersionSync, play, scripted_run
 
-from agent_rl import trainer
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.worker import WorkerError, WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
 from agent_rl.runs import traces
-from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import env_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +46,14 @@ def rank_bonus(task, trajectories):
 async def run_on(workers: int, tmp_path, smol_dir, renderer, sets, kit_args=(), stages_update=None):
     """The loop on 24 tasks of the run's environment(s); `workers` Ray workers play the episodes (0: here)."""
     cfg = load_config(None, list(sets))
-    run = scripted_run(tmp_path, smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3, split="train"), *sets)
+    run = helpers.scripted_run(tmp_path, smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3, split="train"), *sets)
     run.session = replace(run.session, env=replace(run.session.env, group_reward=rank_bonus))
     import ray_kits
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), *kit_args)
     local = ray_kits.SeededSampler(renderer)
     async with rollout_workers(workers, kit, local, helpers.here(run, local), WorkerSettings()) as served:
-        seen, lines = await play(run, served.sampler, players=served.players)
+        seen, lines = await helpers.run_loop(run, served.sampler, players=served.players)
         stats = served.sampler.stats() if workers else {}
     return seen, lines, stats
 
@@ -114,7 +109,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     here, _, _ = await run_on(0, tmp_path / "here", smol_dir, renderer, sets)
 
     cfg = load_config(None, list(sets))
-    run = scripted_run(tmp_path / "there", smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3), *sets)
+    run = helpers.scripted_run(tmp_path / "there", smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3), *sets)
     run.session = replace(run.session, env=replace(run.session.env, group_reward=rank_bonus))
     import ray_kits
 
@@ -132,7 +127,8 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
                 time.sleep(0.05)
             waited.append(True)
 
-        seen, lines = await play_waiting(run, served, wait_for_the_restart)
+        seen, lines = await helpers.run_loop(run, served.sampler, players=served.players, train_s=0,
+                                             after_update=wait_for_the_restart)
         after = sampler.stats()
     killed = int(marker.read_text())
     index = next(i for i, pid in pids.items() if pid == killed)
@@ -141,25 +137,6 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     assert lines[0]["error/dropped_groups"] == 0 and waited
     assert after[index]["pid"] != killed and after[index]["episodes"] > 0  # restarted, and played steps 1-2
     assert all("error/WorkerDied" not in x for x in lines[1:])
-
-
-async def play_waiting(run, served, after_update):
-    """`test_stream.play` with `after_update()` at the end of each step's update (in the update's thread)."""
-    seen = []
-
-    def advantages(groups, advantage_fn, credit):
-        seen.append(groups)
-        return group_advantages(groups, advantage_fn, credit)
-
-    def update(policy, batch, algo, optim, temperature, seed, version):
-        policy.optimizer.step()
-        after_update()
-        return {"loss": 0.0}
-
-    with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, served.players, VersionSync(served.sampler), log, stages)
-    return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def elsewhere(renderer):
