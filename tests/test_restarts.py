@@ -3,7 +3,7 @@ the sampler sends it nothing and, with every server down, waits; a request whose
 `ServerLost` at once (no retry of its own); the rollout stream replays that episode with its own seeds whatever
 `rollout.on_error` says, free of `max_retries` and of the failure counts; a weight push leaves a server that is
 down (or goes down during the push) out, and `restore` then gives it every version the others hold, after the
-push under way. Stand-in vLLM servers: tests/test_push_in_flight.py's, which also list their adapters here."""
+push under way. Stand-in vLLM servers: tests/helpers.py's `StandInVLLM`, which also list their adapters here."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from helpers import TimedSampler, run_loop, scripted_run, until
+from helpers import SavesAFile, StandInVLLM, TimedSampler, run_loop, scripted_run, until
 from test_on_error import total
-from test_push_in_flight import SavesAFile, StandInVLLM
 
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler

@@ -1,5 +1,5 @@
 """Weight pushes and evaluation with the episodes on rollout workers (`rollout.workers.PooledSampler`), against
-tests/test_push_in_flight.py's stand-in vLLM server (a token's log-prob is minus the version of the weights that
+tests/helpers.py's stand-in vLLM server (a token's log-prob is minus the version of the weights that
 sampled it): a push of weights reloaded in place holds every worker's sampler and aborts their requests, which go
 on under the new version with every token tagged by what sampled it; an adapter push keeps an old adapter loaded
 while a worker's request still runs on it; `agent-rl eval`'s `evaluate` gives the same report on 2 workers as in
@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import functools
 
-from helpers import not_here, until
-from test_push_in_flight import SavesAFile, StandInVLLM
+from helpers import SavesAFile, StandInVLLM, not_here, until
 
 from agent_rl.config.file import load_config
 from agent_rl.evaluation.evaluate import evaluate

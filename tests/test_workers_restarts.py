@@ -22,8 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import TimedSampler, VersionSync, here, run_loop, scripted_run, toy_tasks
-from test_push_in_flight import SavesAFile
+from helpers import SavesAFile, TimedSampler, VersionSync, here, run_loop, scripted_run, toy_tasks
 from test_workers import essence
 
 from agent_rl.core.types import Message
