@@ -51,6 +51,14 @@ def scripted(renderer):
 
 
 @pytest.fixture
+def play_plan(scripted, renderer):
+    """`await play_plan(plan)`: the scored groups of a plan of scripted episodes (tests/helpers.py `PLAN`)."""
+    from helpers import plan_groups
+
+    return lambda plan: plan_groups(scripted, renderer, plan)
+
+
+@pytest.fixture
 def scripted_calls(scripted):
     """A scripted sampler that sends `replies[k]` after k tool messages, then `finish(messages)`:
     a run of (often malformed) tool calls, each answered by the env, before the episode ends."""

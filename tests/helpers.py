@@ -21,8 +21,11 @@ from aiohttp import web
 
 from agent_rl.core.returns import scored
 from agent_rl.core.types import Message, StopReason, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
+from agent_rl.envs.base import Env, StepResult, ToolEnv
 from agent_rl.rollout.players import LocalPlayers
+from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import Completion, SamplerError
+from agent_rl.rollout.scripted import ScriptedSampler
 
 
 def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, *, task_id: str = "t",
@@ -59,6 +62,105 @@ def not_here(sampler, renderer) -> LocalPlayers:
         raise AssertionError("an episode played here, where the workers should have played it")
 
     return LocalPlayers(no_env, sampler, renderer)
+
+
+# -- episodes -------------------------------------------------------------------------------------------------
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return a + b
+
+
+class AddEnv(ToolEnv):
+    """"Use tools." and the user's `question`, with the `add` tool (or `tools`); reward 1 when the last message holds
+    `answer`. (Its prompt's token ids, with SmolLM2's renderer, are written out in tests/test_rollout_tokens.py.)"""
+
+    def __init__(self, question: str = "2+3+4?", answer: str = "9", tools: Sequence = (add,)):
+        super().__init__(tools)
+        self.question, self.answer = question, answer
+
+    async def initial_messages(self):
+        return [Message("system", "Use tools."), Message("user", self.question)]
+
+    async def reward(self, messages):
+        return 1.0 if self.answer in messages[-1].content else 0.0
+
+
+class EchoToolEnv(Env):
+    """Every assistant turn is answered by a tool message, for `turns` turns: multi-turn on any model."""
+
+    def __init__(self, turns: int = 3):
+        self.turns = turns
+
+    async def initial_messages(self):
+        return [Message("user", "Count with me.")]
+
+    async def step(self, reply, turn):
+        if turn + 1 >= self.turns:
+            return StepResult(done=True)
+        return StepResult(messages=(Message("tool", f"echo {turn}: {reply.content[:20]}", name="echo"),))
+
+    async def reward(self, messages):
+        return float(len(messages))
+
+
+def script_of(replies):
+    """The next of `replies` on each call (one episode per sampler): prompt text can be forged, a count cannot."""
+    it = iter(replies)
+    return lambda prompt: next(it)
+
+
+async def play_episode(env, sampler, renderer, limits: EpisodeLimits | None = None, task_id: str = "t0",
+                       index: int = 0) -> Trajectory:
+    """One episode of `env`, entered here and closed after, through `sampler` (`rollout.runner.run_episode`)."""
+    async with env:
+        return await run_episode(env, sampler, renderer, limits or EpisodeLimits(), task_id, index)
+
+
+async def add_episode(renderer, script, **limits):
+    """`AddEnv`'s episode with `script(messages)` as the policy: (the trajectory, the tool schemas the renderer was
+    given, the sampler, which notes what it saw)."""
+    sampler = ScriptedSampler(renderer, script, on_messages=True)
+    env = AddEnv()
+    return await play_episode(env, sampler, renderer, EpisodeLimits(**limits)), env.tool_schemas, sampler
+
+
+# -- a plan of scripted episodes, for the traces and their page (tests/test_traces.py, tests/test_trace_page.py) ----
+ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+BAD_ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'
+HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> It is 5.'
+REPLIES = {  # what a scripted policy does, turn by turn (a string: the same every turn); any other kind crashes
+    "tool_then_right": lambda p: ADD_CALL if "<tool_response>" not in p else "It is 5.",
+    "wrong": lambda p: "It is 4.",
+    "bad_call_then_right": lambda p: BAD_ADD_CALL if "<tool_response>" not in p else "It is 5.",
+    "rambles": lambda p: "word " * 200,  # cut by max_tokens_per_turn: truncated
+    "hostile": lambda p: HOSTILE,
+}
+PLAN = {  # 4 groups of 3: a learning group, a group without variance, one with a crash, one truncated
+    "t-learn": ["tool_then_right", "wrong", "wrong"],
+    "t-flat": ["wrong", "wrong", "wrong"],
+    "t-crash": ["bad_call_then_right", "crash", "wrong"],
+    "t-cut": ["rambles", "hostile", "wrong"],
+}
+
+
+def _crash(prompt):
+    raise RuntimeError("sampler went away")
+
+
+async def plan_groups(scripted, renderer, plan: dict[str, list[str]]) -> list[TrajectoryGroup]:
+    """The scored groups of `plan` (task -> the `REPLIES` kind of each episode) on `AddEnv("2+3?", "5.")`."""
+
+    async def one(kind: str, task_id: str, index: int) -> Trajectory:
+        return await play_episode(AddEnv("2+3?", "5."), scripted(REPLIES.get(kind, _crash)), renderer,
+                                  EpisodeLimits(max_tokens_per_turn=48), task_id, index)
+
+    return [TrajectoryGroup(task, scored([await one(kind, task, i) for i, kind in enumerate(kinds)]))
+            for task, kinds in plan.items()]
 
 
 # -- the training loop on a scripted sampler (`trainer` is imported where used: its ~10 s of imports are paid only

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import trajectory
-from test_rollout_tokens import AddEnv
+from helpers import add_episode, script_of, trajectory
 
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
@@ -19,8 +18,6 @@ from agent_rl.core.renderers.choose import GENERIC_NOTICE, detect, get_renderer
 from agent_rl.core.renderers.generic import GenericRenderer
 from agent_rl.core.types import Message, Segment, StopReason, ToolCall
 from agent_rl.learn.batching import collate
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.scripted import ScriptedSampler
 from agent_rl.runs.metrics import rollout_metrics
 
 TEMPLATE = (
@@ -61,14 +58,6 @@ def thinking(m: Message) -> Message:
     return Message("assistant", "<think>hm</think> " + m.content, m.tool_calls)
 
 
-async def play(renderer, replies):
-    it = iter(replies)
-    sampler = ScriptedSampler(renderer, lambda messages: next(it), on_messages=True)
-    async with AddEnv() as env:
-        traj = await run_episode(env, sampler, renderer, EpisodeLimits(), "t0")
-        return traj, env.tool_schemas, sampler
-
-
 def test_an_unknown_tokenizer_gets_the_generic_renderer_and_one_notice(unknown_tokenizer, capsys, monkeypatch):
     monkeypatch.setattr(renderers, "_noticed", False)
     assert detect(unknown_tokenizer) == "generic"
@@ -100,7 +89,7 @@ def test_renderer_name_in_the_config_is_checked():
 
 async def test_a_prefix_preserving_template_gives_one_segment(unknown_tokenizer):
     r = GenericRenderer(unknown_tokenizer)
-    traj, tools, sampler = await play(r, [CALL_1, CALL_2, ANSWER])
+    traj, tools, sampler = await add_episode(r, script_of([CALL_1, CALL_2, ANSWER]))
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0 and traj.segments == ()
     full = r.render(list(traj.messages), tools, add_generation_prompt=False)
     assert list(traj.token_ids) == full  # incremental == the template's own full render
@@ -111,7 +100,7 @@ async def test_a_prefix_preserving_template_gives_one_segment(unknown_tokenizer)
 async def test_a_template_that_rewrites_history_starts_new_segments(unknown_tokenizer):
     r = GenericRenderer(unknown_tokenizer)
     replies = [thinking(CALL_1), thinking(CALL_2), thinking(ANSWER)]
-    traj, tools, sampler = await play(r, replies)
+    traj, tools, sampler = await add_episode(r, script_of(replies))
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0
     segs = traj.all_segments
     assert len(segs) == 3 and [t.segment for t in traj.turns] == [0, 1, 2]
