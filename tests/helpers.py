@@ -13,7 +13,9 @@ import asyncio
 import json
 import os
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -255,6 +257,105 @@ async def run_loop(run, sampler, *, players=None, sync=None, train_s: float = 0.
         stages = trainer.Stages(advantages=advantages, update=update)
         await trainer.loop(run, players or here(run, sampler), sync or VersionSync(sampler), log, stages)
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# -- the update on the tiny model; runs against the test server -------------------------------------------------
+LOGPROB_TOL = 1e-4  # max abs gap server vs trainer, fp32 on CPU (observed ~1e-6; tests/test_weight_sync.py's bound)
+
+
+@dataclass
+class Row:
+    """A sequence as `collate` reads it, with no episode around it."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...] = ()
+
+
+def tiny_config(tiny_dir, **sets):
+    """A config on the tiny model (LoRA rank 8, lr 0.05, 2 tasks x 4 episodes a step), `sets` on top."""
+    from agent_rl.config.file import load_config
+
+    base = {"model.name": str(tiny_dir), "model.lora_rank": 8, "model.lora_alpha": 16, "optim.lr": 0.05,
+            "rollout.tasks_per_step": 2, "rollout.group_size": 4}
+    return load_config(None, [f"{k}={v}" for k, v in {**base, **sets}.items()])
+
+
+def make_batch(policy, sampler_shift: float = 0.0, rows: int = 8, length: int = 24):
+    """`rows` sequences: a 6-token prompt, then sampled tokens; advantages +2 / -2 alternating (strong:
+    a large learning rate then pushes ratios past any clip range). Sampler log-probs are the model's
+    own (plus `sampler_shift`), so importance weights are 1 unless shifted."""
+    import torch
+
+    from agent_rl.learn.batching import collate
+    from agent_rl.learn.logprobs import token_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (rows, length), generator=gen)
+    with torch.no_grad():
+        logp = token_logprobs(policy.model, ids, torch.ones_like(ids)).logp_B_T
+    out = []
+    for b in range(rows):
+        n = length - b % 3  # different lengths: padding in every micro-batch
+        mask = [0] * 6 + [1] * (n - 6)
+        lp = [0.0] + [float(logp[b, t - 1]) + sampler_shift if mask[t] else 0.0 for t in range(1, n)]
+        out.append(Row(tuple(ids[b, :n].tolist()), tuple(mask), tuple(lp)))
+    return collate(out, [2.0 if b % 2 == 0 else -2.0 for b in range(rows)])
+
+
+def server_config(server, run_dir: Path, steps: int, **extra: str):
+    """A LoRA run of `steps` steps of 2 toy tasks x 4 episodes against `server`, `extra` on top."""
+    from agent_rl.config.file import load_config
+
+    sets = {
+        "model.name": str(server.model_dir), "model.lora_rank": "8", "model.lora_alpha": "16",
+        "sampler.server_urls": f"[{server.url}]", "sampler.max_model_len": "2048",
+        "rollout.env": "toy", "rollout.tasks_per_step": "2", "rollout.group_size": "4", "rollout.max_turns": "1",
+        "rollout.max_tokens_per_turn": "32", "rollout.max_total_tokens": "128", "optim.lr": "3e-3",
+        "run.steps": str(steps), "run.run_dir": str(run_dir), "run.seed": "7", "run.tensorboard": "false", **extra,
+    }
+    return load_config(None, [f"{k}={v}" for k, v in sets.items()])
+
+
+def killed_after_step_2(monkeypatch, cfg) -> None:
+    """Run `cfg` until its step-2 checkpoint is written, then stop it as a kill would."""
+    from agent_rl import trainer
+
+    original = trainer.save_checkpoint
+
+    def save_then_die(run_dir, step, *args, **kwargs):
+        path = original(run_dir, step, *args, **kwargs)
+        if step == 2:
+            raise KeyboardInterrupt("killed after step 2")
+        return path
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(trainer.train(cfg))
+    monkeypatch.setattr(trainer, "save_checkpoint", original)
+
+
+def server_logprobs(url: str, model: str, ids: list[int]):
+    """The server's log-prob of each of `ids` after the first, under `model` (vLLM's prompt_logprobs)."""
+    import torch
+
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = json.load(resp)
+    entries = data["choices"][0]["prompt_logprobs"][1:]  # the first token has no prediction
+    return torch.tensor([e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])])
+
+
+def served_name_of(url: str, adapter_dir: Path) -> str:
+    """The name the server serves the adapter in `adapter_dir` under."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+        cards = json.load(resp)["data"]
+    names = [c["id"] for c in cards if Path(str(c.get("root", ""))).resolve() == adapter_dir.resolve()]
+    assert len(names) == 1, cards
+    return names[0]
 
 
 # -- a stand-in vLLM server ----------------------------------------------------------------------------------
