@@ -59,6 +59,29 @@ def play_plan(scripted, renderer):
 
 
 @pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """An empty current folder; sys.path and the modules imported from it restored afterwards."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def no_stray_servers():
+    """Shared MCP connections (`tools.mcp`) closed when a module's tests end, so no server outlives them (a module
+    asks for it: `pytest.mark.usefixtures("no_stray_servers")`)."""
+    from agent_rl.tools.mcp import close_shared
+
+    yield
+    close_shared()
+
+
+@pytest.fixture
 def scripted_calls(scripted):
     """A scripted sampler that sends `replies[k]` after k tool messages, then `finish(messages)`:
     a run of (often malformed) tool calls, each answered by the env, before the episode ends."""

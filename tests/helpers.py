@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from agent_rl.rollout.players import LocalPlayers
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import Completion, SamplerError
 from agent_rl.rollout.scripted import ScriptedSampler
+from agent_rl.rollout.serving.vllm.server import free_port
 
 
 def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, *, task_id: str = "t",
@@ -486,6 +489,29 @@ class SavesAFile:
         (folder / "model.safetensors").write_text("weights")
 
 
+# -- what a run or a command left -----------------------------------------------------------------------------
+def total(lines: list[dict], key: str) -> float:
+    """`key` summed over a run's metrics lines (0 where a line lacks it)."""
+    return sum(x.get(key, 0.0) for x in lines)
+
+
+def essence(groups):
+    """Each step's trajectories, everything but the seconds their reward took (a wall-clock figure)."""
+    return [[(g.task_id, [replace(t, reward_s=0.0) for t in g.trajectories]) for g in step] for step in groups]
+
+
+def one_error_line(capsys) -> str:
+    """The one line a command wrote to stderr, which starts "error: "."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def call_text(name: str, **arguments) -> str:
+    """A tool call as the model writes it (SmolLM2's and Qwen's `<tool_call>` JSON)."""
+    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
+
+
 # -- waits: each for a condition, with a deadline that only a failing test waits out ---------------------------
 async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
     """Until `predicate()` holds, polled every 5 ms; fails naming `what` after `timeout_s` (a generous bound: a
@@ -502,6 +528,32 @@ def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
         time.sleep(every_s)
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+def mcp_over_http(argv: list[str], timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """The MCP server `argv` over streamable HTTP (`--http PORT`, a free port), once it accepts connections: its
+    process and URL. One that exits first, or does not listen within `timeout_s`, is killed and fails the test."""
+    port = free_port()
+    proc = subprocess.Popen([*argv, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until_sync(lambda: proc.poll() is not None or accepts(port), f"{argv[-1]} listening on port {port}",
+                   timeout_s, every_s=0.05)
+        assert proc.poll() is None, f"{argv[-1]} exited with status {proc.returncode} before it listened"
+    except AssertionError:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, f"http://127.0.0.1:{port}/mcp"
 
 
 # -- sandboxes ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import one_error_line
 
 from agent_rl.cli import main
 from agent_rl.core.registry import EnvSpec
@@ -33,12 +34,6 @@ def load_tasks(n, seed=0, split="train"):
 
 
 ENV = EnvSpec("test_cli", RaisingEnv, load_tasks)  # this module doubles as an environment for `--env test_cli`
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def test_missing_model_path(capsys):
@@ -79,19 +74,6 @@ def test_unknown_environment(capsys):
 ENV_MODULE = ("from agent_rl.core.registry import EnvSpec\n\n\ndef make_env(task):\n    return task\n\n\n"
               "def load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n\n\n"
               "ENV = EnvSpec('mine', make_env, load_tasks)\n")
-
-
-@pytest.fixture
-def user_folder(tmp_path, monkeypatch):
-    """An empty current folder; sys.path and the modules imported from it restored afterwards."""
-    import sys
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    yield tmp_path
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
 
 
 def test_environment_from_the_current_folder_or_a_file(user_folder):

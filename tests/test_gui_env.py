@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pytest
+from helpers import call_text
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.gui import GuiEnv, check_task, load_tasks, make_env, mistake, solve
@@ -35,10 +36,6 @@ list "App permissions" rows 1-4 of 12, more below
   checkbox "Camera" [e56] unchecked
   checkbox "Contacts" [e84] unchecked
 button "Save" [e40] disabled"""
-
-
-def call(name, **arguments):
-    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -153,9 +150,9 @@ def saves(reply) -> bool:
 async def test_scripted_demonstration_earns_full_reward(scripted, renderer):
     traj = await play(scripted, renderer, TASK, lambda m: solve(TASK, m, False))
     replies = [m.content for m in traj.messages if m.role == "assistant"]
-    assert replies == [call("click", element="e51"), call("select", element="e93", option="16"),
-                       call("scroll", direction="down"), call("scroll", direction="down"),
-                       call("click", element="e21"), call("click", element="e40"), "done"]
+    assert replies == [call_text("click", element="e51"), call_text("select", element="e93", option="16"),
+                       call_text("scroll", direction="down"), call_text("scroll", direction="down"),
+                       call_text("click", element="e21"), call_text("click", element="e40"), "done"]
     assert traj.reward == 1.0 and traj.stop_reason is StopReason.NO_TOOL_CALL
     assert traj.reward_parts == {"solved": 1.0, "progress": 1.0, "unrelated_changes": 0.0, "unsaved_changes": 0.0,
                                  "actions": 6.0, "invalid_actions": 0.0}
@@ -180,7 +177,7 @@ async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
 
     def also_renames(messages):  # the asked changes plus a new display name, all saved
         if not any("Display name is now" in m.content for m in messages):
-            return call("type", element="e19", text="Robin")
+            return call_text("type", element="e19", text="Robin")
         return solve(believes_robin, messages, False)
 
     traj = await play(scripted, renderer, TASK, also_renames)
@@ -193,10 +190,10 @@ async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
 
 async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(scripted, renderer):
     mistakes = ['<tool_call>\n{"name": "click", "arguments": {"element": "e51"}\n</tool_call>',  # bad JSON
-                call("tap", element="e51"),  # unknown tool
-                call("scroll", direction="left"),  # argument outside the enum
-                call("select", element="e93"),  # missing argument
-                call("click", element="e40")]  # Save is disabled
+                call_text("tap", element="e51"),  # unknown tool
+                call_text("scroll", direction="left"),  # argument outside the enum
+                call_text("select", element="e93"),  # missing argument
+                call_text("click", element="e40")]  # Save is disabled
 
     def script(messages):
         turn = sum(m.role == "assistant" for m in messages)

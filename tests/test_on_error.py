@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import TimedSampler, run_loop, scripted_run, toy_tasks
+from helpers import TimedSampler, run_loop, scripted_run, total, toy_tasks
 
 FLAKY = {"t1", "t5"}  # their first environment raises as it starts; every later one works
 
@@ -34,10 +34,6 @@ async def steps_of(tmp_path, smol_dir, renderer, *sets, faulty=True):
     batches = [[(g.task_id, [(t.token_ids, t.reward, t.infra_error) for t in g.trajectories]) for g in groups]
                for groups in seen]
     return batches, lines
-
-
-def total(lines, key):
-    return sum(x.get(key, 0.0) for x in lines)
 
 
 async def test_retry_makes_every_batch_the_unfaulted_one(tmp_path, smol_dir, renderer):

@@ -11,8 +11,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from helpers import SavesAFile, StandInVLLM, TimedSampler, run_loop, scripted_run, until
-from test_on_error import total
+from helpers import SavesAFile, StandInVLLM, TimedSampler, run_loop, scripted_run, total, until
 
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler

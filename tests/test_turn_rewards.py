@@ -10,8 +10,8 @@ import hashlib
 import json
 
 import pytest
-from helpers import trajectory
-from test_gui_env import TASK, call
+from helpers import call_text, trajectory
+from test_gui_env import TASK
 
 from agent_rl import cli
 from agent_rl.audit.play import audit_env
@@ -84,10 +84,10 @@ def rewards_of(traj: Trajectory) -> list[tuple[float, dict[str, float]]]:
 
 async def test_gui_pays_each_turn_for_what_it_did_to_the_page(scripted, renderer):
     mistakes = ['<tool_call>\n{"name": "click", "arguments": {"element": "e51"}\n</tool_call>',  # bad JSON
-                call("tap", element="e51"),  # unknown tool
-                call("select", element="e93"),  # missing argument
-                call("click", element="e40"),  # Save with nothing to save
-                call("click", element="e93")]  # the wrong action for a dropdown: refused
+                call_text("tap", element="e51"),  # unknown tool
+                call_text("select", element="e93"),  # missing argument
+                call_text("click", element="e40"),  # Save with nothing to save
+                call_text("click", element="e93")]  # the wrong action for a dropdown: refused
 
     def script(messages):
         turn = sum(m.role == "assistant" for m in messages)
@@ -107,8 +107,8 @@ async def test_gui_pays_each_turn_for_what_it_did_to_the_page(scripted, renderer
 async def test_gui_saved_is_potential_based(scripted, renderer):
     """Saving an unrelated change costs 0.1 and setting it back and saving again pays it back: the page's
     potential, never above 0 while the task is unsolved, so no cycle of saves can earn anything."""
-    steps = [call("click", element="e29"), call("click", element="e40"),  # Notifications on, saved: unrelated
-             call("click", element="e29"), call("click", element="e40"),  # back off, saved
+    steps = [call_text("click", element="e29"), call_text("click", element="e40"),  # Notifications on, saved: unrelated
+             call_text("click", element="e29"), call_text("click", element="e40"),  # back off, saved
              "done"]
     traj = await play(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}),
                       lambda m: steps[sum(x.role == "assistant" for x in m)])
@@ -129,7 +129,7 @@ async def test_gui_state_key_is_the_pages_state():
 
 async def test_calculator_charges_failed_calls(scripted, renderer):
     task = {**calculator_tasks(1, seed=3)[0], "turn_rewards": True}
-    steps = [call("calculator", expression="2 +* 2"), call("calculator", expression=task["expression"]),
+    steps = [call_text("calculator", expression="2 +* 2"), call_text("calculator", expression=task["expression"]),
              f"The answer is {task['answer']}."]
     traj = await play(scripted, renderer, CalculatorEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == [(-0.1, {"tool_errors": -0.1}), (0.0, {}), (0.0, {})]
@@ -160,9 +160,9 @@ async def test_kg_qa_charges_a_failed_call_or_an_empty_lookup_once(kg_url, scrip
     from agent_rl.envs.kg_qa import load_tasks as kg_tasks
 
     task = {**kg_tasks(1, seed=0, empty_results=empty, turn_rewards=True)[0], "kg_url": kg_url}
-    steps = [call("follow", entity="Atlantis", relation="capital"),  # no such entity
+    steps = [call_text("follow", entity="Atlantis", relation="capital"),  # no such entity
              '<tool_call>\n{"name": "follow"\n</tool_call>',  # unreadable
-             call("follow", entity="France", relation="capital"), "<answer>no idea</answer>"]
+             call_text("follow", entity="France", relation="capital"), "<answer>no idea</answer>"]
     traj = await play(scripted, renderer, KGQAEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == expected
 

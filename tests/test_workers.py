@@ -32,11 +32,6 @@ from agent_rl.session import env_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def essence(groups):
-    """Each step's trajectories, everything but the seconds their reward took (a wall-clock figure)."""
-    return [[(g.task_id, [replace(t, reward_s=0.0) for t in g.trajectories]) for g in step] for step in groups]
-
-
 def rank_bonus(task, trajectories):
     """A group reward: +0.25 for the shortest reply of the group (ties: each), scored on rank 0."""
     lengths = [len(t.token_ids) for t in trajectories]
@@ -71,7 +66,7 @@ async def test_the_same_seeds_give_the_same_trajectories_with_0_and_2_workers(
     sets = (*sets, "run.steps=4", "run.trace_groups=2")
     here, lines_here, _ = await run_on(0, tmp_path / "here", smol_dir, renderer, sets)
     there, lines_there, stats = await run_on(2, tmp_path / "there", smol_dir, renderer, sets)
-    assert essence(there) == essence(here)
+    assert helpers.essence(there) == helpers.essence(here)
     assert [{k: x.get(k) for k in COUNTS} for x in lines_there] == [{k: x.get(k) for k in COUNTS} for x in lines_here]
     assert traces.read_traces(tmp_path / "there") == traces.read_traces(tmp_path / "here")
     # both workers played, and between them every episode of the run
@@ -132,7 +127,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
         after = sampler.stats()
     killed = int(marker.read_text())
     index = next(i for i, pid in pids.items() if pid == killed)
-    assert essence(seen) == essence(here)  # what an unfaulted run trains, token for token
+    assert helpers.essence(seen) == helpers.essence(here)  # what an unfaulted run trains, token for token
     assert lines[0]["error/WorkerDied"] >= 1 and lines[0]["error/retried"] == lines[0]["error/WorkerDied"]
     assert lines[0]["error/dropped_groups"] == 0 and waited
     assert after[index]["pid"] != killed and after[index]["episodes"] > 0  # restarted, and played steps 1-2

@@ -22,8 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import SavesAFile, TimedSampler, VersionSync, here, run_loop, scripted_run, toy_tasks
-from test_workers import essence
+from helpers import SavesAFile, TimedSampler, VersionSync, essence, here, run_loop, scripted_run, toy_tasks
 
 from agent_rl.core.types import Message
 from agent_rl.envs.toy import BrevityEnv
