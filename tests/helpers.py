@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -505,6 +506,15 @@ def one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
     return err[0]
+
+
+# the venv's console script, as a reader runs the documented commands; the arguments that keep a documented
+# `rollout` or `train` line small against the test server (tests/test_readme_example.py, test_readme_mixture_judge.py)
+AGENT_RL = Path(sys.executable).parent / "agent-rl"
+SMALL_ROLLOUT = "--tasks 1 --group-size 2 --max-tokens 24 --max-turns 2"
+SMALL_TRAIN = ("--set run.steps=1 --set rollout.tasks_per_step=1 --set rollout.group_size=2 --set rollout.max_turns=2 "
+               "--set rollout.max_tokens_per_turn=24 --set rollout.max_total_tokens=1024 --set run.tensorboard=false "
+               "--set model.lora_rank=4 --set model.lora_alpha=8 --set sampler.max_model_len=2048")
 
 
 def call_text(name: str, **arguments) -> str:

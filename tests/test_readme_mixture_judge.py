@@ -13,9 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from doc_pages import ROOT, marked_block, page_with
-from helpers import trajectory
-from test_readme_example import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, readme_commands
+from doc_pages import ROOT, marked_block, page_with, readme_commands
+from helpers import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, trajectory
 
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
