@@ -523,13 +523,13 @@ def call_text(name: str, **arguments) -> str:
 
 
 # -- waits: each for a condition, with a deadline that only a failing test waits out ---------------------------
-async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
-    """Until `predicate()` holds, polled every 5 ms; fails naming `what` after `timeout_s` (a generous bound: a
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.005) -> None:
+    """Until `predicate()` holds, polled every `every_s`; fails naming `what` after `timeout_s` (a generous bound: a
     loaded machine runs a thread, a restart or a round trip late, and a tight one would fail a right test)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout_s:g} s"
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(every_s)
 
 
 def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.01) -> None:

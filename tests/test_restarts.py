@@ -22,12 +22,14 @@ from agent_rl.rollout.weight_sync.full import FullWeightSync
 
 
 class Gate:
-    """Servers in `down` take no request; `lost(url)` says whether `url` is down (recording each call)."""
+    """Servers in `down` take no request; `lost(url)` says whether `url` is down (recording each call); `waiting`
+    counts the requests waiting for a server to come up."""
 
     def __init__(self) -> None:
         self.down: set[str] = set()
         self.asked: list[str] = []
         self.changed = asyncio.Event()
+        self.waiting = 0
 
     def is_up(self, url: str) -> bool:
         return url not in self.down
@@ -37,10 +39,13 @@ class Gate:
         self.changed.set()
 
     async def wait_up(self, timeout_s: float) -> None:
+        self.waiting += 1
         try:
             await asyncio.wait_for(self.changed.wait(), timeout_s)
         except TimeoutError:
             raise SamplerError("no server up") from None
+        finally:
+            self.waiting -= 1
 
     async def lost(self, url: str) -> bool:
         self.asked.append(url)
@@ -81,7 +86,7 @@ async def test_requests_go_only_to_servers_that_are_up_and_wait_when_none_is():
         assert len(a.served) == 6 and b.served == []
         gate.down.add(a.url)
         waiting = asyncio.ensure_future(sampler.sample([1, 2, 3], PARAMS))
-        await asyncio.sleep(0.1)
+        await until(lambda: gate.waiting == 1, "the request waiting for a server")
         assert not waiting.done() and len(a.served) + len(b.served) == 6  # nothing sent while every server is down
         gate.set_up(b.url)
         assert len((await asyncio.wait_for(waiting, 5.0)).token_ids) == 3 and len(b.served) == 1
@@ -201,7 +206,7 @@ async def test_a_restore_waits_for_the_push_under_way_and_brings_its_version(tmp
         # the push holds the servers' lock (it wrote v1 first, in a thread)
         await until(a.loading.is_set, "the push's adapter load on the server that is up")
         restore = asyncio.ensure_future(sync.restore(b.url))  # read now, the versions loaded would lack v1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which a restore that did not wait for the push would end
         assert not restore.done() and not push.done()
         a.loads_wait_for.set()
         await asyncio.wait_for(restore, 10)

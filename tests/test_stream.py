@@ -12,11 +12,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST_S, TimedSampler, run_loop, scripted_run, slow_snails, toy_tasks
+from helpers import FAST_S, TimedSampler, run_loop, scripted_run, slow_snails, toy_tasks, until, until_sync
 
 from agent_rl.config.file import load_config
 from agent_rl.rollout.players import RequestMeter
@@ -32,10 +31,7 @@ class SnailsAfter(TimedSampler):
 
     async def sample(self, prompt_ids, params, messages=()):
         if "snails" in self.renderer.render_text(prompt_ids):
-            deadline = time.monotonic() + 30
-            while self.policy_version < self.after:
-                assert time.monotonic() < deadline, f"version {self.after} was never served"
-                await asyncio.sleep(0.005)
+            await until(lambda: self.policy_version >= self.after, f"version {self.after} served")
         return await super().sample(prompt_ids, params, messages)
 
 
@@ -192,11 +188,12 @@ def test_resume_after_a_sigkill_trains_every_task_once(tmp_path):
 
     proc = subprocess.Popen([*worker, str(killed)])
     latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 300
-    while not (latest.is_file() and latest.read_text().strip() >= "step-000002"):
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+
+    def step_2_saved() -> bool:
+        return latest.is_file() and latest.read_text().strip() >= "step-000002"
+
+    until_sync(lambda: step_2_saved() or proc.poll() is not None, "the run's step-2 checkpoint", 300)
+    assert step_2_saved(), "the run ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     kept = int(latest.read_text().strip().removeprefix("step-"))

@@ -5,10 +5,8 @@ its replies with while the agents' episodes go on."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from helpers import run_loop, scripted_run
+from helpers import run_loop, scripted_run, until
 
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
@@ -35,8 +33,8 @@ class PushBetweenTurns(ScriptedSampler):
     async def sample(self, prompt_ids, params, messages=()):
         question = messages[1].content
         if question in self.slow and any(m.role == "tool" for m in messages):
-            while self.policy_version <= self.first_turn_at[question]:
-                await asyncio.sleep(0.005)
+            first = self.first_turn_at[question]
+            await until(lambda: self.policy_version > first, f"a push after the first turn of {question!r}")
         elif question in self.slow:
             self.first_turn_at[question] = self.policy_version
         return await super().sample(prompt_ids, params, messages)

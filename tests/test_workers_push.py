@@ -46,8 +46,9 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
             sampler = served.sampler
             episodes = [asyncio.ensure_future(served.players.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
                         for i in range(8)]
-            while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
-                await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
+            # every request has left a worker (each count blocks this loop, the stand-in server's too, for a round
+            # trip to the workers: polled every 10 ms, not 5)
+            await until(lambda: sampler.in_flight() >= 8, "8 requests in flight on the workers", every_s=0.01)
             await until(lambda: server.held == 8, "8 requests held at their 25th token")  # 25 tokens each
             await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
             trajs = await asyncio.wait_for(asyncio.gather(*episodes), 60)
@@ -78,8 +79,7 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
             await sync.push(write, 1)
             long = asyncio.ensure_future(served.players.play({"id": "t", "topic": "cats"}, 0, limits))
-            while sampler.in_flight(model="p-v1") < 1:
-                await asyncio.sleep(0.01)
+            await until(lambda: sampler.in_flight(model="p-v1") >= 1, "the request on p-v1 in flight", every_s=0.01)
             await until(lambda: server.held == 1, "the request held at its 10th token")
             await sync.push(write, 2)
             await sync.push(write, 3)
