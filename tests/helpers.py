@@ -541,6 +541,15 @@ def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30
 
 
 # -- processes ------------------------------------------------------------------------------------------------
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def accepts(port: int) -> bool:
     """Whether something accepts connections on 127.0.0.1:`port`."""
     try:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import mcp_over_http
+from helpers import alive, mcp_over_http
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.mcp_env import MCPEnv
@@ -49,14 +49,6 @@ async def toy(request, http_url):
     conn = await connect(mcp_server(target, name="toy", tool_timeout_s=1.0))
     yield {t.name: t for t in conn.tools}
     await conn.aclose()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def served(tools) -> tuple[int, int]:

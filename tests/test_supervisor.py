@@ -110,10 +110,10 @@ async def test_a_server_still_down_counts_its_down_time_up_to_each_call_and_the_
         server.die()
         t0 = asyncio.get_running_loop().time()
         await until(lambda: server.launches == 1, "the server relaunched")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # down time, which the first call counts
         first = w.sup.metrics()
         assert first["fault/restarts"] == 1.0 and 0.2 <= first["fault/down_s"] <= asyncio.get_running_loop().time() - t0
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # down time, which only the second call counts
         server.answering = True
         await until(lambda: w.sup.is_up(URL), "the server up again")
         second = w.sup.metrics()
@@ -129,7 +129,7 @@ async def test_a_server_that_does_not_answer_health_is_dead_after_the_bound_not_
     async with Watch([server], [URL], health_timeout_s=2.0) as w:
         server.answering = False  # alive, hung
         t0 = asyncio.get_running_loop().time()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # hung this long, well within its 2 s
         assert w.sup.is_up(URL) and server.stops == 0  # within the bound: a slow answer is no death
         await until(lambda: server.launches == 1, "the server relaunched")
         assert asyncio.get_running_loop().time() - t0 >= 2.0
@@ -205,7 +205,7 @@ async def test_an_attached_server_is_waited_for_and_restored_when_it_answers_aga
     async with Watch(None, [URL], attach_wait_s=30.0) as w:  # ends when it answers: a long bound costs nothing
         w.answers[URL] = False
         assert await w.sup.lost(URL) is True and not w.sup.is_up(URL)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # silent this long: the supervisor waits for it
         w.answers[URL] = True
         await until(lambda: w.sup.is_up(URL), "the server up again")
         metrics = w.sup.metrics()

@@ -116,10 +116,8 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
         waited = []
 
         def wait_for_the_restart():  # called in the update's thread: the stream is idle meanwhile (k = 0)
-            deadline = time.monotonic() + 60
-            while not all(w.up for w in sampler.pool.workers):
-                assert time.monotonic() < deadline, "the killed worker did not come back within 60 s"
-                time.sleep(0.05)
+            helpers.until_sync(lambda: all(w.up for w in sampler.pool.workers), "the killed worker back", 60,
+                               every_s=0.05)
             waited.append(True)
 
         seen, lines = await helpers.run_loop(run, served.sampler, players=served.players, train_s=0,
