@@ -1,10 +1,17 @@
-"""What many tests share: factories of the project's nouns and small stand-ins, written once.
+"""What several test files share, written once: waits, factories of the project's nouns, stand-ins, scripted runs.
 
-Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never for a guessed time);
-`trajectory` (an episode written by hand, any field set by keyword); `here` (episodes played in this process by a
-scripted sampler, as `trainer.loop` takes them), `scored_groups` (hand-built groups with their returns set, as
-advantages read them); the sandbox cases' terms (`docker_or_skip`, `deadline_slack_s`).
-Does not own: fixtures (tests/conftest.py: pytest finds them there), what one test file is about (its own file).
+Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it waits for, never a guessed time);
+`trajectory` and `scored_groups` (episodes and groups written by hand); episodes (`AddEnv`, `EchoToolEnv`,
+`script_of`, `call_text`, `play_episode`, `add_episode`; the traces' `PLAN` and `plan_groups`); the loop on a
+scripted sampler (`here`, `not_here`, `TimedSampler`, `VersionSync`, `toy_tasks`, `scripted_run`, `run_loop`);
+the update on the tiny model and runs against the test server (`tiny_config`, `make_batch`, `Row`,
+`server_config`, `killed_after_step_2`, `server_logprobs`, `served_name_of`, `LOGPROB_TOL`); the stand-in vLLM
+server (`StandInVLLM`, `SavesAFile`); processes (`alive`, `accepts`, `mcp_over_http`); what a run or command left
+(`total`, `essence`, `one_error_line`) and the documented commands' terms (`AGENT_RL`, `SMALL_ROLLOUT`,
+`SMALL_TRAIN`); the sandbox cases' terms (`docker_or_skip`, `deadline_slack_s`).
+Does not own: fixtures (tests/conftest.py, where pytest finds them), what one test file is about (that file),
+reading the docs (tests/doc_pages.py), tool functions run in workers (tests/slow_tools.py), Ray kits
+(tests/ray_kits.py).
 """
 
 from __future__ import annotations
@@ -34,13 +41,32 @@ from agent_rl.rollout.scripted import ScriptedSampler
 from agent_rl.rollout.serving.vllm.server import free_port
 
 
+# -- waits: each for a condition, with a deadline that only a failing test waits out -----------------------------------
+async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.005) -> None:
+    """Until `predicate()` holds, polled every `every_s`; past `timeout_s` it fails, naming `what`."""
+    # the default bound is generous (a loaded machine runs a thread or a round trip late): only a failing test waits
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout_s:g} s"
+        await asyncio.sleep(every_s)
+
+
+def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.01) -> None:
+    """`until` for a thread with no event loop (a test driving a subprocess): polled every `every_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(every_s)
+
+
+# -- the project's nouns, written by hand ------------------------------------------------------------------------------
 def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, *, task_id: str = "t",
                ids: Sequence[int] = (), prompt_len: int | None = None, mask: Sequence[int] | None = None,
                logprobs: Sequence[float] | None = None, turns: Sequence[Turn | float] = (), states: Sequence[str] = (),
                messages: Sequence[Message] = (), calls: Sequence[ToolCallRecord] = (), **fields) -> Trajectory:
-    """An episode written by hand. `ids`: the first `prompt_len` (1 where unset) the prompt, the rest sampled
-    unless `mask` says otherwise, each sampled token at log-prob -0.5 unless `logprobs` says; `turns`: Turns, or
-    rewards (each a turn with that reward, from the state `states` gives it); any other field by keyword."""
+    """An episode written by hand, any field of `Trajectory` by keyword; token fields and turns as below."""
+    # the first `prompt_len` ids (1 where unset) are the prompt, the rest sampled unless `mask` says, each sampled
+    # token at log-prob -0.5 unless `logprobs` says; a turn's state from `states`; any other field by keyword
     prompt_len = (1 if ids else 0) if prompt_len is None else prompt_len
     mask = (0,) * prompt_len + (1,) * (len(ids) - prompt_len) if mask is None else mask
     logprobs = tuple(-0.5 if m else 0.0 for m in mask) if logprobs is None else logprobs
@@ -50,27 +76,12 @@ def trajectory(reward: float = 0.0, stop: StopReason = StopReason.NO_TOOL_CALL, 
                       tuple(calls), stop, reward, **fields)
 
 
-def here(run, sampler) -> LocalPlayers:
-    """`run`'s episodes played in this process through `sampler`, with the run's environments and renderer."""
-    return LocalPlayers(run.session.env.make_env, sampler, run.session.renderer)
-
-
 def scored_groups(groups, truncated_reward=None):
-    """Hand-built groups with each trajectory's return set under `truncated_reward`, as the rollout engine stores
-    them once a group has ended (`core.returns.scored`)."""
+    """Hand-built groups with their returns set under `truncated_reward`, as the rollout engine stores them."""
     return [TrajectoryGroup(g.task_id, scored(g.trajectories, truncated_reward)) for g in groups]
 
 
-def not_here(sampler, renderer) -> LocalPlayers:
-    """Players for a `rollout_workers` call with workers: never asked to play here (their environment says so)."""
-
-    def no_env(task):
-        raise AssertionError("an episode played here, where the workers should have played it")
-
-    return LocalPlayers(no_env, sampler, renderer)
-
-
-# -- episodes -------------------------------------------------------------------------------------------------
+# -- episodes ----------------------------------------------------------------------------------------------------------
 def add(a: int, b: int) -> int:
     """Add two integers.
 
@@ -82,8 +93,8 @@ def add(a: int, b: int) -> int:
 
 
 class AddEnv(ToolEnv):
-    """"Use tools." and the user's `question`, with the `add` tool (or `tools`); reward 1 when the last message holds
-    `answer`. (Its prompt's token ids, with SmolLM2's renderer, are written out in tests/test_rollout_tokens.py.)"""
+    """"Use tools." and `question`, the `add` tool (or `tools`); reward 1 when the last message holds `answer`."""
+    # its prompt's token ids under SmolLM2's renderer are written out in tests/test_rollout_tokens.py
 
     def __init__(self, question: str = "2+3+4?", answer: str = "9", tools: Sequence = (add,)):
         super().__init__(tools)
@@ -120,6 +131,11 @@ def script_of(replies):
     return lambda prompt: next(it)
 
 
+def call_text(name: str, **arguments) -> str:
+    """A tool call as the model writes it (SmolLM2's and Qwen's `<tool_call>` JSON)."""
+    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
+
+
 async def play_episode(env, sampler, renderer, limits: EpisodeLimits | None = None, task_id: str = "t0",
                        index: int = 0) -> Trajectory:
     """One episode of `env`, entered here and closed after, through `sampler` (`rollout.runner.run_episode`)."""
@@ -128,15 +144,14 @@ async def play_episode(env, sampler, renderer, limits: EpisodeLimits | None = No
 
 
 async def add_episode(renderer, script, **limits):
-    """`AddEnv`'s episode with `script(messages)` as the policy: (the trajectory, the tool schemas the renderer was
-    given, the sampler, which notes what it saw)."""
+    """`AddEnv`'s episode with `script(messages)` as the policy: (trajectory, tool schemas, sampler and its calls)."""
     sampler = ScriptedSampler(renderer, script, on_messages=True)
     env = AddEnv()
     return await play_episode(env, sampler, renderer, EpisodeLimits(**limits)), env.tool_schemas, sampler
 
 
-# -- a plan of scripted episodes, for the traces and their page (tests/test_traces.py, tests/test_trace_page.py) ----
-ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+# -- a plan of scripted episodes (tests/test_traces.py, tests/test_trace_page.py) --------------------------------------
+ADD_CALL = call_text("add", a=2, b=3)
 BAD_ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> It is 5.'
 REPLIES = {  # what a scripted policy does, turn by turn (a string: the same every turn); any other kind crashes
@@ -154,7 +169,7 @@ PLAN = {  # 4 groups of 3: a learning group, a group without variance, one with 
 }
 
 
-def _crash(prompt):
+def _crash(prompt):  # a sampler that fails: the episode's infrastructure error
     raise RuntimeError("sampler went away")
 
 
@@ -169,8 +184,22 @@ async def plan_groups(scripted, renderer, plan: dict[str, list[str]]) -> list[Tr
             for task, kinds in plan.items()]
 
 
-# -- the training loop on a scripted sampler (`trainer` is imported where used: its ~10 s of imports are paid only
-# by the tests that run the loop) ------------------------------------------------------------------------------
+# -- the training loop on a scripted sampler ---------------------------------------------------------------------------
+# (`trainer` is imported where used: its ~10 s of imports are paid only by the tests that run the loop)
+def here(run, sampler) -> LocalPlayers:
+    """`run`'s episodes played in this process through `sampler`, with the run's environments and renderer."""
+    return LocalPlayers(run.session.env.make_env, sampler, run.session.renderer)
+
+
+def not_here(sampler, renderer) -> LocalPlayers:
+    """Players for a `rollout_workers` call with workers: never asked to play here (their environment says so)."""
+
+    def no_env(task):
+        raise AssertionError("an episode played here, where the workers should have played it")
+
+    return LocalPlayers(no_env, sampler, renderer)
+
+
 FAST_S = 0.01  # one request of an ordinary task; "snails" takes 10x that
 
 
@@ -214,8 +243,7 @@ class VersionSync:
 
 
 def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str):
-    """A `trainer.Run` of 8 steps of 3 toy tasks x 2 one-turn episodes over `tasks`, `sets` on top, with a
-    one-weight policy: the loop's bookkeeping without a model."""
+    """A `trainer.Run` of 8 steps x 3 toy tasks x 2 one-turn episodes, `sets` on top, on a one-weight policy."""
     import torch
 
     from agent_rl import trainer
@@ -236,9 +264,9 @@ def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str):
 
 
 async def run_loop(run, sampler, *, players=None, sync=None, train_s: float = 0.005, after_update=None):
-    """`trainer.loop` with a scripted update (`train_s` of training time, then `after_update()` in its thread),
-    its episodes played by `players` (default: here, through `sampler`), pushed by `sync` (default: `VersionSync`);
-    returns each step's groups (as the advantage stage got them) and its metrics lines."""
+    """`trainer.loop` with a scripted update: each step's groups (as the advantages got them) and metrics lines."""
+    # `train_s`: each update's time, `after_update()` then runs in its thread; episodes played by `players`
+    # (default: here, through `sampler`), pushes by `sync` (default: `VersionSync`)
     from agent_rl import trainer
     from agent_rl.learn.advantages import group_advantages
     from agent_rl.runs.runlog import RunLogger
@@ -263,7 +291,7 @@ async def run_loop(run, sampler, *, players=None, sync=None, train_s: float = 0.
     return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# -- the update on the tiny model; runs against the test server -------------------------------------------------
+# -- the update on the tiny model; runs against the test server --------------------------------------------------------
 LOGPROB_TOL = 1e-4  # max abs gap server vs trainer, fp32 on CPU (observed ~1e-6; tests/test_weight_sync.py's bound)
 
 
@@ -287,9 +315,8 @@ def tiny_config(tiny_dir, **sets):
 
 
 def make_batch(policy, sampler_shift: float = 0.0, rows: int = 8, length: int = 24):
-    """`rows` sequences: a 6-token prompt, then sampled tokens; advantages +2 / -2 alternating (strong:
-    a large learning rate then pushes ratios past any clip range). Sampler log-probs are the model's
-    own (plus `sampler_shift`), so importance weights are 1 unless shifted."""
+    """`rows` sequences: a 6-token prompt, sampled tokens at the model's log-probs + `sampler_shift`, advantages ±2."""
+    # advantages +2 / -2 alternating: strong, so a large learning rate pushes ratios past any clip range
     import torch
 
     from agent_rl.learn.batching import collate
@@ -362,7 +389,7 @@ def served_name_of(url: str, adapter_dir: Path) -> str:
     return names[0]
 
 
-# -- a stand-in vLLM server ----------------------------------------------------------------------------------
+# -- a stand-in vLLM server --------------------------------------------------------------------------------------------
 TOKEN_S = 0.004  # seconds per sampled token
 
 
@@ -385,11 +412,12 @@ class StandInVLLM:
     "abort"; `/abort_requests` with no ids ends every request it holds, queued ones with no tokens;
     `/collective_rpc reload_weights` swaps the weights; `/resume` runs the queue. Its tokens are 100 + their
     position in the sequence, so a request continued from its partial output must come out as one unbroken run.
- `slow_prompt`: a request whose prompt starts with it takes `slow_s` to reach the
-    engine, or, with `slow_s=None`, reaches it only once a pause has come (a request still in transit then).
-    `hold_at`: a request that has sampled that many tokens waits (counted in `held`) until it is aborted or
-    `release` is set; a pause sets it. A test then knows where the requests are when its push comes, however
-    late a loaded machine runs it: a fixed sleep let requests end before the push, or start after it."""
+
+    `slow_prompt`: a request whose prompt starts with it takes `slow_s` to reach the engine, or, with
+    `slow_s=None`, reaches it only once a pause has come (a request still in transit then). `hold_at`: a request
+    that has sampled that many tokens waits (counted in `held`) until it is aborted or `release` is set; a pause
+    sets it. A test then knows where the requests are when its push comes, however late a loaded machine runs it:
+    a fixed sleep let requests end before the push, or start after it."""
 
     def __init__(self, slow_prompt: int | None = None, slow_s: float | None = 0.0, hold_at: int | None = None):
         self.weights, self.paused, self.url = 1, False, ""
@@ -490,7 +518,41 @@ class SavesAFile:
         (folder / "model.safetensors").write_text("weights")
 
 
-# -- what a run or a command left -----------------------------------------------------------------------------
+# -- processes ---------------------------------------------------------------------------------------------------------
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (a zombie not yet reaped counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+def mcp_over_http(argv: list[str], timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """The MCP server `argv` on a free port (`--http PORT`) once it listens: (process, URL); else killed, failed."""
+    port = free_port()
+    proc = subprocess.Popen([*argv, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until_sync(lambda: proc.poll() is not None or accepts(port), f"{argv[-1]} listening on port {port}",
+                   timeout_s, every_s=0.05)
+        assert proc.poll() is None, f"{argv[-1]} exited with status {proc.returncode} before it listened"
+    except AssertionError:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+# -- what a run or a command left; the documented commands -------------------------------------------------------------
 def total(lines: list[dict], key: str) -> float:
     """`key` summed over a run's metrics lines (0 where a line lacks it)."""
     return sum(x.get(key, 0.0) for x in lines)
@@ -517,73 +579,13 @@ SMALL_TRAIN = ("--set run.steps=1 --set rollout.tasks_per_step=1 --set rollout.g
                "--set model.lora_rank=4 --set model.lora_alpha=8 --set sampler.max_model_len=2048")
 
 
-def call_text(name: str, **arguments) -> str:
-    """A tool call as the model writes it (SmolLM2's and Qwen's `<tool_call>` JSON)."""
-    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
-
-
-# -- waits: each for a condition, with a deadline that only a failing test waits out ---------------------------
-async def until(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.005) -> None:
-    """Until `predicate()` holds, polled every `every_s`; fails naming `what` after `timeout_s` (a generous bound: a
-    loaded machine runs a thread, a restart or a round trip late, and a tight one would fail a right test)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout_s:g} s"
-        await asyncio.sleep(every_s)
-
-
-def until_sync(predicate: Callable[[], object], what: str, timeout_s: float = 30.0, every_s: float = 0.01) -> None:
-    """`until` for a thread with no event loop (a test driving a subprocess): polled every `every_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(every_s)
-
-
-# -- processes ------------------------------------------------------------------------------------------------
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists (a zombie not yet reaped counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def accepts(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:`port`."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
-
-
-def mcp_over_http(argv: list[str], timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """The MCP server `argv` over streamable HTTP (`--http PORT`, a free port), once it accepts connections: its
-    process and URL. One that exits first, or does not listen within `timeout_s`, is killed and fails the test."""
-    port = free_port()
-    proc = subprocess.Popen([*argv, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        until_sync(lambda: proc.poll() is not None or accepts(port), f"{argv[-1]} listening on port {port}",
-                   timeout_s, every_s=0.05)
-        assert proc.poll() is None, f"{argv[-1]} exited with status {proc.returncode} before it listened"
-    except AssertionError:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return proc, f"http://127.0.0.1:{port}/mcp"
-
-
-# -- sandboxes ---------------------------------------------------------------------------------------------------
-# .ci/run sets this once it has started a Docker daemon of its own: from then on a Docker sandbox
-# case that cannot reach a daemon fails instead of skipping, so CI never passes with Docker untested.
+# -- sandboxes ---------------------------------------------------------------------------------------------------------
+# set by .ci/run once its own Docker daemon is up: a Docker case that finds none then fails instead of skipping
 REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
 
 
 def docker_or_skip() -> None:
-    """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
-    fail it when REQUIRE_DOCKER is set."""
+    """Nothing where Docker with the sandbox image answers; else skip the case (fail it where REQUIRE_DOCKER is set)."""
     from agent_rl.tools.sandbox_docker import unavailable_reason
 
     if reason := unavailable_reason():
@@ -593,6 +595,6 @@ def docker_or_skip() -> None:
 
 
 def deadline_slack_s(backend) -> float:
-    """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
-    Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
+    """How long past its deadline a killed sandbox call may end: the kill, and Docker's container start and removal."""
+    # seconds for Docker on a loaded 2-core machine
     return 5.0 if backend.name == "docker" else 1.5
