@@ -10,7 +10,7 @@ import hashlib
 import json
 
 import pytest
-from helpers import call_text, trajectory
+from helpers import call_text, play_episode, trajectory
 from test_gui_env import TASK
 
 from agent_rl import cli
@@ -73,9 +73,9 @@ async def test_a_turn_cut_by_its_token_budget_has_no_reward(scripted, renderer):
 
 
 # -- the built-in environments' rules --------------------------------------------------------------------
-async def play(scripted, renderer, env, script):
-    async with env:
-        return await run_episode(env, scripted(script, on_messages=True), renderer, LIMITS, "t")
+async def scripted_episode(scripted, renderer, env, script):
+    """The episode of `env` whose replies are `script(messages)`."""
+    return await play_episode(env, scripted(script, on_messages=True), renderer, LIMITS, "t")
 
 
 def rewards_of(traj: Trajectory) -> list[tuple[float, dict[str, float]]]:
@@ -93,14 +93,14 @@ async def test_gui_pays_each_turn_for_what_it_did_to_the_page(scripted, renderer
         turn = sum(m.role == "assistant" for m in messages)
         return mistakes[turn] if turn < len(mistakes) else solve(TASK, messages, False)
 
-    traj = await play(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}), script)
+    traj = await scripted_episode(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}), script)
     # by hand: three calls that never reached the page, the idle Save, the refused click; then the solver's six
     # actions, its Save of the three asked changes solving the task (0.1 each), and "done"
     assert rewards_of(traj) == [(-0.1, {"bad_call": -0.1})] * 3 + [(-0.1, {"idle_save": -0.1}),
                                                                     (-0.1, {"refused": -0.1})] + \
         [(0.0, {})] * 5 + [(0.3, {"saved": 0.3}), (0.0, {})]
     assert traj.reward == 1.0 and traj.turn_reward == pytest.approx(-0.2)
-    off = await play(scripted, renderer, GuiEnv(TASK), script)  # turn rewards off: the same episode, none
+    off = await scripted_episode(scripted, renderer, GuiEnv(TASK), script)  # turn rewards off: the same episode, none
     assert [(t.reward, t.reward_parts) for t in off.turns] == [(0.0, {})] * len(off.turns)
 
 
@@ -110,8 +110,8 @@ async def test_gui_saved_is_potential_based(scripted, renderer):
     steps = [call_text("click", element="e29"), call_text("click", element="e40"),  # Notifications on, saved: unrelated
              call_text("click", element="e29"), call_text("click", element="e40"),  # back off, saved
              "done"]
-    traj = await play(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}),
-                      lambda m: steps[sum(x.role == "assistant" for x in m)])
+    traj = await scripted_episode(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == [(0.0, {}), (-0.1, {"saved": -0.1}), (0.0, {}), (0.1, {"saved": 0.1}), (0.0, {})]
     assert traj.reward == 0.0 and traj.turn_reward == 0.0
 
@@ -131,7 +131,8 @@ async def test_calculator_charges_failed_calls(scripted, renderer):
     task = {**calculator_tasks(1, seed=3)[0], "turn_rewards": True}
     steps = [call_text("calculator", expression="2 +* 2"), call_text("calculator", expression=task["expression"]),
              f"The answer is {task['answer']}."]
-    traj = await play(scripted, renderer, CalculatorEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
+    traj = await scripted_episode(scripted, renderer, CalculatorEnv(task),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == [(-0.1, {"tool_errors": -0.1}), (0.0, {}), (0.0, {})]
     assert traj.reward == 1.0
     assert calculator_tasks(2, seed=3, turn_rewards=True) == [{**t, "turn_rewards": True}
@@ -163,7 +164,8 @@ async def test_kg_qa_charges_a_failed_call_or_an_empty_lookup_once(kg_url, scrip
     steps = [call_text("follow", entity="Atlantis", relation="capital"),  # no such entity
              '<tool_call>\n{"name": "follow"\n</tool_call>',  # unreadable
              call_text("follow", entity="France", relation="capital"), "<answer>no idea</answer>"]
-    traj = await play(scripted, renderer, KGQAEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
+    traj = await scripted_episode(scripted, renderer, KGQAEnv(task),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == expected
 
 
