@@ -102,7 +102,7 @@ async def test_a_slow_pure_python_tool_in_a_thread_is_stopped_at_its_deadline():
     assert not tool.isolate
     async with Ticker() as ticker:
         result, seconds = await timed(tool.call({"seconds": 60.0}))
-        await asyncio.sleep(0.1)  # the thread sees its stop at its next step
+        await until(lambda: "tool spin" not in {t.name for t in threading.enumerate()}, "the spin thread ended")
         stopped_at = slow_tools.progress[0]
         await asyncio.sleep(0.3)  # a window in which a thread still running would move on: that it did not is checked
     assert seconds < 2.0 and result.content == "Error: spin did not finish within 0.5 s"
