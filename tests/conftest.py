@@ -51,6 +51,37 @@ def scripted(renderer):
 
 
 @pytest.fixture
+def play_plan(scripted, renderer):
+    """`await play_plan(plan)`: the scored groups of a plan of scripted episodes (tests/helpers.py `PLAN`)."""
+    from helpers import plan_groups
+
+    return lambda plan: plan_groups(scripted, renderer, plan)
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """An empty current folder; sys.path and the modules imported from it restored afterwards."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def no_stray_servers():
+    """Shared MCP connections (`tools.mcp`) closed when a module's tests end, so no server outlives them (a module
+    asks for it: `pytest.mark.usefixtures("no_stray_servers")`)."""
+    from agent_rl.tools.mcp import close_shared
+
+    yield
+    close_shared()
+
+
+@pytest.fixture
 def scripted_calls(scripted):
     """A scripted sampler that sends `replies[k]` after k tool messages, then `finish(messages)`:
     a run of (often malformed) tool calls, each answered by the env, before the episode ends."""
@@ -253,39 +284,6 @@ def harmony_standin(smol_dir):
     tok = AutoTokenizer.from_pretrained(smol_dir)
     tok.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
     return tok
-
-
-# .ci/run sets this once it has started a Docker daemon of its own: from then on a Docker sandbox
-# case that cannot reach a daemon fails instead of skipping, so CI never passes with Docker untested.
-REQUIRE_DOCKER = "AGENT_RL_REQUIRE_DOCKER"
-
-
-def docker_or_skip() -> None:
-    """Nothing where a Docker daemon with the sandbox image answers; else skip the calling case, or
-    fail it when REQUIRE_DOCKER is set."""
-    from agent_rl.tools.sandbox_docker import unavailable_reason
-
-    if reason := unavailable_reason():
-        if os.environ.get(REQUIRE_DOCKER):
-            pytest.fail(f"docker unavailable although {REQUIRE_DOCKER} is set: {reason}", pytrace=False)
-        pytest.skip(f"docker unavailable: {reason}")
-
-
-async def until(predicate, timeout_s: float = 30.0) -> None:
-    """Until `predicate()` holds, polled; a generous bound, which only a failing test waits out (a loaded machine
-    may run a thread, a restart or a round trip late, and a tight bound would then fail a test that is right)."""
-    import asyncio
-
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
-
-
-def deadline_slack_s(backend) -> float:
-    """How long past its deadline a killed sandbox call may end: the kill and clean-up, and for
-    Docker also the container's start and removal, which take seconds on a loaded 2-core machine."""
-    return 5.0 if backend.name == "docker" else 1.5
 
 
 @pytest.fixture(scope="session")

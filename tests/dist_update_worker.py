@@ -1,7 +1,7 @@
 """Run under torchrun by tests/test_distributed.py: one policy update on a fixed batch, as this rank of N.
 
 argv: OUT (a .pt file rank 0 writes the trained weights, gathered whole, and the statistics to), then
-config overrides key=value. The batch is test_update.make_batch's: every rank builds the same one.
+config overrides key=value. The batch is helpers.make_batch's: every rank builds the same one.
 Two keys are not config: `save=DIR` checkpoints the update there (gathered on rank 0, as the trainer
 does); `resume=DIR` then builds a fresh policy, loads DIR's checkpoint and runs a second update,
 whose weights OUT holds as "resumed".
@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_update import config, make_batch
+from helpers import make_batch, tiny_config
 
 from agent_rl.learn.distributed import full_optimizer_state, full_state_dict, init_distributed
 from agent_rl.learn.models import cache_dir
@@ -32,7 +32,7 @@ def main() -> None:
     out, sets = Path(sys.argv[1]), dict(a.split("=", 1) for a in sys.argv[2:])
     save, resume = sets.pop("save", None), sets.pop("resume", None)
     tiny = cache_dir() / "models" / "tiny-smollm2"
-    cfg = config(tiny, **sets)
+    cfg = tiny_config(tiny, **sets)
     dist = init_distributed("cpu")
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny, dist=dist, with_reference=cfg.algorithm.kl_beta > 0)

@@ -2,7 +2,8 @@
 and their relative links.
 
 Owns: finding the one page that holds a marked block (`<!-- example:NAME -->` around a python block,
-`<!-- commands:NAME -->` around a bash block), so a test follows a block to whichever page it lives on;
+`<!-- commands:NAME -->` around a bash block), so a test follows a block to whichever page it lives on, and a
+commands block's lines (`readme_commands`);
 the links of a page and GitHub's heading anchors, for the link test.
 Does not own: running the blocks (tests/test_readme_example.py, tests/test_readme_mixture_judge.py).
 """
@@ -37,6 +38,11 @@ def marked_block(kind: str, name: str) -> str:
                       re.DOTALL)
     assert block, f"{page.name}: the {kind}:{name} block is not a ```{lang} block between its two markers"
     return block.group(1)
+
+
+def readme_commands(name: str) -> list[str]:
+    """The command lines of the `commands:<name>` block (README.md or docs/), comments dropped."""
+    return [re.sub(r"\s+# .*$", "", line) for line in marked_block("commands", name).splitlines() if line.strip()]
 
 
 def unfenced(text: str) -> str:

@@ -2,7 +2,7 @@
 
 argv: RUN_DIR [--resume] [--slow] [--hold] [--stand-in]. The real `trainer.prepare` (the tiny model's LoRA,
 checkpoints, resume), the real loop and stream at staleness 0 (each step's batch fixed by its seeds) under
-`preemption.watch`, as `trainer.train` runs it; a scripted sampler (tests/test_stream.py's `TimedSampler`; each
+`preemption.watch`, as `trainer.train` runs it; a scripted sampler (tests/helpers.py's `TimedSampler`; each
 request 0.01 s; with --slow, step 3's (version 2) wait 600 s, so that a signal after step 2 is logged finds step 3
 sampling however late it comes) and a scripted update that moves every LoRA weight by a rule of the step's batch and
 seed (so the final weights say which batches were trained, in which order); with --hold, step 2's update waits
@@ -25,8 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from helpers import here
-from test_stream import TimedSampler, VersionSync
+from helpers import TimedSampler, VersionSync, here
 
 from agent_rl import trainer
 from agent_rl.commands import CLIError, errors_as_lines

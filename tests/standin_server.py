@@ -1,4 +1,4 @@
-"""tests/test_push_in_flight.py's stand-in vLLM server as a process of its own, on a given port, so that a test can
+"""tests/helpers.py's stand-in vLLM server (`StandInVLLM`) as a process of its own, on a given port, so that a test can
 SIGKILL it as an out-of-memory kill ends a real server, and a supervisor (`rollout.supervisor`) can start it again
 on the same port. It answers GET /health as vLLM does, and GET /served with how many requests it has completed and the
 weights it samples with now (a restarted process starts with weights 1, the stand-in's own, until a restore reloads
@@ -13,7 +13,7 @@ import asyncio
 import sys
 
 from aiohttp import web
-from test_push_in_flight import StandInVLLM
+from helpers import StandInVLLM
 
 
 class Served(StandInVLLM):

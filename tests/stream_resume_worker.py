@@ -2,7 +2,7 @@
 so that the test can SIGKILL it.
 
 argv: RUN_DIR [--resume]. The real `trainer.prepare` (the tiny model's LoRA, checkpoints, resume) and the real
-loop and stream; a scripted sampler (tests/test_stream.py's `TimedSampler`: task "snails" 10x slower than the
+loop and stream; a scripted sampler (tests/helpers.py's `TimedSampler`: task "snails" 10x slower than the
 rest) and a scripted update that only waits. Each step's trained task ids are appended to RUN_DIR/trained.jsonl
 as the step trains them.
 """
@@ -17,8 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import here
-from test_stream import TimedSampler, VersionSync, slow_snails
+from helpers import TimedSampler, VersionSync, here, slow_snails
 
 from agent_rl import trainer
 from agent_rl.config.file import load_config

@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-from helpers import scored_groups
+from helpers import scored_groups, trajectory
 
 from agent_rl.core.returns import episode_return
-from agent_rl.core.types import Return, StopReason, Trajectory, TrajectoryGroup, Turn
+from agent_rl.core.types import Return, StopReason, TrajectoryGroup
 from agent_rl.learn.advantages import (
     dr_grpo_advantages,
     group_advantages,
@@ -68,33 +68,18 @@ def test_single_or_uniform_group_gives_zero(fn):
 # --- group level ---------------------------------------------------------------------------
 
 
-def _traj(reward: float, stop: StopReason = StopReason.NO_TOOL_CALL, name: str = "") -> Trajectory:
-    return Trajectory(
-        task_id=name,
-        token_ids=(1, 2, 3),
-        loss_mask=(0, 1, 1),
-        logprobs=(0.0, -0.1, -0.2),
-        prompt_len=1,
-        turns=(),
-        messages=(),
-        tool_calls=(),
-        stop_reason=stop,
-        reward=reward,
-    )
-
-
 def _groups(truncated_reward=None):
     a = TrajectoryGroup(
         "a",
         (
-            _traj(1.0, name="a0"),
-            _traj(0.0, name="a1"),
-            _traj(1.0, StopReason.ERROR, name="a2"),  # infra error: never counted
-            _traj(1.0, StopReason.LENGTH, name="a3"),  # truncated (its reward must not be used)
+            trajectory(1.0, task_id="a0"),
+            trajectory(0.0, task_id="a1"),
+            trajectory(1.0, StopReason.ERROR, task_id="a2"),  # infra error: never counted
+            trajectory(1.0, StopReason.LENGTH, task_id="a3"),  # truncated (its reward must not be used)
         ),
     )
-    b = TrajectoryGroup("b", tuple(_traj(1.0, name=f"b{i}") for i in range(4)))  # no variance
-    c = TrajectoryGroup("c", (_traj(0.0, name="c0"), _traj(1.0, StopReason.ERROR, name="c1")))
+    b = TrajectoryGroup("b", tuple(trajectory(1.0, task_id=f"b{i}") for i in range(4)))  # no variance
+    c = TrajectoryGroup("c", (trajectory(0.0, task_id="c0"), trajectory(1.0, StopReason.ERROR, task_id="c1")))
     return scored_groups([a, b, c], truncated_reward)
 
 
@@ -133,14 +118,10 @@ def test_signal_helpers_for_dynamic_sampling():
     assert [t.task_id for t in kept] == ["a0", "a1"] and [r.value for r in returns] == [1.0, 0.0]
     assert has_signal(a) and not has_signal(b) and not has_signal(c)
     # a group whose only difference is a truncated rollout: signal only with a failure reward
-    d = TrajectoryGroup("d", (_traj(1.0), _traj(1.0), _traj(1.0, StopReason.MAX_TOKENS)))
+    d = TrajectoryGroup("d", (trajectory(1.0), trajectory(1.0), trajectory(1.0, StopReason.MAX_TOKENS)))
     [masked] = scored_groups([d], truncated_reward=None)
     [failed] = scored_groups([d], truncated_reward=0.0)
     assert not has_signal(masked) and has_signal(failed)
-
-
-def _turn(reward: float) -> Turn:
-    return Turn(0, 1, "stop", 0, reward=reward)
 
 
 @pytest.mark.parametrize(("stop", "truncated_reward", "expected"), [
@@ -151,14 +132,13 @@ def _turn(reward: float) -> Turn:
     (StopReason.ERROR, 0.0, Return(0.0, 0.0, usable=False)),  # an infrastructure error never counts
 ])
 def test_an_episode_return_by_hand(stop, truncated_reward, expected):
-    traj = Trajectory(task_id="x", token_ids=(), loss_mask=(), logprobs=(), prompt_len=0,
-                      turns=(_turn(0.25), _turn(-0.5)), messages=(), tool_calls=(), stop_reason=stop, reward=1.0)
+    traj = trajectory(1.0, stop, task_id="x", turns=[0.25, -0.5])
     assert episode_return(traj, truncated_reward) == expected
 
 
 def test_a_trajectory_never_scored_is_refused_in_one_line():
     with pytest.raises(ValueError, match="trajectory of task 'a0' has no return: its group was never scored"):
-        group_advantages([TrajectoryGroup("a", (_traj(1.0, name="a0"), _traj(0.0, name="a1")))])
+        group_advantages([TrajectoryGroup("a", (trajectory(1.0, task_id="a0"), trajectory(0.0, task_id="a1")))])
 
 
 def test_the_spread_is_what_the_estimator_normalised():

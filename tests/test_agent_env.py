@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from doc_pages import page_with
+from helpers import play_episode
 
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
@@ -27,7 +28,7 @@ from agent_rl.envs import calculator, calculator_agent  # noqa: E402
 from agent_rl.envs.agent_env import AgentEnv  # noqa: E402
 from agent_rl.envs.agent_proxy import ProxyError, completion, local_proxy, parse_request  # noqa: E402
 from agent_rl.rollout.engine import rollout_groups  # noqa: E402
-from agent_rl.rollout.runner import EpisodeLimits, run_episode  # noqa: E402
+from agent_rl.rollout.runner import EpisodeLimits  # noqa: E402
 from agent_rl.rollout.sampler import SamplerError  # noqa: E402
 
 CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
@@ -111,9 +112,8 @@ class Recorder:
 
 async def play_agent(agent, sampler, renderer, limits=EpisodeLimits(), reward=lambda task, messages, answer: 0.0,
                      **deadlines):
-    async with AgentEnv({"id": "t", "question": "Say hi."}, agent, reward,
-                        **{"finish_timeout_s": 5, **deadlines}) as env:
-        return await run_episode(env, sampler, renderer, limits, "t")
+    env = AgentEnv({"id": "t", "question": "Say hi."}, agent, reward, **{"finish_timeout_s": 5, **deadlines})
+    return await play_episode(env, sampler, renderer, limits, "t")
 
 
 async def test_a_cut_turn_goes_back_with_finish_reason_length_then_the_episode_is_over(scripted, renderer):

@@ -80,7 +80,8 @@ def agent_env(task):
                     lambda task, messages, answer: float(str(task["answer"]) in messages[-1].content))
 
 
-async def play(make_env, server, renderer, limits, tasks):
+async def trajectories_on(server, make_env, renderer, limits, tasks):
+    """Every trajectory of `tasks` x 3 played on `server`, in task order."""
     async with serving_backend().sampler([server.url]) as sampler:
         groups = await rollout_groups(tasks, make_env, sampler, renderer, limits, group_size=3)
     return [t for g in groups for t in g.trajectories]
@@ -91,8 +92,8 @@ async def play(make_env, server, renderer, limits, tasks):
 async def test_openai_agent_on_vllm_is_token_identical_to_the_native_runner(vllm_server, renderer, native, agent):
     tasks = calculator.load_tasks(2, seed=5)
     limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=24, max_total_tokens=1024, seed=11)
-    expected = await play(native, vllm_server, renderer, limits, tasks)
-    got = await play(agent, vllm_server, renderer, limits, tasks)
+    expected = await trajectories_on(vllm_server, native, renderer, limits, tasks)
+    got = await trajectories_on(vllm_server, agent, renderer, limits, tasks)
     for n, a in zip(expected, got):
         assert not n.infra_error and not a.infra_error, (n.error, a.error)
         assert (a.task_id, a.token_ids, a.loss_mask, a.turns, a.segments) == (n.task_id, n.token_ids, n.loss_mask,

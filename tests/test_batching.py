@@ -2,31 +2,16 @@
 
 import pytest
 import torch
+from helpers import trajectory
 
-from agent_rl.core.types import StopReason, Trajectory
 from agent_rl.learn.batching import collate, micro_batches
 
-
-def _traj(token_ids, loss_mask, logprobs, name):
-    return Trajectory(
-        task_id=name,
-        token_ids=tuple(token_ids),
-        loss_mask=tuple(loss_mask),
-        logprobs=tuple(logprobs),
-        prompt_len=1,
-        turns=(),
-        messages=(),
-        tool_calls=(),
-        stop_reason=StopReason.NO_TOOL_CALL,
-    )
-
-
 # A: prompt 10 11 | sampled 12 13 | tool output 14 | sampled 15   (two turns)
-A = _traj([10, 11, 12, 13, 14, 15], [0, 0, 1, 1, 0, 1], [0, 0, -0.1, -0.2, 0, -0.3], "A")
+A = trajectory(task_id="A", ids=[10, 11, 12, 13, 14, 15], mask=[0, 0, 1, 1, 0, 1], logprobs=[0, 0, -0.1, -0.2, 0, -0.3])
 # B: prompt 20 | sampled 21 22
-B = _traj([20, 21, 22], [0, 1, 1], [0, -0.5, -0.6], "B")
+B = trajectory(task_id="B", ids=[20, 21, 22], mask=[0, 1, 1], logprobs=[0, -0.5, -0.6])
 # C: prompt 30 | sampled 31
-C = _traj([30, 31], [0, 1], [0, -0.7], "C")
+C = trajectory(task_id="C", ids=[30, 31], mask=[0, 1], logprobs=[0, -0.7])
 
 
 def test_collate_by_hand():
@@ -53,13 +38,13 @@ def test_collate_by_hand():
 
 
 def test_collate_enforces_zero_logprob_off_the_mask():
-    odd = _traj([1, 2, 3], [0, 0, 1], [0, 9.0, -0.4], "odd")  # 9.0 on a tool token
+    odd = trajectory(task_id="odd", ids=[1, 2, 3], mask=[0, 0, 1], logprobs=[0, 9.0, -0.4])  # 9.0 on a tool token
     assert collate([odd], [1.0]).sampler_logp_B_T.tolist() == [[0.0, pytest.approx(-0.4), 0.0]]
 
 
 def test_collate_rejects_bad_input():
     with pytest.raises(ValueError, match="first token"):
-        collate([_traj([1, 2], [1, 1], [-0.1, -0.2], "bad")], [1.0])
+        collate([trajectory(task_id="bad", ids=[1, 2], mask=[1, 1], logprobs=[-0.1, -0.2])], [1.0])
     with pytest.raises(ValueError, match="advantages"):
         collate([A, B], [1.0])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import alive, one_error_line, until_sync
 
 from agent_rl.cli import main
 from agent_rl.core.registry import EnvSpec
@@ -33,12 +34,6 @@ def load_tasks(n, seed=0, split="train"):
 
 
 ENV = EnvSpec("test_cli", RaisingEnv, load_tasks)  # this module doubles as an environment for `--env test_cli`
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def test_missing_model_path(capsys):
@@ -79,19 +74,6 @@ def test_unknown_environment(capsys):
 ENV_MODULE = ("from agent_rl.core.registry import EnvSpec\n\n\ndef make_env(task):\n    return task\n\n\n"
               "def load_tasks(n, seed=0, split='train'):\n    return [{}] * n\n\n\n"
               "ENV = EnvSpec('mine', make_env, load_tasks)\n")
-
-
-@pytest.fixture
-def user_folder(tmp_path, monkeypatch):
-    """An empty current folder; sys.path and the modules imported from it restored afterwards."""
-    import sys
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    yield tmp_path
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
 
 
 def test_environment_from_the_current_folder_or_a_file(user_folder):
@@ -176,7 +158,6 @@ def test_sigterm_unwinds_the_command_and_stops_what_it_started(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=os.getcwd())
@@ -189,16 +170,11 @@ def test_sigterm_unwinds_the_command_and_stops_what_it_started(tmp_path):
         child.kill()
     assert child.returncode == 143
     assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # the stand-in server is gone (killed and reaped by the child)
-        try:
-            os.kill(server_pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(server_pid, signal.SIGKILL)
-        raise AssertionError("the server the command started outlived it")
+    try:  # the stand-in server is gone (killed and reaped by the child)
+        until_sync(lambda: not alive(server_pid), "the server the command started, gone with it", 5, every_s=0.05)
+    finally:
+        if alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
 
 
 STAND_IN_TEST = r'''
@@ -228,7 +204,6 @@ def test_a_killed_test_session_stops_the_servers_its_fixtures_started(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     (tmp_path / "test_stand_in.py").write_text(STAND_IN_TEST)
     tests_dir = os.path.dirname(__file__)
@@ -238,9 +213,8 @@ def test_a_killed_test_session_stops_the_servers_its_fixtures_started(tmp_path):
                              stderr=subprocess.STDOUT, text=True)
     pid_file = tmp_path / "server.pid"
     try:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until_sync(lambda: pid_file.exists() or child.poll() is not None, "the stand-in server's pid file", 60,
+                   every_s=0.05)
         assert pid_file.exists(), child.communicate(timeout=10)[0] if child.poll() is not None else "no pid"
         server_pid = int(pid_file.read_text())
         child.send_signal(signal.SIGTERM)
@@ -248,15 +222,12 @@ def test_a_killed_test_session_stops_the_servers_its_fixtures_started(tmp_path):
     finally:
         child.kill()
     assert "KeyboardInterrupt" in out or "Terminated" in out, out
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(server_pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.kill(server_pid, signal.SIGKILL)
-    raise AssertionError("the stand-in server outlived the killed test session")
+    try:
+        until_sync(lambda: not alive(server_pid), "the stand-in server, gone with the killed test session", 5,
+                   every_s=0.05)
+    finally:
+        if alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
 
 
 def test_sigusr1_unwinds_a_command_as_sigterm_does():

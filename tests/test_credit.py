@@ -12,9 +12,9 @@ import random
 
 import pytest
 import torch
-from helpers import scored_groups
+from helpers import scored_groups, trajectory
 
-from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup, Turn
+from agent_rl.core.types import StopReason, TrajectoryGroup
 from agent_rl.learn.advantages import (
     ESTIMATORS,
     compare,
@@ -25,14 +25,6 @@ from agent_rl.learn.advantages import (
 )
 from agent_rl.learn.credit import TurnCredit, credit_metrics, step_groups, turn_returns
 from agent_rl.learn.loss import ppo_clip_loss
-
-
-def traj(rewards: list[float], outcome: float, stop: StopReason = StopReason.NO_TOOL_CALL,
-         states: list[str] | None = None, name: str = "t") -> Trajectory:
-    """An episode of len(rewards) turns (no tokens: advantages read rewards, turns and states only)."""
-    states = states or [""] * len(rewards)
-    turns = tuple(Turn(1, 1, "stop", 0, reward=r, state=s) for r, s in zip(rewards, states))
-    return Trajectory(name, (), (), (), 0, turns, (), (), stop, reward=outcome)
 
 
 def close(actual, expected, tol: float = 1e-12):
@@ -51,11 +43,11 @@ def test_turn_returns_by_hand():
 
 # a crafted group: 3, 1, 2 and 2 turns; turn rewards; C truncated (its outcome becomes truncated_reward 0.0);
 # E an infrastructure error, kept out
-A = traj([0.0, -0.1, 0.0], 1.0, name="A")
-B = traj([0.0], 0.0, name="B")
-C = traj([-0.1, 0.0], 0.7, StopReason.LENGTH, name="C")
-D = traj([0.0, 0.0], 1.0, name="D")
-E = traj([0.0], 1.0, StopReason.ERROR, name="E")
+A = trajectory(1.0, turns=[0.0, -0.1, 0.0], task_id="A")
+B = trajectory(0.0, turns=[0.0], task_id="B")
+C = trajectory(0.7, StopReason.LENGTH, turns=[-0.1, 0.0], task_id="C")
+D = trajectory(1.0, turns=[0.0, 0.0], task_id="D")
+E = trajectory(1.0, StopReason.ERROR, turns=[0.0], task_id="E")
 CRAFTED = [TrajectoryGroup("q", (A, B, C, D, E))]
 
 
@@ -92,7 +84,7 @@ def test_turn_credit_by_hand_with_discount_and_truncation():
 
 def test_a_group_of_equal_returns_stays_when_its_turns_differ():
     # returns 0.9 and 0.9 (one penalty each, at different turns): trajectory credit has nothing to compare
-    group = [TrajectoryGroup("q", (traj([-0.1, 0.0], 1.0), traj([0.0, -0.1], 1.0)))]
+    group = [TrajectoryGroup("q", (trajectory(1.0, turns=[-0.1, 0.0]), trajectory(1.0, turns=[0.0, -0.1])))]
     assert group_advantages(scored_groups(group), dr_grpo_advantages).num_zero_variance_groups == 1
     # dr_grpo per turn: G = [0.9, 1.0] and [0.9, 0.9] against c = 0.9: the turn after the penalty did better
     adv = group_advantages(scored_groups(group), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
@@ -104,10 +96,10 @@ def test_a_group_of_equal_returns_stays_when_its_turns_differ():
 
 
 def test_gigpo_step_groups_and_advantages_by_hand():
-    a = traj([0.0, 0.0, 0.0], 1.0, states=["s0", "s1", "s2"], name="a")
-    b = traj([0.0, -0.1, 0.0], 0.0, states=["s0", "s1", "s3"], name="b")
-    c = traj([0.0, 0.0], 0.0, states=["s0", "s4"], name="c")
-    d = traj([0.0], 0.0, states=[""], name="d")  # no known state: never grouped
+    a = trajectory(1.0, turns=[0.0, 0.0, 0.0], states=["s0", "s1", "s2"], task_id="a")
+    b = trajectory(0.0, turns=[0.0, -0.1, 0.0], states=["s0", "s1", "s3"], task_id="b")
+    c = trajectory(0.0, turns=[0.0, 0.0], states=["s0", "s4"], task_id="c")
+    d = trajectory(0.0, turns=[0.0], states=[""], task_id="d")  # no known state: never grouped
     assert step_groups([a, b, c, d]) == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)], [(0, 2)], [(1, 2)], [(2, 1)],
                                          [(3, 0)]]
     group = [TrajectoryGroup("q", (a, b, c, d))]
@@ -127,7 +119,7 @@ def test_gigpo_step_groups_and_advantages_by_hand():
 def test_gigpo_with_equal_returns_in_a_state_gives_exactly_zero_there():
     # three returns of 0.1 from s0: their float mean is 0.10000000000000002, so grpo would give each
     # -2e-17 / 1e-6 = -2e-11; equal returns tell nothing apart, so 0.0 exactly and the group is dropped
-    trajs = tuple(traj([0.0, 0.1], 0.0, states=["s0", f"s{k}"]) for k in (1, 2, 3))
+    trajs = tuple(trajectory(0.0, turns=[0.0, 0.1], states=["s0", f"s{k}"]) for k in (1, 2, 3))
     assert sum([0.1, 0.1, 0.1]) / 3 != 0.1
     adv = group_advantages(scored_groups([TrajectoryGroup("q", trajs)]), grpo_advantages,
                            TurnCredit("gigpo", "grpo"))
@@ -143,8 +135,8 @@ def random_groups(seed: int, n: int = 40) -> list[TrajectoryGroup]:
         trajs = []
         for i in range(rng.choice([2, 4, 5])):
             turns = rng.randint(0, 4)
-            trajs.append(traj([0.0] * turns, rng.choice([0.0, 0.3, 1.0, 1 / 3]), rng.choice(stops),
-                              [rng.choice("xyz") for _ in range(turns)], name=f"g{g}r{i}"))
+            trajs.append(trajectory(rng.choice([0.0, 0.3, 1.0, 1 / 3]), rng.choice(stops), turns=[0.0] * turns,
+                                    states=[rng.choice("xyz") for _ in range(turns)], task_id=f"g{g}r{i}"))
         groups.append(TrajectoryGroup(f"g{g}", tuple(trajs)))
     return groups
 
@@ -209,7 +201,7 @@ def toy_groups(n: int, seed: int) -> tuple[list[TrajectoryGroup], list[list[int]
                 if not call[g][i][t]:
                     break
             rewards, outcome = toy_episode(calls)
-            trajs.append(traj(rewards, outcome))
+            trajs.append(trajectory(outcome, turns=rewards))
             episodes.append(calls)
         groups.append(TrajectoryGroup(f"q{g}", tuple(trajs)))
     return groups, episodes

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import scored_groups
+from helpers import scored_groups, trajectory
 
 from agent_rl.config.file import load_config
-from agent_rl.core.types import Segment, StopReason, Trajectory, TrajectoryGroup, Turn
+from agent_rl.core.types import Segment, Trajectory, TrajectoryGroup, Turn
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
 from agent_rl.learn.algorithm import credit_of
 from agent_rl.learn.batching import collate, micro_batches, select_rows, split_steps
@@ -25,14 +25,12 @@ def two_segment_trajectory() -> Trajectory:
     turn 2 at [6, 7)."""
     seg = Segment((1, 2, 3, 4, 5), (0, 0, 1, 1, 0), (0.0, 0.0, -0.5, -0.5, 0.0))
     turns = (Turn(2, 4, "stop", 0, segment=0), Turn(3, 5, "stop", 0, segment=1), Turn(6, 7, "stop", 0, segment=1))
-    return Trajectory("two", (10, 11, 12, 13, 14, 15, 16), (0, 0, 0, 1, 1, 0, 1),
-                      (0.0, 0.0, 0.0, -0.5, -0.5, 0.0, -0.5), 3, turns, (), (), StopReason.NO_TOOL_CALL,
-                      segments=(seg,))
+    return trajectory(task_id="two", ids=(10, 11, 12, 13, 14, 15, 16), prompt_len=3, mask=(0, 0, 0, 1, 1, 0, 1),
+                      turns=turns, segments=(seg,))
 
 
 def one_turn_trajectory() -> Trajectory:
-    return Trajectory("one", (20, 21, 22, 23), (0, 1, 1, 1), (0.0, -0.5, -0.5, -0.5), 1, (Turn(1, 4, "stop", 0),),
-                      (), (), StopReason.NO_TOOL_CALL)
+    return trajectory(task_id="one", ids=(20, 21, 22, 23), turns=[Turn(1, 4, "stop", 0)])
 
 
 def test_each_turns_advantage_lands_on_its_own_tokens():
@@ -104,8 +102,8 @@ def episodes(policy, n: int = 8) -> list[TrajectoryGroup]:
         mask = [0] * 6 + [1] * 5 + [0] * 3 + [1] * n_second
         lp = [0.0] + [float(logp[t - 1]) if mask[t] else 0.0 for t in range(1, length)]
         turns = (Turn(6, 11, "stop", 0, state="s0"), Turn(14, length, "stop", 0, state=f"s{b % 3}"))
-        trajs.append(Trajectory(f"q{b // 4}", tuple(ids[0].tolist()), tuple(mask), tuple(lp), 6, turns, (), (),
-                                StopReason.NO_TOOL_CALL, reward=outcomes[b]))
+        trajs.append(trajectory(outcomes[b], task_id=f"q{b // 4}", ids=ids[0].tolist(), prompt_len=6, mask=mask,
+                                logprobs=lp, turns=turns))
     return scored_groups([TrajectoryGroup("q0", tuple(trajs[:4])), TrajectoryGroup("q1", tuple(trajs[4:]))])
 
 

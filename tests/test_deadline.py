@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+from helpers import until
 
 from agent_rl.core import deadline as deadline_module
 from agent_rl.core.deadline import Alarm, deadline, slice_length
@@ -45,15 +46,16 @@ async def test_an_await_in_time_returns_and_leaves_nothing_behind():
 async def test_a_thousand_deadlines_of_one_length_share_a_timer_or_two():
     loop = asyncio.get_running_loop()  # shared with the session's other tests: their slices may be there already
     before = {k: set(v) for k, v in deadline_module._SLICES.get(loop, {}).items()}
-    started = asyncio.Event()
+    started, inside = asyncio.Event(), []
 
     async def one() -> str:
         async with deadline(60.0):
+            inside.append(True)
             await started.wait()
             return "done"
 
     tasks = [asyncio.create_task(one()) for _ in range(1000)]
-    await asyncio.sleep(0.01)
+    await until(lambda: len(inside) == 1000, "the 1000 tasks inside their deadlines")
     slices = deadline_module._SLICES[loop]
     ours = {k: v - before.get(k, set()) for k, v in slices.items()}
     made = {k for k, v in ours.items() if v}
@@ -174,7 +176,7 @@ async def test_an_alarm_calls_back_once_past_its_time_unless_cancelled_even_by_a
     handler = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: errors.append(context))
     try:
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.15)  # the alarms' 0.05 s, then a window in which a cancelled one would fire
     finally:
         loop.set_exception_handler(handler)
     assert not errors and len(seen) == 1 and {k for k, _ in fired} == seen[0] and 0 not in seen[0]

@@ -11,11 +11,10 @@ A real difference moves gradients by far more (the correction below is a tenth o
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
-from test_update import config, make_batch
+from helpers import Row, make_batch, tiny_config
 
 from agent_rl.learn.batching import collate, split_steps
 from agent_rl.learn.logprobs import Scoring, token_logprobs
@@ -24,14 +23,6 @@ from agent_rl.learn.policy import build_policy, trainable_parameters
 from agent_rl.learn.update import PROXIMAL_RULES, fixed_logprobs, lags_of, policy_update
 
 F64 = {"model.dtype": "float64", "optim.grad_clip": 1e9}  # no clipping: the gradients are compared as computed
-
-
-@dataclass
-class Row:
-    token_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    versions: tuple[int, ...] = ()
 
 
 def grads(policy) -> torch.Tensor:
@@ -59,7 +50,7 @@ def test_a_masked_token_counts_in_neither_the_numerator_nor_the_denominator(tiny
         sets = {**F64, "algorithm.mini_batches": 2}
         if case == "masked":
             sets.update({"algorithm.mismatch_mask": "token", "algorithm.mismatch_bounds": "[0.5, 2.0]"})
-        cfg = config(tiny_dir, **sets)
+        cfg = tiny_config(tiny_dir, **sets)
         torch.manual_seed(0)
         policy = build_policy(cfg.model, cfg.optim, tiny_dir)
         batch = make_batch(policy)
@@ -104,7 +95,7 @@ def test_one_version_of_lag_differs_from_the_overlapped_update_only_by_the_corre
     and nothing else. Behaviour log-probs sit -0.6, -0.1, 0.1 or 0.4 nats from the trainer's (r = 1.82, 1.11,
     0.90, 0.67), advantages +-2: clipped-high, clipped-low, capped (cap 1.5) and plain tokens all occur."""
     cap = 1.5
-    cfg = config(tiny_dir, **{**F64, "algorithm.tis_cap": cap})
+    cfg = tiny_config(tiny_dir, **{**F64, "algorithm.tis_cap": cap})
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     batch = make_batch(policy)
@@ -142,7 +133,7 @@ def test_the_mismatch_per_version_lag_as_counted_by_hand(tiny_dir):
     version 4 (lag 1) with behaviour 0.5 nats below proximal, but for one token 1.0 below (e^1 = 2.7 > cap 2).
     make_batch's rows have 18, 17, 16, 18 | 17, 16, 18, 17 sampled tokens: 69 at lag 0, 68 at lag 1.
     Lag 1's gap: (67 x 0.5 + 1.0) / 68 = 0.50735; its capped share 1/68; the batch's gap 34.5 / 137."""
-    cfg = config(tiny_dir, **{**F64, "algorithm.mini_batches": 2})
+    cfg = tiny_config(tiny_dir, **{**F64, "algorithm.mini_batches": 2})
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     batch = make_batch(policy)

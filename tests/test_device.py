@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_update import config, make_batch
+from helpers import make_batch, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_rl.learn.device import resolve_device, resolve_dtype
@@ -42,7 +42,7 @@ def test_auto_is_cuda_in_bfloat16_where_there_is_one_and_cpu_in_float32_here():
 
 
 def test_a_bfloat16_update_keeps_every_tensor_on_the_models_device_and_dtype(tiny_dir):
-    cfg = config(tiny_dir, **{"model.dtype": "bfloat16", "algorithm.mini_batches": 2, "algorithm.kl_beta": 0.1})
+    cfg = tiny_config(tiny_dir, **{"model.dtype": "bfloat16", "algorithm.mini_batches": 2, "algorithm.kl_beta": 0.1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=True)
     base = {p.dtype for n, p in policy.model.named_parameters() if "lora_" not in n}
     assert base == {torch.bfloat16}  # the adapter's own weights stay float32 (peft), the model is bf16
@@ -65,7 +65,7 @@ def test_a_bfloat16_update_keeps_every_tensor_on_the_models_device_and_dtype(tin
 
 def gradients(tiny_dir, checkpointing: bool, full: bool = False):
     sets = {"model.gradient_checkpointing": str(checkpointing).lower(), "model.full_finetune": str(full).lower()}
-    cfg = config(tiny_dir, **sets)
+    cfg = tiny_config(tiny_dir, **sets)
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     assert policy.model.is_gradient_checkpointing == checkpointing
@@ -84,7 +84,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, full):
 
 
 def test_checkpointing_is_on_by_default_for_lora_only(tiny_dir):
-    lora = config(tiny_dir)
-    full = config(tiny_dir, **{"model.full_finetune": "true"})
+    lora = tiny_config(tiny_dir)
+    full = tiny_config(tiny_dir, **{"model.full_finetune": "true"})
     assert build_policy(lora.model, lora.optim, tiny_dir).model.is_gradient_checkpointing
     assert not build_policy(full.model, full.optim, tiny_dir).model.is_gradient_checkpointing

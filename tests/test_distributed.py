@@ -147,9 +147,9 @@ def test_two_ranks_two_servers_train_resume_and_match(tmp_path, vllm_server, dev
     import signal
     import time
 
+    from helpers import LOGPROB_TOL, served_name_of, server_logprobs
     from peft import PeftModel
     from safetensors.torch import load_file
-    from test_train_integration import LOGPROB_TOL, served_name_of, server_logprobs
 
     from agent_rl.learn.logprobs import token_logprobs
     from agent_rl.learn.policy import load_causal_lm
@@ -195,7 +195,7 @@ def test_two_ranks_full_finetune_push_checkpoint_and_resume(tmp_path, dev_server
     import json
     import shutil
 
-    from test_train_integration import LOGPROB_TOL, server_logprobs
+    from helpers import LOGPROB_TOL, server_logprobs
 
     from agent_rl.learn.logprobs import token_logprobs
     from agent_rl.learn.policy import enable_full_finetune, load_causal_lm

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import pytest
+from helpers import until
 
 from agent_rl.core.types import Message, StopReason, ToolCall
 from agent_rl.envs.base import Env, StepResult, ToolEnv
@@ -17,14 +18,21 @@ from agent_rl.rollout.runner import EpisodeLimits, bounded
 
 
 class HangingEnv(Env):
-    """Task "hang-<method>" hangs in that method; any other task plays one turn and ends."""
+    """Task "hang-<method>" hangs in that method (`hanging` counts the episodes in it now); any other task plays
+    one turn and ends."""
+
+    hanging = 0
 
     def __init__(self, task):
         self.hang = task["id"].removeprefix("hang-") if task["id"].startswith("hang-") else ""
 
     async def _maybe_hang(self, method: str) -> None:
         if self.hang == method:
-            await asyncio.sleep(60)
+            HangingEnv.hanging += 1
+            try:
+                await asyncio.sleep(60)  # the hang: only a deadline or a cancellation ends it
+            finally:
+                HangingEnv.hanging -= 1
 
     async def initial_messages(self):
         await self._maybe_hang("initial_messages")
@@ -63,10 +71,11 @@ async def test_a_cancelled_rollout_is_cancelled_not_timed_out(scripted):
     sampler = scripted(lambda text: "ok")
     rollout = asyncio.create_task(rollout_groups([{"id": "hang-step"}], HangingEnv, sampler, sampler.renderer,
                                                  EpisodeLimits(max_turns=2, env_timeout_s=30), group_size=2))
-    await asyncio.sleep(0.2)  # both episodes wait in step
+    await until(lambda: HangingEnv.hanging == 2, "both episodes waiting in step")
     rollout.cancel()
     with pytest.raises(asyncio.CancelledError):
         await rollout
+    assert HangingEnv.hanging == 0  # the cancellation reached both episodes' steps
 
 
 async def test_bounded_returns_raises_and_times_out():

@@ -9,7 +9,7 @@ import sys
 import types
 
 import pytest
-from test_cli import one_error_line, user_folder  # noqa: F401  (a fixture)
+from helpers import one_error_line
 
 from agent_rl.cli import main
 from agent_rl.core.audit_target import ANSWERED, AuditTarget, NotAudited
@@ -52,7 +52,7 @@ def mistake(task, messages, rng):
 '''
 
 
-def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_for(user_folder, capsys):  # noqa: F811
+def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_for(user_folder, capsys):
     (user_folder / "new_env_a.py").write_text(NEW_STYLE)
     spec = load_env("new_env_a")
     module = importlib.import_module("new_env_a")
@@ -65,7 +65,7 @@ def test_a_module_exports_its_spec_and_the_registry_names_it_by_the_name_asked_f
     assert capsys.readouterr().err == ""  # no notice for a module that exports its spec
 
 
-def test_a_module_written_before_0_1_0_is_one_error_line_saying_what_changed(user_folder, capsys):  # noqa: F811
+def test_a_module_written_before_0_1_0_is_one_error_line_saying_what_changed(user_folder, capsys):
     """make_env and load_tasks by name were read until 0.1.0 (with a notice); now the line says what to write."""
     (user_folder / "old_env_b.py").write_text(OLD_STYLE)
     assert main(["play", "old_env_b"]) == 2
@@ -81,7 +81,7 @@ def test_a_module_written_before_0_1_0_is_one_error_line_saying_what_changed(use
         load_env("reuse_env_f")
 
 
-def test_a_module_importing_the_top_level_spelling_of_before_0_1_0_is_one_error_line(user_folder, capsys,  # noqa: F811
+def test_a_module_importing_the_top_level_spelling_of_before_0_1_0_is_one_error_line(user_folder, capsys,
                                                                                       monkeypatch):
     """A user's project with its own `envs` package, whose module still imports agent-rl's environments as
     `envs.calculator`: one line naming the new import (Python alone would say only "No module named")."""
@@ -108,7 +108,7 @@ def test_a_module_importing_the_top_level_spelling_of_before_0_1_0_is_one_error_
      'its spec: ENV = EnvSpec("half_env_e", make_env, load_tasks, solve=solve) '
      "(from agent_rl.core.registry import EnvSpec)"),
 ])
-def test_a_module_without_a_spec_is_one_error_line_saying_what_to_write(user_folder, capsys, name, text,  # noqa: F811
+def test_a_module_without_a_spec_is_one_error_line_saying_what_to_write(user_folder, capsys, name, text,
                                                                         message):
     (user_folder / f"{name}.py").write_text(text)
     assert main(["play", name]) == 2

@@ -13,7 +13,7 @@ ids of a stand-in, checked for structure, not numbers).
 from __future__ import annotations
 
 import pytest
-from test_rollout_tokens import AddEnv
+from helpers import add_episode, script_of
 
 from agent_rl.core.renderers.chatml import Qwen25Renderer
 from agent_rl.core.renderers.gemma3 import Gemma3Renderer
@@ -21,8 +21,6 @@ from agent_rl.core.renderers.harmony import HarmonyRenderer
 from agent_rl.core.renderers.llama3 import Llama3Renderer
 from agent_rl.core.renderers.qwen3 import Qwen3Renderer, format_thinking
 from agent_rl.core.types import Message, StopReason, ToolCall
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.scripted import ScriptedSampler
 
 FAMILIES = {
     "qwen2_5": (Qwen25Renderer, "qwen25_tokenizer"),
@@ -45,13 +43,6 @@ def replies(name: str) -> list[Message]:
     return [Message("assistant", think("2 + 3 first."), (ToolCall("add", {"a": 2, "b": 3}),)),
             Message("assistant", think("Then + 4."), (ToolCall("add", {"a": 5, "b": 4}),)),
             Message("assistant", think("Done.", "It is 9."))]
-
-
-async def play(renderer, script, **limits):
-    sampler = ScriptedSampler(renderer, script, on_messages=True)
-    async with AddEnv() as env:
-        traj = await run_episode(env, sampler, renderer, EpisodeLimits(**limits), "t0")
-        return traj, env.tool_schemas, sampler
 
 
 # After the prompt: sampled turn 1, tool reply 5, sampled turn 2, tool reply 9, answer (text in comments).
@@ -123,8 +114,7 @@ PROMPT_ENDS = {"qwen2_5": "<|im_start|>user\n2+3+4?<|im_end|>\n<|im_start|>assis
 
 async def test_three_turn_episode_ids_and_mask_by_hand(family):
     name, renderer = family
-    it = iter(replies(name))
-    traj, _, _ = await play(renderer, lambda messages: next(it))
+    traj, _, _ = await add_episode(renderer, script_of(replies(name)))
     want = EXPECTED[name]
     n = want["prompt_len"]
     assert traj.prompt_len == n and renderer.render_text(traj.token_ids[:n]).endswith(PROMPT_ENDS[name])
@@ -139,8 +129,7 @@ async def test_three_turn_episode_ids_and_mask_by_hand(family):
 
 async def test_incremental_rendering_equals_a_full_render(family):
     name, renderer = family
-    it = iter(replies(name))
-    traj, tools, sampler = await play(renderer, lambda messages: next(it))
+    traj, tools, sampler = await add_episode(renderer, script_of(replies(name)))
     full = renderer.render(list(traj.messages), tools, add_generation_prompt=False)
     assert full[: len(traj.token_ids)] == list(traj.token_ids)
     # what a full render adds after the last sampled stop token is only the turn's closing whitespace
@@ -204,7 +193,7 @@ async def test_malformed_calls_get_one_tool_message_and_the_episode_goes_on(requ
     cls, tokenizer = FAMILIES[fam]
     renderer = cls(request.getfixturevalue(tokenizer))
     it = iter([reply, "It is 3."])
-    traj, _, _ = await play(renderer, lambda messages: next(it))
+    traj, _, _ = await add_episode(renderer, lambda messages: next(it))
     first = traj.turns[0]
     assert list(traj.token_ids[first.start:first.end]) == renderer.encode_reply(reply) + [renderer.stop_token_ids[0]]
     assert traj.messages[2].content == reply
@@ -218,7 +207,7 @@ async def test_two_calls_one_bad_get_two_tool_messages(request, fam):
     cls, tokenizer = FAMILIES[fam]
     renderer = cls(request.getfixturevalue(tokenizer))
     it = iter([TWO_CALLS_ONE_BAD[fam], "It is 3."])
-    traj, _, _ = await play(renderer, lambda messages: next(it))
+    traj, _, _ = await add_episode(renderer, lambda messages: next(it))
     tools = [m.content for m in traj.messages if m.role == "tool"]
     assert tools == ["3", "Error: invalid arguments for add: b: Field required"]
     assert [c.ok for c in traj.tool_calls] == [True, False]
@@ -245,8 +234,7 @@ async def test_a_bare_call_is_a_call_for_qwen2_5_and_text_when_switched_off(qwen
     assert on.bare_calls is True
     played = {}
     for name, renderer in (("on", on), ("off", off)):
-        replies = iter([BARE_CALL, "It is 5."])
-        played[name], _, _ = await play(renderer, lambda messages, replies=replies: next(replies))
+        played[name], _, _ = await add_episode(renderer, script_of([BARE_CALL, "It is 5."]))
         traj, first = played[name], played[name].turns[0]
         # the sampled ids are the same whichever way they are read; only the parse differs
         assert list(traj.token_ids[first.start:first.end]) == BARE_CALL_IDS
@@ -262,5 +250,5 @@ async def test_a_bare_call_is_a_call_for_qwen2_5_and_text_when_switched_off(qwen
                                    '{"name": "add", "arguments": {"a": 2, "b": 3}',  # broken JSON
                                    '{"a": 2, "b": 3}'])
 async def test_a_reply_that_is_not_only_call_objects_ends_the_episode(qwen25_tokenizer, reply):
-    traj, _, _ = await play(Qwen25Renderer(qwen25_tokenizer), lambda messages: reply)
+    traj, _, _ = await add_episode(Qwen25Renderer(qwen25_tokenizer), lambda messages: reply)
     assert traj.tool_calls == () and len(traj.turns) == 1 and traj.stop_reason is StopReason.NO_TOOL_CALL

@@ -9,21 +9,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_stream import scripted_run, toy_tasks
+from helpers import scripted_run, toy_tasks, trajectory
 
 from agent_rl import stopping, trainer
 from agent_rl.commands import CLIError, errors_as_lines
-from agent_rl.core.types import StopReason, Trajectory
+from agent_rl.core.types import StopReason
 from agent_rl.rollout.engine import Failures
 from agent_rl.rollout.weight_sync.base import WeightSyncError
 from agent_rl.runs import checkpoint as checkpoints
 from agent_rl.runs.checkpoint import latest_step, load_checkpoint
 from agent_rl.stopping import Preempted
-
-
-def traj(error: str | None = None) -> Trajectory:
-    return Trajectory(task_id="t", token_ids=(), loss_mask=(), logprobs=(), prompt_len=0, turns=(), messages=(),
-                      tool_calls=(), stop_reason=StopReason.ERROR if error else StopReason.ENV_DONE, error=error)
 
 
 @pytest.mark.parametrize(("failures", "errors", "expected"), [
@@ -36,7 +31,8 @@ def traj(error: str | None = None) -> Trajectory:
     (Failures(Counter(group_reward=2, WorkerDied=1), retried=1), [None], False),  # every type counts
 ])
 def test_a_step_is_mended_when_it_trained_what_an_unfaulted_run_would(failures, errors, expected):
-    assert stopping.mended(failures, [traj(e) for e in errors]) is expected
+    trajs = [trajectory(stop=StopReason.ERROR if e else StopReason.ENV_DONE, error=e) for e in errors]
+    assert stopping.mended(failures, trajs) is expected
 
 
 def test_failures_log_under_their_types():

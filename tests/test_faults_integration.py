@@ -52,10 +52,13 @@ def _train_until_step_1(run_dir: Path, tiny_dir: Path) -> tuple[subprocess.Popen
     return proc, servers[0]
 
 
-def _left_of(group: int) -> list[int]:
-    """Processes still in `group` a second on (killed, so that a failure leaves nothing behind)."""
-    time.sleep(1)
-    left = [p for p in _pids() if (s := _stat(p)) is not None and s[1] == group]
+def _left_of(group: int, within_s: float = 1.0) -> list[int]:
+    """Processes still in `group` once `within_s` has passed for them to end, the wait over as soon as none is left
+    (killed, so that a failure leaves nothing behind)."""
+    deadline = time.monotonic() + within_s
+    while (left := [p for p in _pids() if (s := _stat(p)) is not None and s[1] == group]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
     for p in left:
         os.kill(p, signal.SIGKILL)
     return left

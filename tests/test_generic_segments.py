@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_rollout_tokens import AddEnv
+from helpers import add_episode, script_of, trajectory
 
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
 from agent_rl.core.renderers import choose as renderers
 from agent_rl.core.renderers.choose import GENERIC_NOTICE, detect, get_renderer
 from agent_rl.core.renderers.generic import GenericRenderer
-from agent_rl.core.types import Message, Segment, StopReason, ToolCall, Trajectory
+from agent_rl.core.types import Message, Segment, StopReason, ToolCall
 from agent_rl.learn.batching import collate
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.rollout.scripted import ScriptedSampler
 from agent_rl.runs.metrics import rollout_metrics
 
 TEMPLATE = (
@@ -60,14 +58,6 @@ def thinking(m: Message) -> Message:
     return Message("assistant", "<think>hm</think> " + m.content, m.tool_calls)
 
 
-async def play(renderer, replies):
-    it = iter(replies)
-    sampler = ScriptedSampler(renderer, lambda messages: next(it), on_messages=True)
-    async with AddEnv() as env:
-        traj = await run_episode(env, sampler, renderer, EpisodeLimits(), "t0")
-        return traj, env.tool_schemas, sampler
-
-
 def test_an_unknown_tokenizer_gets_the_generic_renderer_and_one_notice(unknown_tokenizer, capsys, monkeypatch):
     monkeypatch.setattr(renderers, "_noticed", False)
     assert detect(unknown_tokenizer) == "generic"
@@ -99,7 +89,7 @@ def test_renderer_name_in_the_config_is_checked():
 
 async def test_a_prefix_preserving_template_gives_one_segment(unknown_tokenizer):
     r = GenericRenderer(unknown_tokenizer)
-    traj, tools, sampler = await play(r, [CALL_1, CALL_2, ANSWER])
+    traj, tools, sampler = await add_episode(r, script_of([CALL_1, CALL_2, ANSWER]))
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0 and traj.segments == ()
     full = r.render(list(traj.messages), tools, add_generation_prompt=False)
     assert list(traj.token_ids) == full  # incremental == the template's own full render
@@ -110,7 +100,7 @@ async def test_a_prefix_preserving_template_gives_one_segment(unknown_tokenizer)
 async def test_a_template_that_rewrites_history_starts_new_segments(unknown_tokenizer):
     r = GenericRenderer(unknown_tokenizer)
     replies = [thinking(CALL_1), thinking(CALL_2), thinking(ANSWER)]
-    traj, tools, sampler = await play(r, replies)
+    traj, tools, sampler = await add_episode(r, script_of(replies))
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and traj.reward == 1.0
     segs = traj.all_segments
     assert len(segs) == 3 and [t.segment for t in traj.turns] == [0, 1, 2]
@@ -125,17 +115,11 @@ async def test_a_template_that_rewrites_history_starts_new_segments(unknown_toke
     assert traj.num_sampled == sum(len(r.reply_ids(m)) for m in replies)
 
 
-def _traj(segments: tuple[Segment, ...], last: Segment) -> Trajectory:
-    return Trajectory(task_id="t", token_ids=last.token_ids, loss_mask=last.loss_mask, logprobs=last.logprobs,
-                      prompt_len=1, turns=(), messages=(), tool_calls=(), stop_reason=StopReason.NO_TOOL_CALL,
-                      reward=1.0, segments=segments)
-
-
 def test_collate_makes_a_row_per_segment_with_the_trajectory_advantage():
     a = Segment((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2))
     b = Segment((1, 4, 5, 6), (0, 0, 1, 1), (0.0, 0.0, -0.3, -0.4))
-    two = _traj((a,), b)
-    one = _traj((), Segment((7, 8), (0, 1), (0.0, -0.5)))
+    two = trajectory(1.0, ids=b.token_ids, mask=b.loss_mask, logprobs=b.logprobs, segments=(a,))
+    one = trajectory(1.0, ids=(7, 8), mask=(0, 1), logprobs=(0.0, -0.5))
     batch = collate([two, one], [0.5, -0.5])
     assert batch.input_ids_B_T.tolist() == [[1, 2, 3, 0], [1, 4, 5, 6], [7, 8, 0, 0]]
     assert batch.advantage_B.tolist() == [0.5, 0.5, -0.5]
@@ -150,7 +134,7 @@ def test_collate_makes_a_row_per_segment_with_the_trajectory_advantage():
 
 def test_every_segment_must_be_aligned():
     with pytest.raises(ValueError, match="trajectory t segment 0: token_ids \\(2\\), loss_mask \\(1\\)"):
-        _traj((Segment((1, 2), (0,), (0.0, 0.0)),), Segment((1,), (0,), (0.0,)))
+        trajectory(1.0, ids=(1,), mask=(0,), logprobs=(0.0,), segments=(Segment((1, 2), (0,), (0.0, 0.0)),))
 
 
 def test_extend_or_restart_appends_only_to_a_buffer_the_render_extends(unknown_tokenizer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import trajectory
 
 from agent_rl.core.mixture import load_mixture
 from agent_rl.core.registry import load_env
@@ -13,8 +14,6 @@ from agent_rl.core.types import (
     Message,
     Reward,
     StopReason,
-    Trajectory,
-    Turn,
 )
 from agent_rl.envs.calculator import calculator
 from agent_rl.envs.dataset import RubricEnv
@@ -24,12 +23,6 @@ from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, score_group
 
 
-def traj(reward: float, text: str = "a", stop=StopReason.NO_TOOL_CALL, parts=None) -> Trajectory:
-    messages = (Message("user", "q"), Message("assistant", text))
-    return Trajectory("t", (1, 2), (0, 1), (0.0, -0.5), 1, (Turn(1, 2, "stop", 0),), messages, (), stop, reward,
-                      parts or {})
-
-
 async def test_a_group_reward_is_added_to_each_finished_trajectory():
     seen = []
 
@@ -37,7 +30,7 @@ async def test_a_group_reward_is_added_to_each_finished_trajectory():
         seen.append((task["id"], [t.reward for t in trajectories]))
         return [Reward(0.5, {"bonus": 1.0}), 0.25]
 
-    group = [traj(1.0, parts={"correct": 1.0}), traj(0.0, stop=StopReason.ERROR), traj(0.0)]
+    group = [trajectory(1.0, reward_parts={"correct": 1.0}), trajectory(0.0, StopReason.ERROR), trajectory(0.0)]
     out = await score_group(hook, {"id": "q"}, group, timeout_s=5)
     assert seen == [("q", [1.0, 0.0])]  # the infra error is not shown to the hook
     assert [t.reward for t in out] == [1.5, 0.0, 0.25]
@@ -53,7 +46,7 @@ async def test_a_group_reward_is_added_to_each_finished_trajectory():
     (lambda task, ts: ["high", "low"], "group reward failed: ValueError: could not convert string to float: 'high'"),
 ])
 async def test_a_group_reward_that_fails_takes_its_group_out_with_the_reason(hook, why):
-    out = await score_group(hook, {"id": "q"}, [traj(1.0), traj(0.0)], timeout_s=5)
+    out = await score_group(hook, {"id": "q"}, [trajectory(1.0), trajectory(0.0)], timeout_s=5)
     assert [(t.stop_reason, t.error) for t in out] == [(StopReason.ERROR, why)] * 2
 
 
@@ -61,7 +54,7 @@ async def test_a_group_reward_has_a_deadline():
     async def slow(task, ts):
         await asyncio.sleep(30)
 
-    out = await asyncio.wait_for(score_group(slow, {"id": "q"}, [traj(1.0), traj(0.0)], timeout_s=0.2), 5)
+    out = await asyncio.wait_for(score_group(slow, {"id": "q"}, [trajectory(1.0), trajectory(0.0)], timeout_s=0.2), 5)
     assert {t.error for t in out} == {"group reward failed: TimeoutError"}
 
 
@@ -101,8 +94,7 @@ def test_conversation_splits_at_the_first_sampled_turn():
     messages = (Message("system", "s"), Message("user", "2+2?"), Message("assistant", "4"),  # a few-shot example
                 Message("user", "3+3?"), Message("assistant", "<tool_call>..."), Message("tool", "6", name="calc"),
                 Message("assistant", "6"))
-    t = Trajectory("t", (), (), (), 0, (Turn(0, 0, "stop", 0), Turn(0, 0, "stop", 0)), messages, (),
-                   StopReason.NO_TOOL_CALL)
+    t = trajectory(turns=[0.0, 0.0], messages=messages)
     prompt, completion = conversation(t)
     assert [m["content"] for m in prompt] == ["s", "2+2?", "4", "3+3?"]
     assert completion == [{"role": "assistant", "content": "<tool_call>..."},
@@ -150,6 +142,6 @@ async def test_combined_group_rewards_add_up():
         return [Reward(0.5, {"b": 2.0}) for _ in ts]
 
     both = combine_group_rewards(None, a, b, lambda task, ts: None)
-    out = await both({"id": "q"}, [traj(0.0), traj(0.0)])
+    out = await both({"id": "q"}, [trajectory(0.0), trajectory(0.0)])
     assert out == [Reward(1.5, {"b": 2.0})] * 2
     assert combine_group_rewards(None, a) is a and combine_group_rewards(None) is None

@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pytest
+from helpers import call_text, play_episode
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.gui import GuiEnv, check_task, load_tasks, make_env, mistake, solve
@@ -35,10 +36,6 @@ list "App permissions" rows 1-4 of 12, more below
   checkbox "Camera" [e56] unchecked
   checkbox "Contacts" [e84] unchecked
 button "Save" [e40] disabled"""
-
-
-def call(name, **arguments):
-    return '<tool_call>\n' + json.dumps({"name": name, "arguments": arguments}) + '\n</tool_call>'
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -140,10 +137,9 @@ def test_malformed_row_names_the_row_and_column(change, message):
 
 
 # -- episodes -----------------------------------------------------------------------------------
-async def play(scripted, renderer, task, script):
-    """An episode whose replies are `script(messages)`: text, or a Message like the solver's."""
-    async with GuiEnv(task) as env:
-        return await run_episode(env, scripted(script, on_messages=True), renderer, LIMITS, task["id"])
+async def gui_episode(scripted, renderer, task, script):
+    """The episode of `task` whose replies are `script(messages)`: text, or a Message like the solver's."""
+    return await play_episode(GuiEnv(task), scripted(script, on_messages=True), renderer, LIMITS, task["id"])
 
 
 def saves(reply) -> bool:
@@ -151,18 +147,18 @@ def saves(reply) -> bool:
 
 
 async def test_scripted_demonstration_earns_full_reward(scripted, renderer):
-    traj = await play(scripted, renderer, TASK, lambda m: solve(TASK, m, False))
+    traj = await gui_episode(scripted, renderer, TASK, lambda m: solve(TASK, m, False))
     replies = [m.content for m in traj.messages if m.role == "assistant"]
-    assert replies == [call("click", element="e51"), call("select", element="e93", option="16"),
-                       call("scroll", direction="down"), call("scroll", direction="down"),
-                       call("click", element="e21"), call("click", element="e40"), "done"]
+    assert replies == [call_text("click", element="e51"), call_text("select", element="e93", option="16"),
+                       call_text("scroll", direction="down"), call_text("scroll", direction="down"),
+                       call_text("click", element="e21"), call_text("click", element="e40"), "done"]
     assert traj.reward == 1.0 and traj.stop_reason is StopReason.NO_TOOL_CALL
     assert traj.reward_parts == {"solved": 1.0, "progress": 1.0, "unrelated_changes": 0.0, "unsaved_changes": 0.0,
                                  "actions": 6.0, "invalid_actions": 0.0}
     assert "Turn on dark mode" in traj.messages[1].content and TREE in traj.messages[1].content
     assert traj.messages[-2].content.startswith("Saved 3 changes.\npage \"Settings\" (all changes saved)")
     for task in load_tasks(6, seed=1) + load_tasks(3, seed=1, split="eval"):
-        traj = await play(scripted, renderer, task, lambda m, task=task: solve(task, m, False))
+        traj = await gui_episode(scripted, renderer, task, lambda m, task=task: solve(task, m, False))
         assert traj.reward == 1.0, (task["id"], traj.messages[-3:])
 
 
@@ -171,7 +167,7 @@ async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
         reply = solve(TASK, messages, False)
         return "done" if saves(reply) else reply
 
-    traj = await play(scripted, renderer, TASK, unsaved)
+    traj = await gui_episode(scripted, renderer, TASK, unsaved)
     assert traj.reward == 0.0
     assert traj.reward_parts == {"solved": 0.0, "progress": 0.0, "unrelated_changes": 0.0, "unsaved_changes": 3.0,
                                  "actions": 5.0, "invalid_actions": 0.0}
@@ -180,29 +176,29 @@ async def test_unsaved_or_unrelated_changes_earn_nothing(scripted, renderer):
 
     def also_renames(messages):  # the asked changes plus a new display name, all saved
         if not any("Display name is now" in m.content for m in messages):
-            return call("type", element="e19", text="Robin")
+            return call_text("type", element="e19", text="Robin")
         return solve(believes_robin, messages, False)
 
-    traj = await play(scripted, renderer, TASK, also_renames)
+    traj = await gui_episode(scripted, renderer, TASK, also_renames)
     assert traj.reward == 0.0
     assert traj.reward_parts == {"solved": 0.0, "progress": 1.0, "unrelated_changes": 1.0, "unsaved_changes": 0.0,
                                  "actions": 7.0, "invalid_actions": 0.0}
-    traj = await play(scripted, renderer, TASK, lambda p: "done")
+    traj = await gui_episode(scripted, renderer, TASK, lambda p: "done")
     assert traj.reward == 0.0 and traj.tool_calls == ()
 
 
 async def test_malformed_calls_get_error_messages_and_the_episode_goes_on(scripted, renderer):
     mistakes = ['<tool_call>\n{"name": "click", "arguments": {"element": "e51"}\n</tool_call>',  # bad JSON
-                call("tap", element="e51"),  # unknown tool
-                call("scroll", direction="left"),  # argument outside the enum
-                call("select", element="e93"),  # missing argument
-                call("click", element="e40")]  # Save is disabled
+                call_text("tap", element="e51"),  # unknown tool
+                call_text("scroll", direction="left"),  # argument outside the enum
+                call_text("select", element="e93"),  # missing argument
+                call_text("click", element="e40")]  # Save is disabled
 
     def script(messages):
         turn = sum(m.role == "assistant" for m in messages)
         return mistakes[turn] if turn < len(mistakes) else solve(TASK, messages, False)
 
-    traj = await play(scripted, renderer, TASK, script)
+    traj = await gui_episode(scripted, renderer, TASK, script)
     errors = [m.content for m in traj.messages if m.role == "tool"][:5]
     assert errors[0].startswith("Error: tool call 1: malformed JSON")
     assert errors[1] == "Error: unknown tool 'tap'; available tools: click, type, select, scroll"
@@ -232,7 +228,7 @@ async def test_slips_are_refused_or_set_back_and_the_task_is_still_solved(script
                         return reply
                 return solve(task, messages, False)
 
-            traj = await play(scripted, renderer, task, script)
+            traj = await gui_episode(scripted, renderer, task, script)
             assert slipped and traj.reward == 1.0, (task["id"], at, [m.content for m in traj.messages[-4:]])
             kind = "refused" if traj.reward_parts["invalid_actions"] == 1.0 else "set back"
             assert traj.reward_parts["invalid_actions"] == (kind == "refused")

@@ -14,8 +14,7 @@ import asyncio
 
 import pytest
 import torch
-from test_integration_vllm import EchoToolEnv
-from test_train_integration import LOGPROB_TOL, config, served_name_of, server_logprobs
+from helpers import LOGPROB_TOL, EchoToolEnv, served_name_of, server_config, server_logprobs
 
 from agent_rl import trainer
 from agent_rl.cli import main
@@ -81,7 +80,7 @@ def test_rollout_command(qwen_server, capsys):
 
 def test_two_grpo_steps_then_server_matches_trainer(tmp_path, qwen_server, qwen_renderer):
     run_dir = tmp_path / "run"
-    final = asyncio.run(trainer.train(config(qwen_server, run_dir, steps=2)))
+    final = asyncio.run(trainer.train(server_config(qwen_server, run_dir, steps=2)))
     assert final["train_tokens"] > 0
     adapter = run_dir / "adapters" / "v2"
     from peft import PeftModel

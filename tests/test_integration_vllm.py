@@ -10,10 +10,9 @@ import time
 
 import pytest
 import torch
-from conftest import until
+from helpers import EchoToolEnv, until
 
 from agent_rl.core.types import Message, StopReason
-from agent_rl.envs.base import Env, StepResult
 from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
@@ -23,24 +22,6 @@ from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
 from agent_rl.rollout.serving.vllm.server import VLLMServer
 
 pytestmark = pytest.mark.integration
-
-
-class EchoToolEnv(Env):
-    """Every assistant turn is answered by a tool message, for `turns` turns: multi-turn on any model."""
-
-    def __init__(self, turns: int = 3):
-        self.turns = turns
-
-    async def initial_messages(self):
-        return [Message("user", "Count with me.")]
-
-    async def step(self, reply, turn):
-        if turn + 1 >= self.turns:
-            return StepResult(done=True)
-        return StepResult(messages=(Message("tool", f"echo {turn}: {reply.content[:20]}", name="echo"),))
-
-    async def reward(self, messages):
-        return float(len(messages))
 
 
 async def test_token_in_token_out(vllm_server, renderer):
@@ -190,7 +171,7 @@ def test_kill_mid_rollout_gives_infra_errors_and_stop_leaves_nothing(tiny_dir, r
         async with VLLMSampler([server.url], retries=2, backoff_s=0.1, request_timeout_s=30) as sampler:
             os.killpg(pgid, signal.SIGSTOP)  # its listening socket still takes the connections
             job = asyncio.create_task(rollout_groups(tasks, CalculatorEnv, sampler, renderer, limits, 2))
-            await until(lambda: sampler.in_flight(server.url) == 8)
+            await until(lambda: sampler.in_flight(server.url) == 8, "8 requests in flight")
             await asyncio.sleep(0.2)  # their bytes written (one still being written fails the same way)
             os.killpg(pgid, signal.SIGKILL)  # the server dies with all of them in flight
             return await asyncio.wait_for(job, 60)

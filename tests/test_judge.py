@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from helpers import trajectory
 
 from agent_rl.config.file import load_config
-from agent_rl.core.types import Message, StopReason, Trajectory, Turn
+from agent_rl.core.types import Message, Trajectory, Turn
 from agent_rl.envs.dataset import RubricEnv
 from agent_rl.rewards.group import rubric_group_reward
 from agent_rl.rewards.judge import DEFAULT_PROMPT, NEUTRAL, LLMJudge, parse_ranking, rank_scores
@@ -172,8 +173,8 @@ async def test_the_judge_is_a_rubric_group_term(judge_server, scripted, renderer
 
 def finished(text: str) -> Trajectory:
     messages = (Message("user", "What is 2 + 2?"), Message("assistant", text))
-    return Trajectory("t", (1, 2), (0, 1), (0.0, -0.5), 1, (Turn(1, 2, "stop", 0),), messages, (),
-                      StopReason.NO_TOOL_CALL, float(text.endswith("4")), env="toy")
+    return trajectory(float(text.endswith("4")), ids=(1, 2), turns=[Turn(1, 2, "stop", 0)], messages=messages,
+                      env="toy")
 
 
 async def test_the_configs_judge_joins_a_sessions_group_rewards(judge_server, tmp_path, smol_dir, renderer):

@@ -6,46 +6,24 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import alive, mcp_over_http
 
 from agent_rl.core.types import Message, StopReason
 from agent_rl.envs.mcp_env import MCPEnv
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.tools.base import ToolLike, ToolResult, as_tools
-from agent_rl.tools.mcp import MCPStartError, close_shared, connect, mcp_server
+from agent_rl.tools.mcp import MCPStartError, connect, mcp_server
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_stray_servers")]
 TOY = [sys.executable, str(Path(__file__).with_name("mcp_toy_server.py"))]
 LIMITS = EpisodeLimits(max_turns=3, max_tokens_per_turn=256, max_total_tokens=4096)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_http_server(deadline_s: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """The toy server over streamable HTTP on a free port, once it accepts connections."""
-    port = free_port()
-    proc = subprocess.Popen([*TOY, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}/mcp"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    proc.wait(10)
-    raise RuntimeError(f"the toy MCP server did not listen on port {port} within {deadline_s:g} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -59,15 +37,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def http_url():
-    proc, url = start_http_server()
+    proc, url = mcp_over_http(TOY)
     yield url
     stop(proc)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_stray_servers():
-    yield
-    close_shared()
 
 
 @pytest.fixture(scope="module", params=["stdio", "http"])
@@ -77,14 +49,6 @@ async def toy(request, http_url):
     conn = await connect(mcp_server(target, name="toy", tool_timeout_s=1.0))
     yield {t.name: t for t in conn.tools}
     await conn.aclose()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def served(tools) -> tuple[int, int]:
@@ -172,7 +136,7 @@ async def test_crash_mid_call_answers_that_call_and_every_later_one():
 
 
 async def test_http_server_killed_mid_episode_gives_error_messages_not_a_hang():
-    proc, url = start_http_server()
+    proc, url = mcp_over_http(TOY)
     try:
         conn = await connect(mcp_server(url, name="toy-http", tool_timeout_s=5.0))
         tools = {t.name: t for t in conn.tools}

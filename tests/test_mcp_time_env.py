@@ -9,22 +9,15 @@ import pytest
 from agent_rl.core.types import Message, StopReason, ToolCall
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.tools.mcp import close_shared
 
 pytest.importorskip("mcp_server_time", reason="pip install 'agent-rl[mcp-time]'")
 from agent_rl.envs import mcp_time
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_stray_servers")]
 LIMITS = EpisodeLimits(max_turns=4, max_tokens_per_turn=256, max_total_tokens=4096)
 TOKYO_BOGOTA = {"id": "tb", "question": "When it is 09:30 in Tokyo (Asia/Tokyo), what time is it in Bogota "
                 "(America/Bogota)?", "answer": "19:30", "time": "09:30", "source": "Asia/Tokyo",
                 "target": "America/Bogota"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_stray_servers():
-    yield
-    close_shared()
 
 
 def test_conversions_by_hand():

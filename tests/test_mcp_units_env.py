@@ -4,47 +4,26 @@ calls, bad rows, and vLLM."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
+from helpers import mcp_over_http
 
 from agent_rl.core.types import StopReason
 from agent_rl.envs.mcp_units import SERVER_FILE, UnitsEnv, load_tasks, make_env, solve, units_module
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
-from agent_rl.tools.mcp import close_shared
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_stray_servers")]
 LIMITS = EpisodeLimits(max_turns=4, max_tokens_per_turn=256, max_total_tokens=4096)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_stray_servers():
-    yield
-    close_shared()
 
 
 @pytest.fixture(scope="module")
 def units_url():
     """The example server over streamable HTTP on a free port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(SERVER_FILE), "--http", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    end = time.monotonic() + 30
-    while proc.poll() is None and time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    proc, url = mcp_over_http([sys.executable, str(SERVER_FILE)])
     try:
-        assert proc.poll() is None and time.monotonic() < end, "the units server did not listen within 30 s"
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield url
     finally:
         proc.terminate()
         proc.wait(10)

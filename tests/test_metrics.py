@@ -3,15 +3,16 @@
 import dataclasses
 
 import pytest
+from helpers import trajectory
 
-from agent_rl.core.types import Segment, StopReason, ToolCallRecord, Trajectory, Turn
+from agent_rl.core.types import Segment, StopReason, ToolCallRecord, Turn
 from agent_rl.runs.metrics import lag_metrics, rollout_metrics
 
 
 def traj(calls=(), stop=StopReason.NO_TOOL_CALL, reward=0.0, n_tokens=10, sampled=4, turns=1):
-    mask = (0,) * (n_tokens - sampled) + (1,) * sampled
-    return Trajectory("t", (7,) * n_tokens, mask, (0.0,) * n_tokens, n_tokens - sampled,
-                      tuple(Turn(0, 1, "stop", 0) for _ in range(turns)), (), tuple(calls), stop, reward)
+    """`n_tokens` tokens, the last `sampled` of them sampled, in `turns` turns."""
+    return trajectory(reward, stop, ids=(7,) * n_tokens, prompt_len=n_tokens - sampled, logprobs=(0.0,) * n_tokens,
+                      turns=[0.0] * turns, calls=calls)
 
 
 def call(name, ok=True, latency=0.1):
@@ -57,9 +58,8 @@ def test_lag_counts_each_token_with_the_version_that_sampled_it():
     Tokens: 4 at lag 2, 4 at lag 1: mean 1.5, max 2, shares 1/2 each. By the turn's version (3) alone every
     token would be lag 2."""
     closed = Segment((1, 2, 3), (0, 1, 1), (0.0, -1.0, -1.0), (-1, 3, 3))
-    t = Trajectory("t", (7,) * 8, (0, 0, 1, 1, 1, 1, 1, 1), (0.0,) * 8, 2, (Turn(2, 8, "stop", 3),), (), (),
-                   StopReason.NO_TOOL_CALL, policy_version=3, segments=(closed,),
-                   versions=(-1, -1, 3, 3, 4, 4, 4, 4))
+    t = trajectory(ids=(7,) * 8, prompt_len=2, logprobs=(0.0,) * 8, turns=[Turn(2, 8, "stop", 3)], policy_version=3,
+                   segments=(closed,), versions=(-1, -1, 3, 3, 4, 4, 4, 4))
     assert lag_metrics([t], 5) == {"lag/mean": 1.5, "lag/max": 2.0, "lag/share_1": 0.5, "lag/share_2": 0.5}
     # versions not known (-1 on a sampled token): the trajectory's
     old = Segment((1, 2), (0, 1), (0.0, -1.0))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from helpers import trajectory
 
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
 from agent_rl.core.mixture import Mixture, load_mixture, schedule
 from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory, TrajectoryGroup
+from agent_rl.core.types import EPISODE_REWARD, StopReason, ToolCallRecord, TrajectoryGroup
 from agent_rl.evaluation.evaluate import eval_report
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits
@@ -137,30 +138,26 @@ async def test_a_mixture_plays_each_task_in_its_own_environment(scripted, render
     assert metrics["env/toy/reward_mean"] == pytest.approx(1 - 5 / 200)
 
 
-def traj(env: str, reward: float, tools: int = 0, stop=StopReason.NO_TOOL_CALL, parts=None) -> Trajectory:
-    from agent_rl.core.types import ToolCallRecord
-
-    calls = tuple(ToolCallRecord("calc", True, None, 0.1, 0) for _ in range(tools))
-    return Trajectory("t", (1, 2), (0, 1), (0.0, -0.5), 1, (), (), calls, stop, reward, parts or {}, env=env)
+CALC = ToolCallRecord("calc", True, None, 0.1, 0)  # one call that went well
 
 
 def test_env_metrics_by_hand():
-    ts = [traj("a", 1.0, tools=1), traj("a", 0.0), traj("a", 0.5, stop=StopReason.ERROR),
-          traj("b", 1.4, parts={EPISODE_REWARD: 0.9}), traj("b", 1.0, tools=2)]
+    ts = [trajectory(1.0, env="a", calls=[CALC]), trajectory(0.0, env="a"), trajectory(0.5, StopReason.ERROR, env="a"),
+          trajectory(1.4, env="b", reward_parts={EPISODE_REWARD: 0.9}), trajectory(1.0, env="b", calls=[CALC, CALC])]
     m = env_metrics(ts, success_threshold=1.0)
     assert m["env/a/rollouts"] == 3 and m["env/a/infra_error_rate"] == pytest.approx(1 / 3)
     assert m["env/a/reward_mean"] == 0.5 and m["env/a/accuracy"] == 0.5 and m["env/a/tool_use_rate"] == 0.5
     # accuracy is the episode's own reward: 0.9 before a group reward of 0.5 is not solved
     assert m["env/b/reward_mean"] == pytest.approx(1.2) and m["env/b/accuracy"] == 0.5
     assert m["env/b/tool_calls_per_traj"] == 1.0
-    assert env_metrics([traj("", 1.0)]) == {}  # one environment: no per-environment figures
+    assert env_metrics([trajectory(1.0)]) == {}  # one environment: no per-environment figures
     assert "env/a/rollouts" not in rollout_metrics(ts)  # only with a threshold (the trainer passes eval's)
 
 
 def test_eval_report_per_environment_by_hand():
-    groups = [TrajectoryGroup("a1", (traj("a", 1.0), traj("a", 0.0))),
-              TrajectoryGroup("a2", (traj("a", 0.0), traj("a", 0.0))),
-              TrajectoryGroup("b1", (traj("b", 1.0, tools=1), traj("b", 1.0)))]
+    groups = [TrajectoryGroup("a1", (trajectory(1.0, env="a"), trajectory(0.0, env="a"))),
+              TrajectoryGroup("a2", (trajectory(0.0, env="a"), trajectory(0.0, env="a"))),
+              TrajectoryGroup("b1", (trajectory(1.0, env="b", calls=[CALC]), trajectory(1.0, env="b")))]
     report = eval_report(groups)
     assert report["accuracy"] == pytest.approx(3 / 6)
     assert report["env/a/tasks"] == 2 and report["env/a/accuracy"] == 0.25 and report["env/a/pass@2"] == 0.5

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from test_train_integration import config, killed_after_step_2
+from helpers import killed_after_step_2, server_config
 
 from agent_rl import trainer
 
@@ -21,11 +21,11 @@ def lines(run_dir):
 
 def test_two_environments_mixed_resume_at_the_same_positions(tmp_path, vllm_server, monkeypatch):
     straight = tmp_path / "straight"
-    asyncio.run(trainer.train(config(vllm_server, straight, steps=3, **MIXED)))
+    asyncio.run(trainer.train(server_config(vllm_server, straight, steps=3, **MIXED)))
 
     killed = tmp_path / "killed"
-    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=3, **MIXED))
-    asyncio.run(trainer.train(config(vllm_server, killed, steps=3, **MIXED), resume=True))
+    killed_after_step_2(monkeypatch, server_config(vllm_server, killed, steps=3, **MIXED))
+    asyncio.run(trainer.train(server_config(vllm_server, killed, steps=3, **MIXED), resume=True))
 
     runs = lines(straight)
     # two tasks a step, one from each environment (weights 1:1), four rollouts each
@@ -53,7 +53,7 @@ def test_a_judge_on_the_runs_own_server_ranks_every_group(tmp_path, vllm_server)
     """The tiny model is no judge (its replies are empty): every group is scored neutral, with the reason
     logged, and the run trains on; the prompt and the cached replies are in the run directory."""
     run_dir = tmp_path / "judged"
-    final = asyncio.run(trainer.train(config(vllm_server, run_dir, steps=1, **{
+    final = asyncio.run(trainer.train(server_config(vllm_server, run_dir, steps=1, **{
         "judge.url": "run", "judge.weight": "0.5", "judge.max_tokens": "8"})))
     assert final["reward/judge"] == 0.5 and final["reward/judge_failed"] == 1.0
     assert final["reward_mean"] == pytest.approx(final["reward/episode_reward"] + 0.25)

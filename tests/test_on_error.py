@@ -1,5 +1,5 @@
 """The episode failure policy (`rollout.on_error`, `rollout.stream`): an environment that raises on its first
-attempt for some tasks, in the real loop and stream with tests/test_stream.py's scripted sampler. retry: every
+attempt for some tasks, in the real loop and stream with tests/helpers.py's scripted sampler. retry: every
 step's batch equals the unfaulted run's, token for token; drop_group: the groups with a failed episode are out
 of the update; keep: they train on their other episodes. Failures are counted by type (`error/<type>`)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_stream import TimedSampler, play, scripted_run, toy_tasks
+from helpers import TimedSampler, run_loop, scripted_run, total, toy_tasks
 
 FLAKY = {"t1", "t5"}  # their first environment raises as it starts; every later one works
 
@@ -30,14 +30,10 @@ def flaky(run):
 
 async def steps_of(tmp_path, smol_dir, renderer, *sets, faulty=True):
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12), "algorithm.max_staleness=0", *sets)
-    seen, lines = await play(flaky(run) if faulty else run, TimedSampler(renderer, lambda prompt: 0.001))
+    seen, lines = await run_loop(flaky(run) if faulty else run, TimedSampler(renderer, lambda prompt: 0.001))
     batches = [[(g.task_id, [(t.token_ids, t.reward, t.infra_error) for t in g.trajectories]) for g in groups]
                for groups in seen]
     return batches, lines
-
-
-def total(lines, key):
-    return sum(x.get(key, 0.0) for x in lines)
 
 
 async def test_retry_makes_every_batch_the_unfaulted_one(tmp_path, smol_dir, renderer):
@@ -78,7 +74,7 @@ async def test_retry_past_its_budget_drops_the_group(tmp_path, smol_dir, rendere
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12, slow=1), "algorithm.max_staleness=0", "run.steps=1",
                        "rollout.on_error=retry", "rollout.max_retries=1", "algorithm.max_resample_batches=0")
     fail = TimedSampler(renderer, lambda prompt: 0.001, fail=lambda prompt: "snails" in prompt)  # t1
-    seen, lines = await play(run, fail)
+    seen, lines = await run_loop(run, fail)
     assert [g.task_id for g in seen[0]] == ["t0", "t2"]
     assert lines[0]["error/SamplerError"] == 4 and lines[0]["error/retried"] == 2  # 2 episodes x (1 + 1 retry)
     assert lines[0]["error/dropped_groups"] == 1

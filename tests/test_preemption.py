@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import TimedSampler, run_loop, scripted_run, toy_tasks, until_sync
 
 from agent_rl.stopping import Preempted
 
@@ -32,11 +32,13 @@ def test_the_line_names_the_signal_the_step_and_how_to_go_on():
 
 
 def _wait_for(path: Path, lines: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while not (path.is_file() and len(path.read_text().splitlines()) >= lines):
-        assert proc.poll() is None, "the run ended before it could be signalled"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    """Until `path` has `lines` lines, written by the run `proc`."""
+
+    def written() -> bool:
+        return path.is_file() and len(path.read_text().splitlines()) >= lines
+
+    until_sync(lambda: written() or proc.poll() is not None, f"{lines} lines in {path.name}", 300)
+    assert written(), "the run ended before it could be signalled"
 
 
 @pytest.mark.parametrize(("signum", "when"), [(signal.SIGTERM, "update"), (signal.SIGUSR1, "sampling")])
@@ -94,11 +96,9 @@ def test_a_server_killed_ends_the_run_with_one_line_and_a_checkpoint(tmp_path):
 
 
 async def test_a_signal_before_the_first_step_ends_the_run_with_nothing_saved(tmp_path, smol_dir, renderer):
-    from test_stream import TimedSampler, play, scripted_run, toy_tasks
-
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12))
     run.stop.request(signal.SIGTERM)
     with pytest.raises(Preempted) as e:
-        await play(run, TimedSampler(renderer, lambda prompt: 0.001))
+        await run_loop(run, TimedSampler(renderer, lambda prompt: 0.001))
     assert str(e.value).startswith("preempted by SIGTERM after step 0 of 8 (no step completed, nothing saved)")
     assert not (tmp_path / "checkpoints").exists()

@@ -1,145 +1,20 @@
-"""Weight pushes while requests are in flight, against a stand-in vLLM server (aiohttp on localhost) whose
-"weights" are a version number: every token it samples has log-prob -version, so a token's log-prob says
-which weights sampled it, and the sampler's tag (`Completion.versions`) must say the same.
-
-The stand-in does what vLLM 0.32's endpoints do (read in its source: `entrypoints/rl/online/api_router.py`,
-`v1/engine/core.py` `pause_scheduler`, `v1/engine/output_processor.py` `abort_requests`): a paused server
-queues new requests; `/pause?mode=abort` ends every running request with the tokens it has and finish_reason
-"abort"; `/abort_requests` with no ids ends every request it holds, queued ones with no tokens;
-`/collective_rpc reload_weights` swaps the weights; `/resume` runs the queue. Its tokens are 100 + their
-position in the sequence, so a request continued from its partial output must come out as one unbroken run.
-The real server: tests/test_push_integration.py.
+"""Weight pushes while requests are in flight, against a stand-in vLLM server (tests/helpers.py's `StandInVLLM`:
+aiohttp on localhost, doing what vLLM's pause, abort, reload and resume endpoints do) whose "weights" are a version
+number: every token it samples has log-prob -version, so a token's log-prob says which weights sampled it, and the
+sampler's tag (`Completion.versions`) must say the same. The real server: tests/test_push_integration.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
-from aiohttp import web
-from conftest import until
+from helpers import SavesAFile, StandInVLLM, until
 
 from agent_rl.rollout.sampler import SamplingParams
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
-
-TOKEN_S = 0.004  # seconds per sampled token
-
-
-async def first_of(*events: asyncio.Event) -> None:
-    """Until one of `events` is set."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-
-
-class StandInVLLM:
-    """One stand-in server. `slow_prompt`: a request whose prompt starts with it takes `slow_s` to reach the
-    engine, or, with `slow_s=None`, reaches it only once a pause has come (a request still in transit then).
-    `hold_at`: a request that has sampled that many tokens waits (counted in `held`) until it is aborted or
-    `release` is set; a pause sets it. A test then knows where the requests are when its push comes, however
-    late a loaded machine runs it: a fixed sleep let requests end before the push, or start after it."""
-
-    def __init__(self, slow_prompt: int | None = None, slow_s: float | None = 0.0, hold_at: int | None = None):
-        self.weights, self.paused, self.url = 1, False, ""
-        self.adapters: set[str] = set()
-        self.calls: list[str] = []
-        self.running: dict[int, asyncio.Event] = {}  # request -> its abort flag
-        self.resumed = asyncio.Event()
-        self.resumed.set()
-        self.slow_prompt, self.slow_s = slow_prompt, slow_s
-        self.hold_at, self.held = hold_at, 0
-        self.release, self.pause_came = asyncio.Event(), asyncio.Event()
-        self.served: list[tuple[tuple[int, ...], str, int]] = []  # (prompt, model, tokens) of each request
-
-    def version_of(self, model: str) -> int:
-        return int(model.rsplit("-v", 1)[1]) if "-v" in model else self.weights
-
-    async def completions(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        prompt, model = body["prompt"], body["model"]
-        if self.slow_prompt is not None and prompt[0] == self.slow_prompt:
-            await (self.pause_came.wait() if self.slow_s is None else asyncio.sleep(self.slow_s))
-        abort = asyncio.Event()
-        key = id(abort)
-        self.running[key] = abort
-        ids: list[int] = []
-        lps: list[float] = []  # each token's, from the weights that sampled it
-        finish = "length"
-        try:
-            while not self.resumed.is_set() and not abort.is_set():  # paused: queued
-                await asyncio.wait([asyncio.ensure_future(self.resumed.wait()),
-                                    asyncio.ensure_future(abort.wait())], return_when=asyncio.FIRST_COMPLETED)
-            while len(ids) < body["max_tokens"] and not abort.is_set():
-                if len(ids) == self.hold_at and not self.release.is_set():
-                    self.held += 1
-                    await first_of(self.release, abort)
-                    self.held -= 1
-                    continue
-                await asyncio.sleep(TOKEN_S)
-                if not abort.is_set():
-                    ids.append(100 + len(prompt) + len(ids))
-                    lps.append(-float(self.version_of(model)))
-            if abort.is_set():
-                finish = "abort"
-        finally:
-            del self.running[key]
-        self.served.append((tuple(prompt), model, len(ids)))
-        return web.json_response({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": lps},
-                                               "finish_reason": finish, "prompt_token_ids": prompt}]})
-
-    async def control(self, request: web.Request) -> web.Response:
-        path = request.path_qs
-        self.calls.append(path)
-        body = await request.json() if request.can_read_body else {}
-        if path == "/pause?mode=abort":
-            self.paused = True
-            self.resumed.clear()
-            for flag in self.running.values():
-                flag.set()
-            self.release.set()
-            self.pause_came.set()
-        elif path == "/abort_requests":
-            for flag in self.running.values():
-                flag.set()
-        elif path == "/collective_rpc":
-            self.weights = int(Path(body["kwargs"]["weights_path"]).name.removeprefix("v"))
-        elif path == "/resume":
-            self.paused = False
-            self.resumed.set()
-        elif path == "/v1/load_lora_adapter":
-            self.adapters.add(body["lora_name"])
-        elif path == "/v1/unload_lora_adapter":
-            self.adapters.discard(body["lora_name"])
-        return web.json_response({})
-
-    def routes(self, app: web.Application) -> None:
-        """What the stand-in answers (a subclass adds its own before these: the last is a catch-all)."""
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/{path:.*}", self.control)
-
-    async def __aenter__(self) -> StandInVLLM:
-        app = web.Application()
-        self.routes(app)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
-
-
-class SavesAFile:
-    def save_pretrained(self, folder, safe_serialization: bool) -> None:
-        (folder / "model.safetensors").write_text("weights")
 
 
 def assert_tagged_by_what_sampled(out, prompt: list[int], n: int) -> None:
@@ -159,7 +34,7 @@ async def test_a_push_of_full_weights_aborts_requests_in_flight_and_they_go_on_u
         prompts = [[i, 7, 7] for i in range(8)]
         tasks = [asyncio.ensure_future(sampler.sample(p, SamplingParams(max_tokens=40, seed=i)))
                  for i, p in enumerate(prompts)]
-        await until(lambda: server.held == 8)
+        await until(lambda: server.held == 8, "8 requests held at their 12th token")
         await sync.push(SavesAFile(), 2)
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     for p, out in zip(prompts, outs):
@@ -180,7 +55,8 @@ async def test_a_request_that_reaches_the_server_during_the_pause_is_swept_not_m
     async with StandInVLLM(slow_prompt=42, slow_s=None) as server, VLLMSampler([server.url]) as sampler:
         sampler.set_policy("base", 1)
         late = asyncio.ensure_future(sampler.sample([42, 7], SamplingParams(max_tokens=10, seed=0)))
-        await until(lambda: sampler.in_flight(server.url) == 1)  # sent; it reaches the engine after the pause
+        # sent; it reaches the engine after the pause
+        await until(lambda: sampler.in_flight(server.url) == 1, "the late request sent")
         await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
         out = await asyncio.wait_for(late, 10)
     assert_tagged_by_what_sampled(out, [42, 7], 10)
@@ -199,7 +75,7 @@ async def test_an_adapter_push_leaves_requests_in_flight_on_their_own_version(tm
         write = SavesAFile()
         await sync.push(write, 1)
         long = asyncio.ensure_future(sampler.sample([1, 2], SamplingParams(max_tokens=60, seed=0)))
-        await until(lambda: server.held == 1)
+        await until(lambda: server.held == 1, "the request held at its 10th token")
         assert sampler.in_flight(model="p-v1") == 1
         await sync.push(write, 2)
         await sync.push(write, 3)

@@ -236,7 +236,7 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
     (tests/go_on_env.py): the run ends; both servers sampled trained turns; every trained token is at most 2
     versions old and some episodes span a push; and each sampled token's log-prob, whichever server sampled it, is
     the trainer's under the weights of the version it is tagged with (recorded at each push), not the next one's."""
-    from test_train_integration import config
+    from helpers import server_config
 
     from agent_rl import trainer
     from agent_rl.learn.advantages import group_advantages
@@ -277,7 +277,7 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
         return adv
 
     monkeypatch.setattr(sampler_module, "response_completion", recording)
-    cfg = config(vllm_server, tmp_path, steps=4, **{
+    cfg = server_config(vllm_server, tmp_path, steps=4, **{
         "sampler.server_urls": f"[{vllm_server.url},{dev_server.url}]", "model.sync": "adapter",
         "rollout.env": "go_on_env", "rollout.max_turns": "3", "rollout.max_total_tokens": "256",
         "algorithm.max_staleness": "2", "optim.lr": "0.05", "run.trace_groups": "0"})

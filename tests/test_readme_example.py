@@ -18,18 +18,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from doc_pages import ROOT, marked_block, page_with
+from doc_pages import ROOT, marked_block, page_with, readme_commands
+from helpers import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN
 
 from agent_rl.core.types import StopReason
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.traces import read_traces
 
-AGENT_RL = Path(sys.executable).parent / "agent-rl"
 FILES = {"env": "my_env.py", "dataset": "my_dataset_env.py", "agent": "my_agent.py"}
 
 
@@ -135,11 +134,6 @@ async def test_readme_agent_is_token_identical_to_the_native_calculator(tmp_path
         assert a.reward == (0.0 if a.task_id in wrong else 1.0) and [c.ok for c in a.tool_calls] == [True]
 
 
-def readme_commands(name: str) -> list[str]:
-    """The command lines of the `commands:<name>` block (README.md or docs/), comments dropped."""
-    return [re.sub(r"\s+# .*$", "", line) for line in marked_block("commands", name).splitlines() if line.strip()]
-
-
 def in_fresh_folder(tmp_path: Path, name: str, line: str, timeout_s: float) -> subprocess.CompletedProcess:
     """Save the documented `name` example under its file name in an empty folder and run `line` there."""
     folder = tmp_path / name
@@ -164,12 +158,6 @@ def test_readme_play_lines_run_as_written_in_a_fresh_folder(tmp_path, smol_dir, 
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["reward"] == 1.0 and summary["stop_reason"] == "no_tool_call"
     assert [c["ok"] for c in summary["tool_calls"]] == [True]
-
-
-SMALL_ROLLOUT = "--tasks 1 --group-size 2 --max-tokens 24 --max-turns 2"
-SMALL_TRAIN = ("--set run.steps=1 --set rollout.tasks_per_step=1 --set rollout.group_size=2 --set rollout.max_turns=2 "
-               "--set rollout.max_tokens_per_turn=24 --set rollout.max_total_tokens=1024 --set run.tensorboard=false "
-               "--set model.lora_rank=4 --set model.lora_alpha=8 --set sampler.max_model_len=2048")
 
 
 @pytest.mark.integration

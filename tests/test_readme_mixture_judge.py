@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from doc_pages import ROOT, marked_block, page_with
-from test_readme_example import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, readme_commands
+from doc_pages import ROOT, marked_block, page_with, readme_commands
+from helpers import AGENT_RL, SMALL_ROLLOUT, SMALL_TRAIN, trajectory
 
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError
@@ -92,16 +92,10 @@ async def test_the_failures_the_judge_table_lists_are_the_lines_a_reader_sees(mo
         with pytest.raises(ValueError) as info:
             open_session(load_config(None, overrides))
         assert f"`error: {info.value}`, at start" == row
-    out = await score_group(lambda task, ts: [1.0] * 3, {"id": "q"}, [failed_free_trajectory()] * 4, 5)
+    out = await score_group(lambda task, ts: [1.0] * 3, {"id": "q"}, [trajectory()] * 4, 5)
     assert f"`{out[0].error}`" in rows[3]
     reply = LLMJudge("http://unused")._neutral(4, "its reply ranks no permutation of answers 1..4: 'I like them all'")
     assert f"`judge: {reply.reason}; its group of 4 answers scores 0.5 each`" in rows[0]
-
-
-def failed_free_trajectory():
-    from agent_rl.core.types import StopReason, Trajectory
-
-    return Trajectory("t", (), (), (), 0, (), (), (), StopReason.NO_TOOL_CALL)
 
 
 @pytest.mark.integration

@@ -4,7 +4,7 @@ every weight under full fine-tuning, never the base model behind a trained adapt
 from __future__ import annotations
 
 import torch
-from test_update import config, make_batch
+from helpers import make_batch, tiny_config
 
 from agent_rl.learn.logprobs import Scoring, token_logprobs
 from agent_rl.learn.policy import (
@@ -38,7 +38,7 @@ def logprobs(model, batch):
 
 def test_a_run_from_a_saved_adapter_keeps_that_adapter_as_its_reference(tiny_dir, tmp_path):
     start = saved_adapter(tiny_dir, tmp_path / "sft")
-    cfg = config(tiny_dir, **{"model.init_adapter": str(start), "algorithm.kl_beta": 0.1,
+    cfg = tiny_config(tiny_dir, **{"model.init_adapter": str(start), "algorithm.kl_beta": 0.1,
                               "algorithm.mini_batches": 2})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=True)
     assert isinstance(policy.reference, SavedAdapter)
@@ -66,13 +66,13 @@ def test_a_run_from_a_saved_adapter_keeps_that_adapter_as_its_reference(tiny_dir
 def test_the_first_step_from_a_saved_adapter_has_no_kl(tiny_dir, tmp_path):
     """Before this was fixed the reference was the base model: KL > 0 from the first token."""
     start = saved_adapter(tiny_dir, tmp_path / "sft")
-    cfg = config(tiny_dir, **{"model.init_adapter": str(start), "algorithm.kl_beta": 0.1})
+    cfg = tiny_config(tiny_dir, **{"model.init_adapter": str(start), "algorithm.kl_beta": 0.1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=True)
     assert policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0)["kl"] == 0.0
 
 
 def test_full_fine_tuning_with_a_kl_term_keeps_a_frozen_copy(tiny_dir):
-    cfg = config(tiny_dir, **{"model.full_finetune": "true", "algorithm.kl_beta": 0.1,
+    cfg = tiny_config(tiny_dir, **{"model.full_finetune": "true", "algorithm.kl_beta": 0.1,
                               "algorithm.mini_batches": 2, "optim.lr": 1e-3})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=True)
     assert isinstance(policy.reference, FrozenCopy)

@@ -3,7 +3,7 @@ the sampler sends it nothing and, with every server down, waits; a request whose
 `ServerLost` at once (no retry of its own); the rollout stream replays that episode with its own seeds whatever
 `rollout.on_error` says, free of `max_retries` and of the failure counts; a weight push leaves a server that is
 down (or goes down during the push) out, and `restore` then gives it every version the others hold, after the
-push under way. Stand-in vLLM servers: tests/test_push_in_flight.py's, which also list their adapters here."""
+push under way. Stand-in vLLM servers: tests/helpers.py's `StandInVLLM`, which also list their adapters here."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from conftest import until
-from test_on_error import total
-from test_push_in_flight import SavesAFile, StandInVLLM
-from test_stream import TimedSampler, play, scripted_run
+from helpers import SavesAFile, StandInVLLM, TimedSampler, run_loop, scripted_run, total, until
 
 from agent_rl.rollout.sampler import SamplerError, SamplingParams, ServerLost
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
@@ -25,12 +22,14 @@ from agent_rl.rollout.weight_sync.full import FullWeightSync
 
 
 class Gate:
-    """Servers in `down` take no request; `lost(url)` says whether `url` is down (recording each call)."""
+    """Servers in `down` take no request; `lost(url)` says whether `url` is down (recording each call); `waiting`
+    counts the requests waiting for a server to come up."""
 
     def __init__(self) -> None:
         self.down: set[str] = set()
         self.asked: list[str] = []
         self.changed = asyncio.Event()
+        self.waiting = 0
 
     def is_up(self, url: str) -> bool:
         return url not in self.down
@@ -40,10 +39,13 @@ class Gate:
         self.changed.set()
 
     async def wait_up(self, timeout_s: float) -> None:
+        self.waiting += 1
         try:
             await asyncio.wait_for(self.changed.wait(), timeout_s)
         except TimeoutError:
             raise SamplerError("no server up") from None
+        finally:
+            self.waiting -= 1
 
     async def lost(self, url: str) -> bool:
         self.asked.append(url)
@@ -84,7 +86,7 @@ async def test_requests_go_only_to_servers_that_are_up_and_wait_when_none_is():
         assert len(a.served) == 6 and b.served == []
         gate.down.add(a.url)
         waiting = asyncio.ensure_future(sampler.sample([1, 2, 3], PARAMS))
-        await asyncio.sleep(0.1)
+        await until(lambda: gate.waiting == 1, "the request waiting for a server")
         assert not waiting.done() and len(a.served) + len(b.served) == 6  # nothing sent while every server is down
         gate.set_up(b.url)
         assert len((await asyncio.wait_for(waiting, 5.0)).token_ids) == 3 and len(b.served) == 1
@@ -133,7 +135,7 @@ async def test_an_episode_whose_server_died_is_replayed_whatever_on_error_says(p
     def steps(run_dir, sampler, *sets):
         tasks = [{"id": f"t{i}", "topic": "snails" if i in (1, 5) else "cats"} for i in range(12)]
         run = scripted_run(run_dir, smol_dir, renderer, tasks, "algorithm.max_staleness=0", *sets)
-        return play(run, sampler)
+        return run_loop(run, sampler)
 
     clean, _ = await steps(tmp_path / "clean", TimedSampler(renderer, lambda prompt: 0.001))
     lost, lines = await steps(tmp_path / policy, LosesServers(renderer, {"snails"}), f"rollout.on_error={policy}",
@@ -201,9 +203,10 @@ async def test_a_restore_waits_for_the_push_under_way_and_brings_its_version(tmp
         b.adapters.clear()
         a.loads_wait_for, a.loading = asyncio.Event(), asyncio.Event()  # the push's load on the server that is up waits
         push = asyncio.ensure_future(sync.push(SavesAFile(), 1))
-        await until(a.loading.is_set)  # the push holds the servers' lock (it wrote v1 first, in a thread)
+        # the push holds the servers' lock (it wrote v1 first, in a thread)
+        await until(a.loading.is_set, "the push's adapter load on the server that is up")
         restore = asyncio.ensure_future(sync.restore(b.url))  # read now, the versions loaded would lack v1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a window in which a restore that did not wait for the push would end
         assert not restore.done() and not push.done()
         a.loads_wait_for.set()
         await asyncio.wait_for(restore, 10)

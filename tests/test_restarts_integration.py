@@ -66,17 +66,27 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _left_in(groups: list[int]) -> list[int]:
-    """Processes still in any of `groups` (killed, so that a failure leaves nothing behind)."""
-    left = []
+def _in(groups: list[int]) -> list[int]:
+    """The live processes (zombies left out) in any of `groups`."""
+    found = []
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if int(stat[2]) in groups and stat[0] != "Z":
-            left.append(int(p))
-            os.kill(int(p), signal.SIGKILL)
+            found.append(int(p))
+    return found
+
+
+def _left_in(groups: list[int], within_s: float = 1.0) -> list[int]:
+    """Processes still in any of `groups` once `within_s` has passed for them to end, the wait over as soon as
+    none is left (killed, so that a failure leaves nothing behind)."""
+    deadline = time.monotonic() + within_s
+    while (left := _in(groups)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in left:
+        os.kill(p, signal.SIGKILL)
     return left
 
 
@@ -116,7 +126,6 @@ def test_a_server_killed_in_step_2_comes_back_and_the_run_ends_as_one_nobody_tou
     assert _trained_tokens(killed) == _trained_tokens(untouched)  # every trajectory of every step
     ours, theirs = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (killed, untouched))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    time.sleep(1)
     assert len(_killed(killed)) == 1 and _left_in(_killed(killed)) == []  # the engine it left behind was stopped
     restarted = sorted(set(_servers(killed)) - set(_killed(killed)))
     assert len(restarted) == 1 and _left_in(restarted) == [], "the restarted server outlived the run"
@@ -134,7 +143,6 @@ def test_past_its_restart_budget_the_run_checkpoints_and_stops_with_one_line(tmp
     assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000001"  # written at the stop
     assert len(_metrics(run_dir)) == 1, done.stderr[-3000:]  # step 2 was abandoned while it sampled
-    time.sleep(1)
     groups = _killed(run_dir)
     assert len(groups) == 1 and _left_in(groups) == [], "the run's server outlived it"
 

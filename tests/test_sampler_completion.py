@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from test_push_in_flight import StandInVLLM
+from helpers import StandInVLLM
 
 from agent_rl.core.types import Message
 from agent_rl.rollout.sampler import SamplerError, SamplingParams

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from conftest import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
+from helpers import REQUIRE_DOCKER, deadline_slack_s, docker_or_skip
 
 from agent_rl.tools.base import Tool
 from agent_rl.tools.python_tool import PythonSessionTool, PythonTool
@@ -268,6 +268,8 @@ async def test_cancelled_session_call_kills_and_reports_lost_state(backend):
     async with backend.session() as session:
         await session.run("x = 1")
         call = asyncio.ensure_future(session.run("import time; time.sleep(30)"))
+        # time for the code to reach the sandbox (nothing outside says when it runs); a cancel before that loses
+        # the session's state all the same, so a late start makes the test no less right
         await asyncio.sleep(0.3)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):

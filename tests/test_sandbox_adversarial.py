@@ -16,7 +16,7 @@ import socket
 import tempfile
 
 import pytest
-from conftest import deadline_slack_s, docker_or_skip
+from helpers import deadline_slack_s, docker_or_skip
 
 from agent_rl.tools.sandbox import Limits
 from agent_rl.tools.sandbox_bwrap import BwrapBackend, shared_pool

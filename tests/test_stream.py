@@ -12,43 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import here
+from helpers import FAST_S, TimedSampler, run_loop, scripted_run, slow_snails, toy_tasks, until, until_sync
 
-from agent_rl import trainer
 from agent_rl.config.file import load_config
-from agent_rl.learn.advantages import group_advantages
-from agent_rl.learn.policy import Policy
 from agent_rl.rollout.players import RequestMeter
-from agent_rl.rollout.runner import EpisodeLimits
-from agent_rl.rollout.sampler import Completion, SamplerError
-from agent_rl.runs.runlog import RunLogger
-from agent_rl.session import Session, env_of
-
-FAST_S = 0.01  # one request of an ordinary task; "snails" takes 10x that
-
-
-def slow_snails(prompt: str) -> float:
-    return 10 * FAST_S if "snails" in prompt else FAST_S
-
-
-class TimedSampler:
-    """Replies "a" x (1 + seed mod 29) after `delay(prompt text)` seconds, tagged with the version served now."""
-
-    def __init__(self, renderer, delay, fail=lambda prompt: False):
-        self.renderer, self.delay, self.fail, self.policy_version = renderer, delay, fail, 0
-
-    async def sample(self, prompt_ids, params, messages=()):
-        prompt = self.renderer.render_text(prompt_ids)
-        await asyncio.sleep(self.delay(prompt))
-        if self.fail(prompt):
-            raise SamplerError("server down")
-        ids = [*self.renderer.encode_reply("a" * (1 + params.seed % 29)), self.renderer.stop_token_ids[0]]
-        return Completion(tuple(ids), (-0.5,) * len(ids), "stop", self.policy_version)
+from agent_rl.session import env_of
 
 
 class SnailsAfter(TimedSampler):
@@ -60,62 +31,8 @@ class SnailsAfter(TimedSampler):
 
     async def sample(self, prompt_ids, params, messages=()):
         if "snails" in self.renderer.render_text(prompt_ids):
-            deadline = time.monotonic() + 30
-            while self.policy_version < self.after:
-                assert time.monotonic() < deadline, f"version {self.after} was never served"
-                await asyncio.sleep(0.005)
+            await until(lambda: self.policy_version >= self.after, f"version {self.after} served")
         return await super().sample(prompt_ids, params, messages)
-
-
-class VersionSync:
-    """A push makes the servers sample with the new version, and the episodes in flight go on."""
-
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    async def push(self, model, version):
-        self.sampler.policy_version = version
-        return 0.0
-
-    async def finish(self):
-        pass
-
-
-def scripted_run(tmp_path, smol_dir, renderer, tasks, *sets: str) -> trainer.Run:
-    env = [] if any(x.startswith("rollout.envs=") for x in sets) else ["rollout.env=toy"]
-    cfg = load_config(None, [*env, "rollout.tasks_per_step=3", "rollout.group_size=2",
-                             "rollout.max_turns=1", "run.steps=8", "run.seed=3", f"run.run_dir={tmp_path}",
-                             "run.save_every=100", "run.tensorboard=false", "run.trace_groups=0", *sets])
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    policy = Policy(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
-    return trainer.Run(cfg, tmp_path, Session(cfg, smol_dir, renderer, env_of(cfg)), policy, trainer.TaskStream(tasks),
-                       EpisodeLimits.from_config(cfg.rollout))
-
-
-async def play(run, sampler, train_s: float = 0.005, players=None):
-    """The loop, its episodes played by `players` (default: here, through `sampler`); returns each step's groups
-    (as the advantage stage got them) and its metrics."""
-    seen = []
-
-    def advantages(groups, advantage_fn, credit):
-        seen.append(groups)
-        return group_advantages(groups, advantage_fn, credit)
-
-    def update(policy, batch, algo, optim, temperature, seed, version):
-        time.sleep(train_s)
-        policy.optimizer.step()  # no gradients: nothing moves (the loop steps the schedule after it)
-        return {"loss": 0.0}
-
-    with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, players or here(run, sampler), VersionSync(sampler), log, stages)
-    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return seen, lines
-
-
-def toy_tasks(n: int, slow: int | None = None) -> list[dict]:
-    return [{"id": f"t{i}", "topic": "snails" if i == slow else "cats"} for i in range(n)]
 
 
 @pytest.mark.parametrize("staleness", [1, 2, 4])
@@ -124,7 +41,7 @@ async def test_a_task_10x_slower_is_trained_and_no_token_is_more_than_k_versions
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12, slow=4), f"algorithm.max_staleness={staleness}")
     # at k >= 2 the slow task's first request ends only once step 1 went on without it (version 2 served): at
     # 0.1 s, a step 0 slow by ~0.09 s would have let step 1 take it
-    seen, lines = await play(run, SnailsAfter(2 if staleness >= 2 else 0, renderer, slow_snails))
+    seen, lines = await run_loop(run, SnailsAfter(2 if staleness >= 2 else 0, renderer, slow_snails))
     trained = [g.task_id for groups in seen for g in groups]
     # 8 steps x 3 slots, slot n given task n mod 12: every task twice, the slow one included (not starved)
     assert sorted(trained) == sorted(f"t{i % 12}" for i in range(24))
@@ -145,7 +62,7 @@ async def test_sampling_one_step_ahead_at_k_2_lowers_the_lag_and_still_trains_th
     for ahead in ("2", "1"):  # the default (SkyRL's rule), then one step ahead
         run = scripted_run(tmp_path / ahead, smol_dir, renderer, toy_tasks(12, slow=4), "algorithm.max_staleness=2",
                            f"algorithm.sample_ahead={ahead}")
-        seen, lines = await play(run, TimedSampler(renderer, slow_snails))
+        seen, lines = await run_loop(run, TimedSampler(renderer, slow_snails))
         assert sorted(g.task_id for groups in seen for g in groups) == sorted(f"t{i % 12}" for i in range(24))
         lags = [step - turn.policy_version for step, groups in enumerate(seen) for g in groups
                 for t in g.trajectories for turn in t.turns]
@@ -156,7 +73,7 @@ async def test_sampling_one_step_ahead_at_k_2_lowers_the_lag_and_still_trains_th
 
 async def test_staleness_0_has_no_lag_and_the_trainer_waits_for_the_slow_task(tmp_path, smol_dir, renderer):
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12, slow=4), "run.steps=3")
-    seen, lines = await play(run, TimedSampler(renderer, slow_snails))
+    seen, lines = await run_loop(run, TimedSampler(renderer, slow_snails))
     assert [[g.task_id for g in groups] for groups in seen] == [["t0", "t1", "t2"], ["t3", "t4", "t5"],
                                                                ["t6", "t7", "t8"]]
     assert {x["lag/max"] for x in lines} == {0.0} and {x["lag/share_0"] for x in lines} == {1.0}
@@ -171,7 +88,7 @@ async def test_a_group_without_signal_gives_its_slot_to_the_next_task(tmp_path, 
     run = scripted_run(tmp_path, smol_dir, renderer, tasks, "rollout.env=half_flat_env", "run.steps=4",
                        "algorithm.max_staleness=2", "algorithm.dynamic_sampling=true",
                        "algorithm.max_resample_batches=1")
-    seen, lines = await play(run, TimedSampler(renderer, lambda prompt: FAST_S))
+    seen, lines = await run_loop(run, TimedSampler(renderer, lambda prompt: FAST_S))
     trained = [int(g.task_id.split("-")[1]) for groups in seen for g in groups]
     assert len(trained) == 12 == len(set(trained))  # 4 steps x 3 slots, no task twice
     assert sum(x["resample_batches"] for x in lines) >= 1 and max(trained) >= 12  # refills took more tasks
@@ -185,7 +102,7 @@ async def test_a_group_lost_to_infrastructure_errors_is_retried_with_the_next_ta
     tasks = toy_tasks(12, slow=1)  # task t1's episodes all fail: its server is "down"
     run = scripted_run(tmp_path, smol_dir, renderer, tasks, "run.steps=2", "algorithm.max_resample_batches=1")
     sampler = TimedSampler(renderer, lambda prompt: FAST_S, fail=lambda prompt: "snails" in prompt)
-    seen, lines = await play(run, sampler)
+    seen, lines = await run_loop(run, sampler)
     # step 0's slots hold t0, t1, t2; t1's group is lost and its slot goes to the next task, t3
     assert [[g.task_id for g in groups] for groups in seen] == [["t0", "t2", "t3"], ["t4", "t5", "t6"]]
     assert [x["resample_batches"] for x in lines] == [1.0, 0.0]
@@ -202,7 +119,7 @@ async def test_a_group_reward_is_scored_once_when_its_group_has_ended(tmp_path, 
 
     run = scripted_run(tmp_path, smol_dir, renderer, toy_tasks(12), "run.steps=2", "algorithm.max_staleness=1")
     run.session = replace(run.session, env=replace(run.session.env, group_reward=group_reward))
-    seen, _ = await play(run, TimedSampler(renderer, lambda prompt: FAST_S))
+    seen, _ = await run_loop(run, TimedSampler(renderer, lambda prompt: FAST_S))
     assert sorted(calls) == [(f"t{i}", 2) for i in range(6)]  # each of the 6 groups once, with its 2 episodes
     assert all(t.reward_parts.get("episode_reward") is not None for groups in seen for g in groups
                for t in g.trajectories)
@@ -215,7 +132,7 @@ async def test_a_mixture_streams_each_task_to_its_own_environment(tmp_path, smol
     cfg = load_config(None, sets)
     tasks = env_of(cfg).load_tasks(40, seed=3, split="train")
     run = scripted_run(tmp_path, smol_dir, renderer, tasks, *sets)
-    seen, lines = await play(run, TimedSampler(renderer, lambda prompt: FAST_S))
+    seen, lines = await run_loop(run, TimedSampler(renderer, lambda prompt: FAST_S))
     trained = [g.task_id for groups in seen for g in groups]
     assert sorted(trained) == sorted(t["id"] for t in tasks[:12]) and len(set(trained)) == 12
     assert [t["env"] for t in tasks[:4]] == ["toy", "half_flat_env", "toy", "half_flat_env"]
@@ -271,11 +188,12 @@ def test_resume_after_a_sigkill_trains_every_task_once(tmp_path):
 
     proc = subprocess.Popen([*worker, str(killed)])
     latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 300
-    while not (latest.is_file() and latest.read_text().strip() >= "step-000002"):
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+
+    def step_2_saved() -> bool:
+        return latest.is_file() and latest.read_text().strip() >= "step-000002"
+
+    until_sync(lambda: step_2_saved() or proc.poll() is not None, "the run's step-2 checkpoint", 300)
+    assert step_2_saved(), "the run ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     kept = int(latest.read_text().strip().removeprefix("step-"))

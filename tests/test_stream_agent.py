@@ -5,10 +5,8 @@ its replies with while the agents' episodes go on."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from test_stream import play, scripted_run
+from helpers import run_loop, scripted_run, until
 
 openai = pytest.importorskip("openai", reason="agents are written with the openai client (pip install -e '.[agent]')")
 
@@ -35,8 +33,8 @@ class PushBetweenTurns(ScriptedSampler):
     async def sample(self, prompt_ids, params, messages=()):
         question = messages[1].content
         if question in self.slow and any(m.role == "tool" for m in messages):
-            while self.policy_version <= self.first_turn_at[question]:
-                await asyncio.sleep(0.005)
+            first = self.first_turn_at[question]
+            await until(lambda: self.policy_version > first, f"a push after the first turn of {question!r}")
         elif question in self.slow:
             self.first_turn_at[question] = self.policy_version
         return await super().sample(prompt_ids, params, messages)
@@ -46,7 +44,7 @@ async def test_an_agent_episode_goes_on_through_a_push_token_exact(tmp_path, smo
     tasks = calculator.load_tasks(12)
     run = scripted_run(tmp_path, smol_dir, renderer, tasks, "rollout.env=agent_rl.envs.calculator_agent",
                        "rollout.max_turns=4", "run.steps=4", "algorithm.max_staleness=2")
-    seen, _ = await play(run, PushBetweenTurns(renderer, tasks), train_s=0.02)
+    seen, _ = await run_loop(run, PushBetweenTurns(renderer, tasks), train_s=0.02)
     trajs = [(step, t) for step, groups in enumerate(seen) for g in groups for t in g.trajectories]
     # 4 steps x 3 slots, one task each: every task trained once, the slow ones too
     assert sorted(g.task_id for groups in seen for g in groups) == sorted(str(t["id"]) for t in tasks)

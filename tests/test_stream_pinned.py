@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import here
+from helpers import VersionSync, here
 
 from agent_rl import trainer
 from agent_rl.config.file import load_config
@@ -57,18 +57,6 @@ class SeededSampler:
         ids = [*self.renderer.encode_reply("a" * (1 + params.seed % 29)), self.renderer.stop_token_ids[0]]
         await asyncio.sleep(0)
         return Completion(tuple(ids), tuple([-(1 + params.seed % 7) / 8] * len(ids)), "stop", self.policy_version)
-
-
-class VersionSync:
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    async def push(self, model, version):
-        self.sampler.policy_version = version
-        return 0.0
-
-    async def finish(self):
-        pass
 
 
 def fingerprint(before, after):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import until
+from helpers import until
 
 from agent_rl.rollout.sampler import SamplerError
 from agent_rl.rollout.supervisor import Supervisor
@@ -95,7 +95,7 @@ async def test_a_server_that_exits_is_restarted_on_its_url_and_restored_before_i
     server = StandIn()
     async with Watch([server], [URL]) as w:
         server.die()
-        await until(lambda: server.launches == 1 and w.sup.is_up(URL))
+        await until(lambda: server.launches == 1 and w.sup.is_up(URL), "the server relaunched once and up")
         assert server.stops == 1  # what was left of it stopped, then launched once
         assert w.restored == [(URL, False)]  # restored while it took no request yet
         assert w.sup.metrics()["fault/restarts"] == 1.0
@@ -109,13 +109,13 @@ async def test_a_server_still_down_counts_its_down_time_up_to_each_call_and_the_
         server.answering = False  # its restart waits for /health until the test lets it answer
         server.die()
         t0 = asyncio.get_running_loop().time()
-        await until(lambda: server.launches == 1)
-        await asyncio.sleep(0.2)
+        await until(lambda: server.launches == 1, "the server relaunched")
+        await asyncio.sleep(0.2)  # down time, which the first call counts
         first = w.sup.metrics()
         assert first["fault/restarts"] == 1.0 and 0.2 <= first["fault/down_s"] <= asyncio.get_running_loop().time() - t0
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # down time, which only the second call counts
         server.answering = True
-        await until(lambda: w.sup.is_up(URL))
+        await until(lambda: w.sup.is_up(URL), "the server up again")
         second = w.sup.metrics()
         assert second["fault/restarts"] == 0.0 and second["fault/down_s"] >= 0.1  # only what the first did not count
         total = asyncio.get_running_loop().time() - t0
@@ -129,12 +129,12 @@ async def test_a_server_that_does_not_answer_health_is_dead_after_the_bound_not_
     async with Watch([server], [URL], health_timeout_s=2.0) as w:
         server.answering = False  # alive, hung
         t0 = asyncio.get_running_loop().time()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # hung this long, well within its 2 s
         assert w.sup.is_up(URL) and server.stops == 0  # within the bound: a slow answer is no death
-        await until(lambda: server.launches == 1)
+        await until(lambda: server.launches == 1, "the server relaunched")
         assert asyncio.get_running_loop().time() - t0 >= 2.0
         server.answering = True  # the new process answers
-        await until(lambda: w.sup.is_up(URL))
+        await until(lambda: w.sup.is_up(URL), "the server up again")
         assert server.stops == 1 and w.restored == [(URL, False)]
 
 
@@ -142,13 +142,13 @@ async def test_past_the_budget_one_line_on_failure_and_the_server_stopped():
     server = StandIn()
     async with Watch([server], [URL], max_restarts=1) as w:
         server.die()
-        await until(lambda: server.launches == 1 and w.sup.is_up(URL))
+        await until(lambda: server.launches == 1 and w.sup.is_up(URL), "the server relaunched once and up")
         server.die()
-        await until(lambda: w.failures != [])
+        await until(lambda: w.failures != [], "the supervisor's failure")
         assert str(w.failures[0]) == (f"vLLM server {URL} exited with status -9; restarted 1 time(s) already "
                                       f"(sampler.max_restarts: 1)")
         assert w.sup.failure is w.failures[0] and server.launches == 1
-        await until(lambda: server.stops == 2)  # nothing of it left behind
+        await until(lambda: server.stops == 2, "the server stopped twice")  # nothing of it left behind
         with pytest.raises(SamplerError, match="restarted 1 time"):  # a request waiting for it ends at once
             await asyncio.wait_for(w.sup.wait_up(60.0), 1.0)
 
@@ -157,7 +157,7 @@ async def test_a_budget_of_0_gives_up_at_the_first_death():
     server = StandIn()
     async with Watch([server], [URL], max_restarts=0) as w:
         server.die(-6)
-        await until(lambda: w.failures != [])
+        await until(lambda: w.failures != [], "the supervisor's failure")
         assert str(w.failures[0]) == (f"vLLM server {URL} exited with status -6; restarted 0 time(s) already "
                                       f"(sampler.max_restarts: 0)")
         assert server.launches == 0 and w.restored == []
@@ -167,13 +167,13 @@ async def test_a_failed_start_counts_against_the_budget():
     server = StandIn(start_fails=(True, False))
     async with Watch([server], [URL], max_restarts=2) as w:
         server.die()
-        await until(lambda: server.launches == 2 and w.sup.is_up(URL))
+        await until(lambda: server.launches == 2 and w.sup.is_up(URL), "two launches, the second up")
         assert w.restored == [(URL, False)] and w.failures == []
         assert w.sup.metrics()["fault/restarts"] == 2.0  # each launch
     server = StandIn(start_fails=(True, True))
     async with Watch([server], [URL], max_restarts=2) as w:
         server.die()
-        await until(lambda: w.failures != [])
+        await until(lambda: w.failures != [], "the supervisor's failure")
         assert str(w.failures[0]).startswith(
             f"vLLM server {URL} failed to restart (it exited with status 1 during start-up; log None ends with: "
             f"(stand-in log)); restarted 2 time(s) already")
@@ -205,9 +205,9 @@ async def test_an_attached_server_is_waited_for_and_restored_when_it_answers_aga
     async with Watch(None, [URL], attach_wait_s=30.0) as w:  # ends when it answers: a long bound costs nothing
         w.answers[URL] = False
         assert await w.sup.lost(URL) is True and not w.sup.is_up(URL)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # silent this long: the supervisor waits for it
         w.answers[URL] = True
-        await until(lambda: w.sup.is_up(URL))
+        await until(lambda: w.sup.is_up(URL), "the server up again")
         metrics = w.sup.metrics()
         assert w.restored == [(URL, False)] and metrics["fault/reattached"] == 1.0 and metrics["fault/restarts"] == 0
 
@@ -217,7 +217,7 @@ async def test_an_attached_server_past_its_wait_is_one_line():
         w.answers[URL] = False
         t0 = asyncio.get_running_loop().time()
         await w.sup.lost(URL)
-        await until(lambda: w.failures != [])
+        await until(lambda: w.failures != [], "the supervisor's failure")
         assert asyncio.get_running_loop().time() - t0 >= 0.3
         assert str(w.failures[0]) == (f"vLLM server {URL} stopped answering and did not answer again within 0.3 s "
                                       f"(sampler.attach_wait_s)")
@@ -229,7 +229,7 @@ async def test_requests_wait_for_a_server_with_a_deadline():
         await w.sup.wait_up(0.01)  # up: no wait
         server.answering = False
         server.die()
-        await until(lambda: not w.sup.is_up(URL))
+        await until(lambda: not w.sup.is_up(URL), "the server seen down")
         server.answering = True
         await asyncio.wait_for(w.sup.wait_up(30.0), 30.0)  # until the restart is done
         assert w.sup.is_up(URL)
@@ -238,6 +238,6 @@ async def test_requests_wait_for_a_server_with_a_deadline():
     async with Watch([slow], [URL]) as w:
         slow.answering = False  # hung, and so will be its restart, for as long as the test lasts
         slow.die()
-        await until(lambda: not w.sup.is_up(URL))
+        await until(lambda: not w.sup.is_up(URL), "the server seen down")
         with pytest.raises(SamplerError, match=r"no vLLM server was up within 0.2 s"):
             await w.sup.wait_up(0.2)

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import slow_tools
+from helpers import until
 
 from agent_rl.core.types import Message, ToolCall
 from agent_rl.envs.calculator import CalculatorEnv, calculator
@@ -87,8 +88,9 @@ def gone(pid: int, within_s: float = 5.0) -> bool:
 async def test_a_cancelled_call_kills_its_worker():
     tool = Tool(slow_tools.big_power, isolate=True)
     pid = int((await tool.call({"exponent": 10})).content.split()[1].rstrip(":"))
+    [worker] = [w for w in worker_pool._POOLS[asyncio.get_running_loop()].workers if w.proc.pid == pid]
     task = asyncio.create_task(tool.call({"exponent": 10**8}))
-    await asyncio.sleep(0.3)
+    await until(lambda: worker.calls, "the slow call running on the warm worker")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -100,9 +102,9 @@ async def test_a_slow_pure_python_tool_in_a_thread_is_stopped_at_its_deadline():
     assert not tool.isolate
     async with Ticker() as ticker:
         result, seconds = await timed(tool.call({"seconds": 60.0}))
-        await asyncio.sleep(0.1)
+        await until(lambda: "tool spin" not in {t.name for t in threading.enumerate()}, "the spin thread ended")
         stopped_at = slow_tools.progress[0]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window in which a thread still running would move on: that it did not is checked
     assert seconds < 2.0 and result.content == "Error: spin did not finish within 0.5 s"
     assert slow_tools.progress[0] == stopped_at > 0  # the thread no longer runs
     assert ticker.max_gap < MAX_GAP_S
@@ -184,11 +186,8 @@ async def test_a_worker_that_dies_while_idle_is_replaced_and_the_loop_stops_watc
     watched = lambda: {key.fd for key in loop._selector.get_map().values()}  # noqa: E731
     assert dead._out in watched()
     os.kill(pid, 9)
-    for _ in range(200):
-        if dead.ended:
-            break
-        await asyncio.sleep(0.01)
-    assert dead.ended and dead._out not in watched()
+    await until(lambda: dead.ended, "the loop reading the dead worker's end")
+    assert dead._out not in watched()
     reply = (await tool.call({"exponent": 10})).content
     fresh_pid = int(reply.split()[1].rstrip(":"))
     assert reply.endswith(": 29 bits") and fresh_pid != pid and dead not in pool.workers

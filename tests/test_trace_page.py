@@ -13,7 +13,7 @@ import os
 import shutil
 
 import pytest
-from test_traces import HOSTILE, PLAN, play  # noqa: F401  (play: the fixture that plays PLAN)
+from helpers import HOSTILE, PLAN
 
 from agent_rl.learn.advantages import group_advantages
 from agent_rl.runs import traces, view
@@ -61,8 +61,8 @@ async def background(page, selector: str) -> str:
     return await page.locator(selector).first.evaluate("e => getComputedStyle(e).backgroundColor")
 
 
-async def test_page_lists_steps_and_shows_a_trajectorys_turns(tmp_path, play, renderer, browser):  # noqa: F811
-    groups = await play(PLAN)
+async def test_page_lists_steps_and_shows_a_trajectorys_turns(tmp_path, play_plan, renderer, browser):
+    groups = await play_plan(PLAN)
     adv = group_advantages(groups)
     for step in (1, 2):
         traces.write_step(tmp_path, step, groups, adv, renderer, keep_groups=4)
@@ -109,8 +109,8 @@ async def test_page_lists_steps_and_shows_a_trajectorys_turns(tmp_path, play, re
     assert not errors and all(u.startswith("file://") for u in requests), (errors, requests)
 
 
-async def test_hostile_model_text_is_shown_not_run(tmp_path, play, renderer, browser):  # noqa: F811
-    groups = await play({"t-cut": PLAN["t-cut"]})
+async def test_hostile_model_text_is_shown_not_run(tmp_path, play_plan, renderer, browser):
+    groups = await play_plan({"t-cut": PLAN["t-cut"]})
     traces.write_step(tmp_path, 1, groups, group_advantages(groups), renderer, keep_groups=1)
     path = view.write_page(tmp_path)
     # a link to one trajectory opens it

@@ -12,76 +12,13 @@ import re
 from dataclasses import replace
 
 import pytest
+from helpers import ADD_CALL, HOSTILE, PLAN, trajectory
 
 from agent_rl import cli
-from agent_rl.core.returns import scored
-from agent_rl.core.types import Message, Segment, StopReason, Trajectory, TrajectoryGroup
-from agent_rl.envs.base import ToolEnv
+from agent_rl.core.types import Segment, StopReason, TrajectoryGroup
 from agent_rl.learn.advantages import group_advantages, grpo_advantages
-from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.runs import traces, view
 from agent_rl.runs.display import mask_runs
-
-CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-BAD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'
-HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> It is 5.'
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first
-        b: second
-    """
-    return a + b
-
-
-class AddEnv(ToolEnv):
-    def __init__(self):
-        super().__init__([add])
-
-    async def initial_messages(self):
-        return [Message("system", "Use tools."), Message("user", "2+3?")]
-
-    async def reward(self, messages):
-        return 1.0 if messages[-1].content.strip().endswith("5.") else 0.0
-
-
-REPLIES = {  # what a scripted policy does, turn by turn (a string: the same every turn)
-    "tool_then_right": lambda p: CALL if "<tool_response>" not in p else "It is 5.",
-    "wrong": lambda p: "It is 4.",
-    "bad_call_then_right": lambda p: BAD_CALL if "<tool_response>" not in p else "It is 5.",
-    "rambles": lambda p: "word " * 200,  # cut by max_tokens_per_turn: truncated
-    "hostile": lambda p: HOSTILE,
-}
-
-
-def crash(prompt):
-    raise RuntimeError("sampler went away")
-
-
-@pytest.fixture
-def play(scripted, renderer):
-    async def run(kind: str, task_id: str, index: int) -> Trajectory:
-        env = AddEnv()
-        async with env:
-            return await run_episode(env, scripted(REPLIES.get(kind, crash)), renderer,
-                                     EpisodeLimits(max_tokens_per_turn=48), task_id, index)
-
-    async def groups(plan: dict[str, list[str]]) -> list[TrajectoryGroup]:
-        return [TrajectoryGroup(task, scored([await run(kind, task, i) for i, kind in enumerate(kinds)]))
-                for task, kinds in plan.items()]
-
-    return groups
-
-
-PLAN = {  # 4 groups of 3: a learning group, a group without variance, one with a crash, one truncated
-    "t-learn": ["tool_then_right", "wrong", "wrong"],
-    "t-flat": ["wrong", "wrong", "wrong"],
-    "t-crash": ["bad_call_then_right", "crash", "wrong"],
-    "t-cut": ["rambles", "hostile", "wrong"],
-}
 
 
 def test_mask_runs_by_hand():
@@ -96,7 +33,7 @@ def test_mask_runs_by_hand():
 
 
 def _group(task: str, stops: list[StopReason]) -> TrajectoryGroup:
-    return TrajectoryGroup(task, tuple(Trajectory(task, (), (), (), 0, (), (), (), s) for s in stops))
+    return TrajectoryGroup(task, tuple(trajectory(stop=s, task_id=task) for s in stops))
 
 
 def test_pick_groups_keeps_failures_and_spreads_the_rest_by_hand():
@@ -114,8 +51,8 @@ def test_pick_groups_keeps_failures_and_spreads_the_rest_by_hand():
     assert traces.pick_groups(mixed, 3) == traces.pick_groups(list(mixed), 3)  # a function of the groups only
 
 
-async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, renderer):
-    groups = await play(PLAN)
+async def test_write_step_records_the_trajectories_as_trained(tmp_path, play_plan, renderer):
+    groups = await play_plan(PLAN)
     adv = group_advantages(groups, grpo_advantages)
     path = traces.write_step(tmp_path, 3, groups, adv, renderer, keep_groups=4)
     assert path == tmp_path / "traces" / "step-000003.jsonl"
@@ -144,7 +81,7 @@ async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, re
     assert [t["finish_reason"] for t in learn["turns"]] == ["stop", "stop"]
     assert [t["versions"] for t in learn["turns"]] == [[0], [0]] and learn["policy_version"] == 0
     sampled = [run for run in learn["segments"][0]["runs"] if run["sampled"]]
-    assert [run["text"] for run in sampled] == [CALL + "<|im_end|>", "It is 5.<|im_end|>"]
+    assert [run["text"] for run in sampled] == [ADD_CALL + "<|im_end|>", "It is 5.<|im_end|>"]
     assert all(run["mean_logprob"] == -0.5 for run in sampled)
     assert by["t-flat", 0]["advantage"] is None and "without reward variance" in by["t-flat", 0]["dropped"]
     bad, crashed = by["t-crash", 0], by["t-crash", 1]
@@ -157,10 +94,10 @@ async def test_write_step_records_the_trajectories_as_trained(tmp_path, play, re
     assert by["t-cut", 1]["messages"][-1]["content"] == HOSTILE
 
 
-async def test_a_turn_split_by_a_weight_push_shows_both_versions(play, renderer):
+async def test_a_turn_split_by_a_weight_push_shows_both_versions(play_plan, renderer):
     """The first turn's first 5 tokens by version 3, the rest by 4 (a push aborted and continued it), the
     second turn by 4: the record lists both versions for the first turn, and its sampled text in two runs."""
-    [group] = await play({"t": ["tool_then_right"]})
+    [group] = await play_plan({"t": ["tool_then_right"]})
     traj = group.trajectories[0]
     first, second = traj.turns
     versions = list(traj.versions)
@@ -176,8 +113,8 @@ async def test_a_turn_split_by_a_weight_push_shows_both_versions(play, renderer)
     assert sampled == [(3, 5), (4, first.end - first.start - 5), (4, second.end - second.start)]
 
 
-async def test_traces_off_and_a_sample_per_step(tmp_path, play, renderer):
-    groups = await play(PLAN)
+async def test_traces_off_and_a_sample_per_step(tmp_path, play_plan, renderer):
+    groups = await play_plan(PLAN)
     adv = group_advantages(groups, grpo_advantages)
     assert traces.write_step(tmp_path, 1, groups, adv, renderer, keep_groups=0) is None
     assert not (tmp_path / "traces").exists()
@@ -186,8 +123,8 @@ async def test_traces_off_and_a_sample_per_step(tmp_path, play, renderer):
     assert kept == {"t-flat", "t-cut"}  # one failing group (of t-crash, t-cut), one clean (of t-learn, t-flat)
 
 
-async def test_earlier_segments_are_listed_before_the_trajectory_tokens(play, renderer):
-    [group] = await play({"t": ["wrong"]})
+async def test_earlier_segments_are_listed_before_the_trajectory_tokens(play_plan, renderer):
+    [group] = await play_plan({"t": ["wrong"]})
     traj = group.trajectories[0]
     closed = Segment(token_ids=(1, 9690, 198), loss_mask=(0, 0, 0), logprobs=(0.0, 0.0, 0.0))
     object.__setattr__(traj, "segments", (closed,))  # an earlier, closed segment (an edited history)
@@ -199,8 +136,8 @@ async def test_earlier_segments_are_listed_before_the_trajectory_tokens(play, re
     assert record["num_tokens"] == 3 + len(traj.token_ids) and record["num_sampled"] == traj.num_sampled
 
 
-async def test_resume_drops_later_steps_and_reading_skips_a_torn_line(tmp_path, play, renderer):
-    groups = await play({"t-learn": PLAN["t-learn"]})
+async def test_resume_drops_later_steps_and_reading_skips_a_torn_line(tmp_path, play_plan, renderer):
+    groups = await play_plan({"t-learn": PLAN["t-learn"]})
     adv = group_advantages(groups, grpo_advantages)
     for step in (1, 2, 3, 4):
         traces.write_step(tmp_path, step, groups, adv, renderer, keep_groups=1)
@@ -236,8 +173,8 @@ def embedded(page: str) -> dict:
     return json.loads(block.group(1))
 
 
-async def test_page_embeds_the_traces_and_model_text_cannot_close_its_script(tmp_path, play, renderer):
-    groups = await play(PLAN)
+async def test_page_embeds_the_traces_and_model_text_cannot_close_its_script(tmp_path, play_plan, renderer):
+    groups = await play_plan(PLAN)
     adv = group_advantages(groups, grpo_advantages)
     for step in (1, 2):
         traces.write_step(tmp_path, step, groups, adv, renderer, keep_groups=4)
@@ -252,8 +189,8 @@ async def test_page_embeds_the_traces_and_model_text_cannot_close_its_script(tmp
     assert "http" not in page.split("<script")[0].replace('http-equiv="Content-Security-Policy"', "")
 
 
-async def test_view_command_writes_the_page_and_bad_input_is_one_line(tmp_path, play, renderer, capsys):
-    groups = await play({"t-learn": PLAN["t-learn"]})
+async def test_view_command_writes_the_page_and_bad_input_is_one_line(tmp_path, play_plan, renderer, capsys):
+    groups = await play_plan({"t-learn": PLAN["t-learn"]})
     traces.write_step(tmp_path, 1, groups, group_advantages(groups), renderer, keep_groups=1)
     assert cli.main(["view", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "traces.html")

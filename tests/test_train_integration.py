@@ -4,71 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import LOGPROB_TOL, killed_after_step_2, served_name_of, server_config, server_logprobs
 from safetensors.torch import load_file
 
 from agent_rl import trainer
-from agent_rl.config.file import load_config
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import load_causal_lm
 from agent_rl.runs import traces
 
 pytestmark = pytest.mark.integration
-LOGPROB_TOL = 1e-4  # fp32 on CPU; observed ~1e-6 (tests/test_weight_sync.py calibrates the same bound)
-
-
-def config(vllm_server, run_dir: Path, steps: int, **extra: str):
-    sets = {
-        "model.name": str(vllm_server.model_dir), "model.lora_rank": "8", "model.lora_alpha": "16",
-        "sampler.server_urls": f"[{vllm_server.url}]", "sampler.max_model_len": "2048",
-        "rollout.env": "toy", "rollout.tasks_per_step": "2", "rollout.group_size": "4", "rollout.max_turns": "1",
-        "rollout.max_tokens_per_turn": "32", "rollout.max_total_tokens": "128", "optim.lr": "3e-3",
-        "run.steps": str(steps), "run.run_dir": str(run_dir), "run.seed": "7", "run.tensorboard": "false", **extra,
-    }
-    return load_config(None, [f"{k}={v}" for k, v in sets.items()])
-
-
-def killed_after_step_2(monkeypatch, cfg) -> None:
-    """Run `cfg` until its step-2 checkpoint is written, then stop it as a kill would."""
-    original = trainer.save_checkpoint
-
-    def save_then_die(run_dir, step, *args, **kwargs):
-        path = original(run_dir, step, *args, **kwargs)
-        if step == 2:
-            raise KeyboardInterrupt("killed after step 2")
-        return path
-
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(trainer.train(cfg))
-    monkeypatch.setattr(trainer, "save_checkpoint", original)
-
-
-def server_logprobs(url: str, model: str, ids: list[int]) -> torch.Tensor:
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        data = json.load(resp)
-    entries = data["choices"][0]["prompt_logprobs"][1:]  # the first token has no prediction
-    return torch.tensor([e[str(t)]["logprob"] for e, t in zip(entries, ids[1:])])
-
-
-def served_name_of(url: str, adapter_dir: Path) -> str:
-    with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
-        cards = json.load(resp)["data"]
-    names = [c["id"] for c in cards if Path(str(c.get("root", ""))).resolve() == adapter_dir.resolve()]
-    assert len(names) == 1, cards
-    return names[0]
-
-
 def test_two_steps_then_server_matches_trainer(tmp_path, vllm_server, renderer):
     run_dir = tmp_path / "run"
-    final = asyncio.run(trainer.train(config(vllm_server, run_dir, steps=2)))
+    final = asyncio.run(trainer.train(server_config(vllm_server, run_dir, steps=2)))
     assert final["train_tokens"] > 0 and final["time/sync_s"] < 5.0
     adapter = run_dir / "adapters" / "v2"
     from peft import PeftModel
@@ -114,7 +64,7 @@ def test_merged_sync_two_steps_then_the_plain_weights_are_the_trainers(tmp_path,
         return Watched(await start_weight_sync(*args))
 
     run_dir = tmp_path / "run"
-    cfg = config(dev_server, run_dir, steps=2, **{"model.sync": "merged"})
+    cfg = server_config(dev_server, run_dir, steps=2, **{"model.sync": "merged"})
     final = asyncio.run(trainer.train(cfg, stages=trainer.Stages(sync=watched_sync)))
     assert final["train_tokens"] > 0 and final["time/sync_s"] < 10.0
     assert not (run_dir / "adapters").exists()  # no adapter versions were pushed
@@ -142,14 +92,14 @@ def test_resume_after_a_kill_ends_with_the_same_adapter(tmp_path, vllm_server, m
     a near-tie. So we require identical rewards per step and adapters equal within 1e-5.
     """
     straight = tmp_path / "straight"
-    asyncio.run(trainer.train(config(vllm_server, straight, steps=4)))
+    asyncio.run(trainer.train(server_config(vllm_server, straight, steps=4)))
 
     killed = tmp_path / "killed"
-    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=4))
+    killed_after_step_2(monkeypatch, server_config(vllm_server, killed, steps=4))
     # traces the killed timeline may have left after its checkpoint: replaced (step 3) or dropped (step 9)
     for stray in (3, 9):
         traces.step_file(killed, stray).write_text(json.dumps({"step": stray, "task_id": "abandoned"}) + "\n")
-    asyncio.run(trainer.train(config(vllm_server, killed, steps=4), resume=True))
+    asyncio.run(trainer.train(server_config(vllm_server, killed, steps=4), resume=True))
 
     def rewards(run_dir):
         return [json.loads(x)["reward_mean"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -178,11 +128,11 @@ def test_resume_with_dynamic_sampling_skips_no_task_and_trains_none_twice(tmp_pa
     sets = {"rollout.env": "half_flat_env", "algorithm.max_staleness": str(staleness),
             "algorithm.dynamic_sampling": "true", "algorithm.max_resample_batches": "1", "run.trace_groups": "2"}
     straight = tmp_path / "straight"
-    asyncio.run(trainer.train(config(vllm_server, straight, steps=4, **sets)))
+    asyncio.run(trainer.train(server_config(vllm_server, straight, steps=4, **sets)))
 
     killed = tmp_path / "killed"
-    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=4, **sets))
-    asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **sets), resume=True))
+    killed_after_step_2(monkeypatch, server_config(vllm_server, killed, steps=4, **sets))
+    asyncio.run(trainer.train(server_config(vllm_server, killed, steps=4, **sets), resume=True))
 
     def positions(run_dir):
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -10,7 +10,8 @@ import hashlib
 import json
 
 import pytest
-from test_gui_env import TASK, call
+from helpers import call_text, play_episode, trajectory
+from test_gui_env import TASK
 
 from agent_rl import cli
 from agent_rl.audit.play import audit_env
@@ -72,9 +73,9 @@ async def test_a_turn_cut_by_its_token_budget_has_no_reward(scripted, renderer):
 
 
 # -- the built-in environments' rules --------------------------------------------------------------------
-async def play(scripted, renderer, env, script):
-    async with env:
-        return await run_episode(env, scripted(script, on_messages=True), renderer, LIMITS, "t")
+async def scripted_episode(scripted, renderer, env, script):
+    """The episode of `env` whose replies are `script(messages)`."""
+    return await play_episode(env, scripted(script, on_messages=True), renderer, LIMITS, "t")
 
 
 def rewards_of(traj: Trajectory) -> list[tuple[float, dict[str, float]]]:
@@ -83,34 +84,34 @@ def rewards_of(traj: Trajectory) -> list[tuple[float, dict[str, float]]]:
 
 async def test_gui_pays_each_turn_for_what_it_did_to_the_page(scripted, renderer):
     mistakes = ['<tool_call>\n{"name": "click", "arguments": {"element": "e51"}\n</tool_call>',  # bad JSON
-                call("tap", element="e51"),  # unknown tool
-                call("select", element="e93"),  # missing argument
-                call("click", element="e40"),  # Save with nothing to save
-                call("click", element="e93")]  # the wrong action for a dropdown: refused
+                call_text("tap", element="e51"),  # unknown tool
+                call_text("select", element="e93"),  # missing argument
+                call_text("click", element="e40"),  # Save with nothing to save
+                call_text("click", element="e93")]  # the wrong action for a dropdown: refused
 
     def script(messages):
         turn = sum(m.role == "assistant" for m in messages)
         return mistakes[turn] if turn < len(mistakes) else solve(TASK, messages, False)
 
-    traj = await play(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}), script)
+    traj = await scripted_episode(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}), script)
     # by hand: three calls that never reached the page, the idle Save, the refused click; then the solver's six
     # actions, its Save of the three asked changes solving the task (0.1 each), and "done"
     assert rewards_of(traj) == [(-0.1, {"bad_call": -0.1})] * 3 + [(-0.1, {"idle_save": -0.1}),
                                                                     (-0.1, {"refused": -0.1})] + \
         [(0.0, {})] * 5 + [(0.3, {"saved": 0.3}), (0.0, {})]
     assert traj.reward == 1.0 and traj.turn_reward == pytest.approx(-0.2)
-    off = await play(scripted, renderer, GuiEnv(TASK), script)  # turn rewards off: the same episode, none
+    off = await scripted_episode(scripted, renderer, GuiEnv(TASK), script)  # turn rewards off: the same episode, none
     assert [(t.reward, t.reward_parts) for t in off.turns] == [(0.0, {})] * len(off.turns)
 
 
 async def test_gui_saved_is_potential_based(scripted, renderer):
     """Saving an unrelated change costs 0.1 and setting it back and saving again pays it back: the page's
     potential, never above 0 while the task is unsolved, so no cycle of saves can earn anything."""
-    steps = [call("click", element="e29"), call("click", element="e40"),  # Notifications on, saved: unrelated
-             call("click", element="e29"), call("click", element="e40"),  # back off, saved
+    steps = [call_text("click", element="e29"), call_text("click", element="e40"),  # Notifications on, saved: unrelated
+             call_text("click", element="e29"), call_text("click", element="e40"),  # back off, saved
              "done"]
-    traj = await play(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}),
-                      lambda m: steps[sum(x.role == "assistant" for x in m)])
+    traj = await scripted_episode(scripted, renderer, GuiEnv({**TASK, "turn_rewards": True}),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == [(0.0, {}), (-0.1, {"saved": -0.1}), (0.0, {}), (0.1, {"saved": 0.1}), (0.0, {})]
     assert traj.reward == 0.0 and traj.turn_reward == 0.0
 
@@ -128,9 +129,10 @@ async def test_gui_state_key_is_the_pages_state():
 
 async def test_calculator_charges_failed_calls(scripted, renderer):
     task = {**calculator_tasks(1, seed=3)[0], "turn_rewards": True}
-    steps = [call("calculator", expression="2 +* 2"), call("calculator", expression=task["expression"]),
+    steps = [call_text("calculator", expression="2 +* 2"), call_text("calculator", expression=task["expression"]),
              f"The answer is {task['answer']}."]
-    traj = await play(scripted, renderer, CalculatorEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
+    traj = await scripted_episode(scripted, renderer, CalculatorEnv(task),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == [(-0.1, {"tool_errors": -0.1}), (0.0, {}), (0.0, {})]
     assert traj.reward == 1.0
     assert calculator_tasks(2, seed=3, turn_rewards=True) == [{**t, "turn_rewards": True}
@@ -159,10 +161,11 @@ async def test_kg_qa_charges_a_failed_call_or_an_empty_lookup_once(kg_url, scrip
     from agent_rl.envs.kg_qa import load_tasks as kg_tasks
 
     task = {**kg_tasks(1, seed=0, empty_results=empty, turn_rewards=True)[0], "kg_url": kg_url}
-    steps = [call("follow", entity="Atlantis", relation="capital"),  # no such entity
+    steps = [call_text("follow", entity="Atlantis", relation="capital"),  # no such entity
              '<tool_call>\n{"name": "follow"\n</tool_call>',  # unreadable
-             call("follow", entity="France", relation="capital"), "<answer>no idea</answer>"]
-    traj = await play(scripted, renderer, KGQAEnv(task), lambda m: steps[sum(x.role == "assistant" for x in m)])
+             call_text("follow", entity="France", relation="capital"), "<answer>no idea</answer>"]
+    traj = await scripted_episode(scripted, renderer, KGQAEnv(task),
+                                  lambda m: steps[sum(x.role == "assistant" for x in m)])
     assert rewards_of(traj) == expected
 
 
@@ -216,8 +219,7 @@ def test_audit_command_takes_environment_arguments(capsys):
 
 # -- metrics: per rollout --------------------------------------------------------------------------------
 def episode(turn_rewards: list[tuple[float, dict]], outcome: float) -> Trajectory:
-    turns = tuple(Turn(1, 1, "stop", 0, reward=r, reward_parts=p) for r, p in turn_rewards)
-    return Trajectory("t", (), (), (), 0, turns, (), (), StopReason.NO_TOOL_CALL, reward=outcome)
+    return trajectory(outcome, turns=[Turn(1, 1, "stop", 0, reward=r, reward_parts=p) for r, p in turn_rewards])
 
 
 def test_turn_reward_metrics_are_per_rollout():

@@ -7,12 +7,11 @@ before, and the mismatch per version lag."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import Row, make_batch, tiny_config
 
-from agent_rl.config.file import load_config
 from agent_rl.learn.algorithm import AlgorithmConfig
 from agent_rl.learn.batching import collate
 from agent_rl.learn.logprobs import Scoring, token_logprobs
@@ -27,38 +26,8 @@ from agent_rl.learn.update import (
 )
 
 
-@dataclass
-class Row:
-    token_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-
-def config(tiny_dir, **sets):
-    base = {"model.name": str(tiny_dir), "model.lora_rank": 8, "model.lora_alpha": 16, "optim.lr": 0.05,
-            "rollout.tasks_per_step": 2, "rollout.group_size": 4}
-    return load_config(None, [f"{k}={v}" for k, v in {**base, **sets}.items()])
-
-
-def make_batch(policy, sampler_shift: float = 0.0, rows: int = 8, length: int = 24):
-    """`rows` sequences: a 6-token prompt, then sampled tokens; advantages +2 / -2 alternating (strong:
-    a large learning rate then pushes ratios past any clip range). Sampler log-probs are the model's
-    own (plus `sampler_shift`), so importance weights are 1 unless shifted."""
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 1000, (rows, length), generator=gen)
-    with torch.no_grad():
-        logp = token_logprobs(policy.model, ids, torch.ones_like(ids)).logp_B_T
-    out = []
-    for b in range(rows):
-        n = length - b % 3  # different lengths: padding in every micro-batch
-        mask = [0] * 6 + [1] * (n - 6)
-        lp = [0.0] + [float(logp[b, t - 1]) + sampler_shift if mask[t] else 0.0 for t in range(1, n)]
-        out.append(Row(tuple(ids[b, :n].tolist()), tuple(mask), tuple(lp)))
-    return collate(out, [2.0 if b % 2 == 0 else -2.0 for b in range(rows)])
-
-
 def run(tiny_dir, shift: float = 0.0, **sets):
-    cfg = config(tiny_dir, **sets)
+    cfg = tiny_config(tiny_dir, **sets)
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny_dir, with_reference=cfg.algorithm.kl_beta > 0)
     batch = make_batch(policy, shift)
@@ -88,7 +57,7 @@ def test_four_mini_batches_move_the_ratio_and_clip(tiny_dir):
 def test_the_first_step_of_several_starts_at_ratio_one(tiny_dir):
     """The proximal log-probs come from a separate no-grad pass (other micro-batches, eval mode): with one
     mini-batch and two epochs, the first epoch's ratio is 1 up to float noise, the second's is not."""
-    cfg = config(tiny_dir, **{"algorithm.epochs": 1, "algorithm.mini_batches": 1})
+    cfg = tiny_config(tiny_dir, **{"algorithm.epochs": 1, "algorithm.mini_batches": 1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)
     batch = make_batch(policy)
     forced = cfg.algorithm.model_copy(update={"epochs": 2})
@@ -159,7 +128,7 @@ def test_equal_log_probs_give_exactly_the_on_policy_update(tiny_dir):
         for name, sets in {"none": {"algorithm.tis_cap": "null"}, "tis": {"algorithm.tis_cap": 1.01},
                            "token": {"algorithm.mismatch_mask": "token", "algorithm.mismatch_bounds": "[0.99, 1.01]"},
                            "sequence": {"algorithm.mismatch_mask": "sequence", "algorithm.tis_cap": "null"}}.items():
-            cfg = config(tiny_dir, **{"model.dtype": dtype, "algorithm.mini_batches": 2, **sets})
+            cfg = tiny_config(tiny_dir, **{"model.dtype": dtype, "algorithm.mini_batches": 2, **sets})
             torch.manual_seed(0)
             policy = build_policy(cfg.model, cfg.optim, tiny_dir)
             batch = make_batch(policy)
@@ -208,7 +177,7 @@ def test_every_variant_runs_through_policy_update(tiny_dir, sets):
 
 
 def test_a_kl_term_without_a_reference_is_a_one_line_error(tiny_dir):
-    cfg = config(tiny_dir, **{"algorithm.kl_beta": 0.1})
+    cfg = tiny_config(tiny_dir, **{"algorithm.kl_beta": 0.1})
     policy = build_policy(cfg.model, cfg.optim, tiny_dir)  # built without keeping its starting policy
     with pytest.raises(ValueError, match="kl_beta > 0 needs the policy's KL reference"):
         policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0)
@@ -229,7 +198,7 @@ def test_shared_prompts_are_computed_once_with_the_same_update(tiny_dir):
     tokens (0.773 of them; padded, 8 x 24 = 192: 1.038), and the gradient is the one padded rows give."""
     results = {}
     for share in (True, False):
-        cfg = config(tiny_dir, **{"optim.share_prefixes": str(share).lower()})
+        cfg = tiny_config(tiny_dir, **{"optim.share_prefixes": str(share).lower()})
         torch.manual_seed(0)
         policy = build_policy(cfg.model, cfg.optim, tiny_dir)
         assert policy.share_prefixes is share

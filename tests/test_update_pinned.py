@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import Row
 
 from agent_rl.learn.batching import Batch, collate
 from agent_rl.learn.logprobs import token_logprobs
@@ -79,14 +79,6 @@ CASES: dict[str, tuple[dict[str, object], float]] = {
 VERSION = 3  # the trainer's: rows 0-2 were sampled by it (lag 0), rows 3-5 by version 2 (lag 1)
 
 
-@dataclass
-class Row:
-    token_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    versions: tuple[int, ...]
-
-
 def pinned_batch(model: torch.nn.Module) -> Batch:
     """6 rows in 3 pairs that share a 5-token prompt, 14-16 tokens long; advantages of both signs. The
     sampler's log-probs are the model's own plus noise (sd 0.25 nats a token), so that the importance
@@ -128,13 +120,13 @@ def fingerprint(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor])
 
 
 def run_case(name: str, tiny_dir: Path, scratch: Path) -> dict[str, dict[str, float]]:
-    from test_update import config
+    from helpers import tiny_config
 
     sets, temperature = CASES[name]
     sets = {**sets, "model.dtype": "float64"}
     if sets.get("model.init_adapter") == "SAVED":
         sets["model.init_adapter"] = str(saved_adapter(tiny_dir, scratch / "saved-adapter"))
-    cfg = config(tiny_dir, **sets)
+    cfg = tiny_config(tiny_dir, **sets)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

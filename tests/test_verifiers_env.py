@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("verifiers", reason="the verifiers adapter needs pip install 'agent-rl[verifiers]'")
 
+from helpers import AddEnv, play_episode, script_of
 from test_rollout_tokens import (
     ANSWER,
     CALL_1,
@@ -28,8 +29,6 @@ from test_rollout_tokens import (
     TOOL_5,
     TOOL_9,
     USER,
-    AddEnv,
-    script_of,
 )
 
 from agent_rl.core.registry import load_env
@@ -40,9 +39,9 @@ from agent_rl.rollout.runner import EpisodeLimits, run_episode
 ADD = "vf_add_taskset"
 
 
-async def play(row, sampler, renderer, **limits):
-    async with verifiers_env.make_env(row) as env:
-        return await run_episode(env, sampler, renderer, EpisodeLimits(**limits), row["id"])
+async def vf_episode(row, sampler, renderer, **limits):
+    """The episode of the verifiers task `row`."""
+    return await play_episode(verifiers_env.make_env(row), sampler, renderer, EpisodeLimits(**limits), row["id"])
 
 
 def test_taskset_rows_train_and_eval_disjoint_and_deterministic():
@@ -81,9 +80,8 @@ async def test_episode_is_token_exact_and_scored_by_the_task(scripted, renderer)
     assert [(c.name, c.ok) for c in traj.tool_calls] == [("add", True), ("add", True)]
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
     # the same episode of the native env: the same tokens, turn for turn
-    async with AddEnv() as env:
-        native = await run_episode(env, scripted(script_of([CALL_1, CALL_2, ANSWER]), logprob=-0.25), renderer,
-                                   EpisodeLimits(), row["id"])
+    native = await play_episode(AddEnv(), scripted(script_of([CALL_1, CALL_2, ANSWER]), logprob=-0.25), renderer,
+                                task_id=row["id"])
     for field in ("token_ids", "loss_mask", "logprobs", "prompt_len", "turns", "messages", "stop_reason"):
         assert getattr(traj, field) == getattr(native, field), field
 
@@ -91,7 +89,7 @@ async def test_episode_is_token_exact_and_scored_by_the_task(scripted, renderer)
 async def test_wrong_answer_and_malformed_call(scripted, renderer):
     row = verifiers_env.load_tasks(1, taskset=ADD)[0]
     bad = '<tool_call>\n{"name": "add", "arguments": {"a": </tool_call>'
-    traj = await play(row, scripted(script_of([bad, "It is 8."])), renderer)
+    traj = await vf_episode(row, scripted(script_of([bad, "It is 8."])), renderer)
     assert traj.stop_reason is StopReason.NO_TOOL_CALL and len(traj.turns) == 2
     [tool] = [m for m in traj.messages if m.role == "tool"]
     assert tool.content.startswith("Error: ") and not traj.tool_calls[0].ok
@@ -100,14 +98,14 @@ async def test_wrong_answer_and_malformed_call(scripted, renderer):
 
 async def test_turn_limit_ends_the_episode_and_it_is_still_scored(scripted, renderer):
     row = verifiers_env.load_tasks(1, taskset=ADD)[0]
-    traj = await play(row, scripted(script_of([CALL_1, CALL_2])), renderer, max_turns=2)
+    traj = await vf_episode(row, scripted(script_of([CALL_1, CALL_2])), renderer, max_turns=2)
     assert traj.stop_reason is StopReason.MAX_TURNS and traj.error is None
     assert traj.reward_parts == {"correct": 0.0, "add_calls": 2.0, "turns": 2.0}
 
 
 async def test_errors_inside_verifiers_are_one_line_episode_errors(scripted, renderer):
     row = verifiers_env.load_tasks(1, taskset=ADD, args={"task": {"fail_reward": True}})[0]
-    traj = await play(row, scripted(script_of([ANSWER])), renderer)
+    traj = await vf_episode(row, scripted(script_of([ANSWER])), renderer)
     assert traj.stop_reason is StopReason.ERROR and traj.infra_error
     assert "\n" not in traj.error and "KeyError" in traj.error and "no answer key" in traj.error
     assert traj.error.startswith("VerifiersError: the environment raised TaskError: task AddTask scoring")
@@ -181,7 +179,7 @@ async def test_verifiers_shipped_openenv_taskset_fails_in_one_line(scripted, ren
 
     url = await openenv_env.local_server(str(Path(__file__).parents[1] / "examples" / "openenv_guess"))
     row = verifiers_env.load_tasks(1, taskset="openenv", args={"base_url": url, "resets": [{"seed": 0}] * 5})[0]
-    traj = await play(row, scripted(script_of(['{"guess": 1}'])), renderer)
+    traj = await vf_episode(row, scripted(script_of(['{"guess": 1}'])), renderer)
     assert traj.stop_reason is StopReason.ERROR and "\n" not in traj.error
     assert traj.error == ("VerifiersError: the environment raised AttributeError: 'GenericEnvClient' object has "
                           "no attribute '_base_url'")

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import torch
+from helpers import LOGPROB_TOL
 
 from agent_rl.learn.logprobs import token_logprobs
 from agent_rl.learn.policy import apply_lora, load_causal_lm
@@ -30,7 +31,6 @@ from agent_rl.rollout.weight_sync.merged import MergedSync
 
 pytestmark = pytest.mark.integration
 
-LOGPROB_TOL = 1e-4  # max abs gap server vs trainer, fp32 CPU (observed ~1e-6)
 MIN_EFFECT = 0.05  # a changed policy must move the mean abs log-prob by at least this (observed ~0.2)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 from aiohttp import web
+from helpers import SavesAFile
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agent_rl.learn.policy import apply_lora
@@ -45,13 +46,6 @@ class StandIn:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.runner.cleanup()
-
-
-class SavesAFile:
-    """What `FullWeightSync` needs of a model: `save_pretrained`."""
-
-    def save_pretrained(self, folder, safe_serialization: bool) -> None:
-        (folder / "model.safetensors").write_text("weights")
 
 
 def reload_calls(folder) -> list[tuple[str, dict]]:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import slow_tools
+from helpers import until
 
 from agent_rl.tools import worker_pool
 from agent_rl.tools.pipes import frame
@@ -73,7 +74,7 @@ async def test_a_call_cancelled_before_it_runs_leaves_its_worker_alone_and_one_c
     first = pid(await pool.call(POWER, {"exponent": 10}, 5.0))
     slow = asyncio.ensure_future(pool.call(POWER, {"exponent": 10**8}, 60.0))
     cancelled, behind = (asyncio.ensure_future(pool.call(POWER, {"exponent": 10}, 5.0)) for _ in range(2))
-    await asyncio.sleep(0.3)
+    await until(lambda: [len(w.calls) for w in pool.workers] == [3], "the three calls written to the worker")
     [worker] = pool.workers
     cancelled.cancel()  # written, not run yet: its reply will go nowhere, and its worker lives on
     with pytest.raises(asyncio.CancelledError):
@@ -93,7 +94,7 @@ async def test_a_worker_found_dead_by_the_import_before_a_new_tools_call_fails_t
     pool = WorkerPool(size=1, depth=8)
     await pool.call(POWER, {"exponent": 10}, 5.0)
     running = asyncio.ensure_future(pool.call(POWER, {"exponent": 10**8}, 60.0))
-    await asyncio.sleep(0.2)
+    await until(lambda: [len(w.calls) for w in pool.workers] == [1], "the slow call running on the worker")
     [worker] = pool.workers
     real_write = worker_pool.write_all
 

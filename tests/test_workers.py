@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import socket
 import subprocess
@@ -21,25 +20,16 @@ from pathlib import Path
 
 import helpers
 import pytest
-from test_stream import VersionSync, play, scripted_run
 
-from agent_rl import trainer
 from agent_rl.config.file import load_config
 from agent_rl.core.config import ConfigError, RayConfig
-from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.worker import WorkerError, WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
 from agent_rl.runs import traces
-from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import env_of
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def essence(groups):
-    """Each step's trajectories, everything but the seconds their reward took (a wall-clock figure)."""
-    return [[(g.task_id, [replace(t, reward_s=0.0) for t in g.trajectories]) for g in step] for step in groups]
 
 
 def rank_bonus(task, trajectories):
@@ -51,14 +41,14 @@ def rank_bonus(task, trajectories):
 async def run_on(workers: int, tmp_path, smol_dir, renderer, sets, kit_args=(), stages_update=None):
     """The loop on 24 tasks of the run's environment(s); `workers` Ray workers play the episodes (0: here)."""
     cfg = load_config(None, list(sets))
-    run = scripted_run(tmp_path, smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3, split="train"), *sets)
+    run = helpers.scripted_run(tmp_path, smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3, split="train"), *sets)
     run.session = replace(run.session, env=replace(run.session.env, group_reward=rank_bonus))
     import ray_kits
 
     kit = functools.partial(ray_kits.seeded_kit, run.cfg, str(smol_dir), *kit_args)
     local = ray_kits.SeededSampler(renderer)
     async with rollout_workers(workers, kit, local, helpers.here(run, local), WorkerSettings()) as served:
-        seen, lines = await play(run, served.sampler, players=served.players)
+        seen, lines = await helpers.run_loop(run, served.sampler, players=served.players)
         stats = served.sampler.stats() if workers else {}
     return seen, lines, stats
 
@@ -76,7 +66,7 @@ async def test_the_same_seeds_give_the_same_trajectories_with_0_and_2_workers(
     sets = (*sets, "run.steps=4", "run.trace_groups=2")
     here, lines_here, _ = await run_on(0, tmp_path / "here", smol_dir, renderer, sets)
     there, lines_there, stats = await run_on(2, tmp_path / "there", smol_dir, renderer, sets)
-    assert essence(there) == essence(here)
+    assert helpers.essence(there) == helpers.essence(here)
     assert [{k: x.get(k) for k in COUNTS} for x in lines_there] == [{k: x.get(k) for k in COUNTS} for x in lines_here]
     assert traces.read_traces(tmp_path / "there") == traces.read_traces(tmp_path / "here")
     # both workers played, and between them every episode of the run
@@ -114,7 +104,7 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
     here, _, _ = await run_on(0, tmp_path / "here", smol_dir, renderer, sets)
 
     cfg = load_config(None, list(sets))
-    run = scripted_run(tmp_path / "there", smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3), *sets)
+    run = helpers.scripted_run(tmp_path / "there", smol_dir, renderer, env_of(cfg).load_tasks(24, seed=3), *sets)
     run.session = replace(run.session, env=replace(run.session.env, group_reward=rank_bonus))
     import ray_kits
 
@@ -126,40 +116,20 @@ async def test_a_worker_killed_mid_rollout_costs_retries_and_the_next_step_plays
         waited = []
 
         def wait_for_the_restart():  # called in the update's thread: the stream is idle meanwhile (k = 0)
-            deadline = time.monotonic() + 60
-            while not all(w.up for w in sampler.pool.workers):
-                assert time.monotonic() < deadline, "the killed worker did not come back within 60 s"
-                time.sleep(0.05)
+            helpers.until_sync(lambda: all(w.up for w in sampler.pool.workers), "the killed worker back", 60,
+                               every_s=0.05)
             waited.append(True)
 
-        seen, lines = await play_waiting(run, served, wait_for_the_restart)
+        seen, lines = await helpers.run_loop(run, served.sampler, players=served.players, train_s=0,
+                                             after_update=wait_for_the_restart)
         after = sampler.stats()
     killed = int(marker.read_text())
     index = next(i for i, pid in pids.items() if pid == killed)
-    assert essence(seen) == essence(here)  # what an unfaulted run trains, token for token
+    assert helpers.essence(seen) == helpers.essence(here)  # what an unfaulted run trains, token for token
     assert lines[0]["error/WorkerDied"] >= 1 and lines[0]["error/retried"] == lines[0]["error/WorkerDied"]
     assert lines[0]["error/dropped_groups"] == 0 and waited
     assert after[index]["pid"] != killed and after[index]["episodes"] > 0  # restarted, and played steps 1-2
     assert all("error/WorkerDied" not in x for x in lines[1:])
-
-
-async def play_waiting(run, served, after_update):
-    """`test_stream.play` with `after_update()` at the end of each step's update (in the update's thread)."""
-    seen = []
-
-    def advantages(groups, advantage_fn, credit):
-        seen.append(groups)
-        return group_advantages(groups, advantage_fn, credit)
-
-    def update(policy, batch, algo, optim, temperature, seed, version):
-        policy.optimizer.step()
-        after_update()
-        return {"loss": 0.0}
-
-    with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        stages = trainer.Stages(advantages=advantages, update=update)
-        await trainer.loop(run, served.players, VersionSync(served.sampler), log, stages)
-    return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def elsewhere(renderer):

@@ -9,8 +9,8 @@ import functools
 import json
 
 import pytest
+from helpers import killed_after_step_2, server_config
 from safetensors.torch import load_file
-from test_train_integration import config, killed_after_step_2
 
 from agent_rl import trainer
 from agent_rl.core.registry import load_env
@@ -54,12 +54,12 @@ def test_grpo_on_2_workers_killed_and_resumed_ends_as_a_straight_run_in_one_proc
     steps whose episodes played on the workers) and resumed on 2 new workers: the same rewards at every step, the
     same traced episodes, the same adapter (within 1e-5, as tests/test_train_integration.py's resume test)."""
     straight = tmp_path / "straight"
-    asyncio.run(trainer.train(config(vllm_server, straight, steps=4, **{"run.trace_groups": "2"})))
+    asyncio.run(trainer.train(server_config(vllm_server, straight, steps=4, **{"run.trace_groups": "2"})))
     killed = tmp_path / "killed"
     on_workers = {"rollout.workers": "2", "run.trace_groups": "2"}
-    killed_after_step_2(monkeypatch, config(vllm_server, killed, steps=4, **on_workers))
+    killed_after_step_2(monkeypatch, server_config(vllm_server, killed, steps=4, **on_workers))
     assert traces.read_traces(killed).keys() == {1, 2}
-    asyncio.run(trainer.train(config(vllm_server, killed, steps=4, **on_workers), resume=True))
+    asyncio.run(trainer.train(server_config(vllm_server, killed, steps=4, **on_workers), resume=True))
 
     def lines(run_dir):
         return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

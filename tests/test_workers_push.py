@@ -1,5 +1,5 @@
 """Weight pushes and evaluation with the episodes on rollout workers (`rollout.workers.PooledSampler`), against
-tests/test_push_in_flight.py's stand-in vLLM server (a token's log-prob is minus the version of the weights that
+tests/helpers.py's stand-in vLLM server (a token's log-prob is minus the version of the weights that
 sampled it): a push of weights reloaded in place holds every worker's sampler and aborts their requests, which go
 on under the new version with every token tagged by what sampled it; an adapter push keeps an old adapter loaded
 while a worker's request still runs on it; `agent-rl eval`'s `evaluate` gives the same report on 2 workers as in
@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import functools
 
-from conftest import until
-from helpers import not_here
-from test_push_in_flight import SavesAFile, StandInVLLM
+from helpers import SavesAFile, StandInVLLM, not_here, until
 
 from agent_rl.config.file import load_config
 from agent_rl.evaluation.evaluate import evaluate
@@ -48,9 +46,10 @@ async def test_a_push_of_full_weights_reaches_the_workers_requests_in_flight(tmp
             sampler = served.sampler
             episodes = [asyncio.ensure_future(served.players.play({"id": f"t{i}", "topic": "cats"}, 0, limits))
                         for i in range(8)]
-            while sampler.in_flight() < 8:  # every request has left a worker (each count blocks this loop, the
-                await asyncio.sleep(0.01)  # stand-in server's too, for a round trip to the workers)
-            await until(lambda: server.held == 8)  # 25 tokens each
+            # every request has left a worker (each count blocks this loop, the stand-in server's too, for a round
+            # trip to the workers: polled every 10 ms, not 5)
+            await until(lambda: sampler.in_flight() >= 8, "8 requests in flight on the workers", every_s=0.01)
+            await until(lambda: server.held == 8, "8 requests held at their 25th token")  # 25 tokens each
             await FullWeightSync(tmp_path, sampler).push(SavesAFile(), 2)
             trajs = await asyncio.wait_for(asyncio.gather(*episodes), 60)
             stats = sampler.stats()
@@ -80,9 +79,8 @@ async def test_an_adapter_stays_loaded_while_a_workers_request_runs_on_it(tmp_pa
             sync, write = AdapterSync(tmp_path, sampler, keep=2, prefix="p"), SavesAFile()
             await sync.push(write, 1)
             long = asyncio.ensure_future(served.players.play({"id": "t", "topic": "cats"}, 0, limits))
-            while sampler.in_flight(model="p-v1") < 1:
-                await asyncio.sleep(0.01)
-            await until(lambda: server.held == 1)
+            await until(lambda: sampler.in_flight(model="p-v1") >= 1, "the request on p-v1 in flight", every_s=0.01)
+            await until(lambda: server.held == 1, "the request held at its 10th token")
             await sync.push(write, 2)
             await sync.push(write, 3)
             assert server.adapters == {"p-v1", "p-v2", "p-v3"} and sync.loaded == [1, 2, 3] and server.held == 1

@@ -22,15 +22,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import here
-from test_push_in_flight import SavesAFile
-from test_stream import TimedSampler, VersionSync, play, scripted_run, toy_tasks
-from test_workers import essence
+from helpers import SavesAFile, TimedSampler, VersionSync, essence, here, run_loop, scripted_run, toy_tasks, until
 
-from agent_rl import trainer
 from agent_rl.core.types import Message
 from agent_rl.envs.toy import BrevityEnv
-from agent_rl.learn.advantages import group_advantages
 from agent_rl.rollout import remote_gate
 from agent_rl.rollout.remote_gate import GateState, MirrorGate
 from agent_rl.rollout.runner import EpisodeLimits, run_episode
@@ -41,7 +36,6 @@ from agent_rl.rollout.supervisor import Supervisor
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.worker import WorkerSettings
 from agent_rl.rollout.workers import rollout_workers
-from agent_rl.runs.runlog import RunLogger
 
 TESTS = Path(__file__).resolve().parent
 A, B = "http://a:1", "http://b:2"
@@ -56,7 +50,7 @@ async def test_a_workers_gate_routes_and_waits_by_the_state_rank_0_sent():
     await asyncio.wait_for(gate.wait_up(5.0), 1.0)  # B is up: no wait
     gate.adopt(GateState((A, B), frozenset({A, B})))
     waiting = asyncio.ensure_future(gate.wait_up(5.0))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one turn of the loop: the task's first step runs before this test resumes (it waits)
     assert not waiting.done()
     gate.adopt(GateState((A, B), frozenset({B})))  # A back (restored on rank 0 before this state was sent)
     await asyncio.wait_for(waiting, 1.0)
@@ -67,7 +61,8 @@ async def test_a_workers_gate_routes_and_waits_by_the_state_rank_0_sent():
         await gate.wait_up(0.2)
     assert 0.15 < time.monotonic() - t0 < 2.0
     waiting = asyncio.ensure_future(gate.wait_up(30.0))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # it waits now
+    assert not waiting.done()
     gate.adopt(GateState((A, B), frozenset({A, B}), "vLLM server http://a:1 exited with status -9; restarted 3 "
                                                       "time(s) already (sampler.max_restarts: 3)"))
     with pytest.raises(SamplerError, match=r"^vLLM server http://a:1 exited with status -9; restarted 3 time"):
@@ -80,12 +75,12 @@ async def test_a_workers_gate_asks_rank_0_once_per_server_and_says_lost_only_on_
     gate.adopt(GateState((A, B), frozenset({A})))
     assert await gate.lost(A) and gate.questions() == [] and asked == []  # down already: no question
     first, second = asyncio.ensure_future(gate.lost(B)), asyncio.ensure_future(gate.lost(B + "/"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one turn of the loop: both tasks' first steps run before this test resumes
     assert gate.asking and gate.questions() == [B] and asked == [True] and not gate.asking  # one question for both
     gate.answer(B, False)  # alive: the failure was the call's own
     assert await first is False and await second is False
     third = asyncio.ensure_future(gate.lost(B))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)
     assert gate.questions() == [B]
     gate.adopt(GateState((A, B), frozenset({A, B})))  # the state that says B is down answers it too
     assert await asyncio.wait_for(third, 1.0) is True
@@ -130,7 +125,7 @@ async def test_an_environment_raising_that_name_is_its_failure_and_spends_retrie
         return RaisesServerLost(task) if task["id"] == "t1" else make_env(task)
 
     run.session = dataclasses.replace(run.session, env=dataclasses.replace(run.session.env, make_env=make))
-    seen, lines = await play(run, TimedSampler(renderer, lambda prompt: 0.001))
+    seen, lines = await run_loop(run, TimedSampler(renderer, lambda prompt: 0.001))
     assert lines[0]["error/ServerLost"] == 4.0  # t1's 2 episodes, each tried twice (max_retries 1)
     assert lines[0]["error/retried"] == 2.0 and lines[0]["fault/replayed_episodes"] == 0.0
     assert "t1" not in [g.task_id for g in seen[0]] and lines[0]["error/dropped_groups"] == 0  # refilled
@@ -198,7 +193,7 @@ async def kill_while_both_workers_use(sampler, server: StandInProcess) -> list[i
 
 
 class WaitingSync(VersionSync):
-    """test_stream's version-only sync, each push after `before(version)`: at k = 0 the next step waits for it."""
+    """`helpers.VersionSync`, each push after `before(version)`: at k = 0 the next step waits for it."""
 
     def __init__(self, sampler, before):
         super().__init__(sampler)
@@ -207,24 +202,6 @@ class WaitingSync(VersionSync):
     async def push(self, model, version):
         await self.before(version)
         return await super().push(model, version)
-
-
-async def play_pushing(run, served, before_push):
-    """The loop with test_stream's scripted update; each step's groups (as the advantages got them) and metrics."""
-    seen = []
-
-    def advantages(groups, *args):
-        seen.append(groups)
-        return group_advantages(groups, *args)
-
-    def update(policy, *args):
-        policy.optimizer.step()
-        return {"loss": 0.0}
-
-    stages = trainer.Stages(advantages=advantages, update=update)
-    with RunLogger(run.run_dir, run.cfg.run.steps, tensorboard=False, progress=False) as log:
-        await trainer.loop(run, served.players, WaitingSync(served.sampler, before_push), log, stages)
-    return seen, [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, kill: StandInProcess | None = None):
@@ -265,14 +242,13 @@ async def play_supervised(run_dir, servers, smol_dir, renderer, workers: int, ki
             async def before_push(version: int) -> None:
                 if kill is None:
                     return
-                deadline = time.monotonic() + 120
                 if version == 1:  # step 1 plays while the restarted server answers /health, not yet restored
                     await asyncio.wait_for(restoring.wait(), 120)
-                while version == 2 and not all(s.up for s in supervisor.servers):  # step 2 on every server
-                    assert time.monotonic() < deadline, "the killed server did not come back within 120 s"
-                    await asyncio.sleep(0.05)
+                if version == 2:  # step 2 on every server
+                    await until(lambda: all(s.up for s in supervisor.servers), "the killed server back up", 120)
 
-            seen, lines = await play_pushing(run, served, before_push)
+            seen, lines = await run_loop(run, served.sampler, players=served.players, train_s=0,
+                                         sync=WaitingSync(served.sampler, before_push))
             in_flight = await killing if killing is not None else []
     assert failures == []
     return seen, lines, restored, in_flight
