@@ -32,6 +32,7 @@ at the end, and prints the latter as one JSON line: per step `step_s`, `gen_s`, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -141,9 +142,9 @@ def build_trainer(spec: dict, out_dir: Path) -> tuple[CountingGRPOTrainer, StepC
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("error: usage: trl_side.py SPEC.json")
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec", type=Path, help="SPEC.json, written by bench/vs_trl.py")
+    spec = json.loads(ap.parse_args().spec.read_text())
     out_dir = Path(spec["out_dir"])
     torch.manual_seed(spec["seed"])
     trainer, clock = build_trainer(spec, out_dir)

@@ -54,7 +54,9 @@ from agent_rl.core.registry import EnvSpec  # noqa: E402
 from agent_rl.envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
 
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
-TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "peft", "datasets")  # torch: the CPU wheel found locally
+# what bench/trl_side.py imports, and the libraries its import of the work reaches through agent_rl (orjson and
+# pydantic: agent_rl.tools.base); torch: the CPU wheel found locally. tests/test_bench_runs.py checks the list
+TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "transformers", "peft", "datasets", "orjson", "pydantic")
 RECIPE_ADAPTER = ROOT / "runs" / "calculator_recipe" / "sft" / "adapter"
 
 
@@ -158,7 +160,7 @@ def ensure_trl_venv(venv: Path, log: Path) -> Path:
         run_logged([sys.executable, "-m", "venv", venv], log, "creating TRL's virtualenv", 300)
     run_logged([python, "-m", "pip", "install", "--quiet", *TRL_REQUIREMENTS], log,
                f"pip install {' '.join(TRL_REQUIREMENTS)}", 1800)
-    run_logged([python, "-c", "import trl, torch, peft, datasets"], log, "importing TRL in its virtualenv", 300)
+    run_logged([python, ROOT / "bench" / "trl_side.py", "--help"], log, "importing TRL's side in its virtualenv", 300)
     marker.write_text(wanted)
     return python
 
