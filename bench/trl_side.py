@@ -2,11 +2,10 @@
 
 Owns: building TRL's GRPOTrainer for the work `bench/vs_trl.py` describes (the same rows, calculator
 tool, reward function, start adapter and settings), and timing its steps. Does not own: the work
-itself (rows, reward, tool and settings come from `bench/vs_trl.py`), setting up TRL's virtualenv,
-or comparing the two sides (`bench/vs_trl.py` does both).
+itself (rows, reward, tool: bench/shared/vs_trl_work.py; settings: `bench/vs_trl.py`), setting up TRL's
+virtualenv, or comparing the two sides (`bench/vs_trl.py` does both).
 
-It runs inside the bench's own TRL virtualenv (not agent-rl's), with the repository root on
-PYTHONPATH, so `bench.vs_trl` (and through it `envs.calculator`) is imported as the agent-rl side
+It runs inside the bench's own TRL virtualenv (not agent-rl's) and imports the work as the agent-rl side
 imports it: the reward function and tool are the same Python source on both sides.
 
 How TRL is set up to match agent-rl's step:
@@ -49,7 +48,7 @@ from trl.chat_template_utils import qwen2_5_chat_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vs_trl import bench_rows, calculator, correct
+from bench.shared.vs_trl_work import bench_rows, calculator, correct
 
 
 class StepClock(TrainerCallback):

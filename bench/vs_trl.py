@@ -1,11 +1,10 @@
 """agent-rl against TRL's GRPOTrainer on the same multi-turn tool-calling GRPO work, side by side.
 
-Owns: the work both sides run (the task rows `bench_rows`, the TRL-style reward function `correct`,
-the calculator tool, and the settings, read from `examples/calculator_recipe.yaml`), this module's
-role as the agent-rl environment of that work (`ENV`: `make_env`, `load_tasks`), setting up TRL's own
-virtualenv, running both sides one after the other, and the one JSON line that compares them.
-Does not own: TRL's trainer set-up (`bench/trl_side.py`, run inside TRL's virtualenv) or anything
-in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's config with this env).
+Owns: the settings both sides use (read from `examples/calculator_recipe.yaml`), setting up TRL's own virtualenv,
+running both sides one after the other, and the one JSON line that compares them.
+Does not own: the work (rows, reward, tool: bench/shared/vs_trl_work.py), TRL's trainer set-up (bench/trl_side.py,
+run inside TRL's virtualenv) or anything in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's
+config with the work's env).
 
 The work: arithmetic questions (`envs.calculator.arithmetic_tasks`, three levels) in TRL's
 conversational format, the `calculator` tool, reward `correct` (a TRL reward function, called
@@ -47,11 +46,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
 
-from agent_rl.core.registry import EnvSpec  # noqa: E402
-from agent_rl.envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
+from bench.shared.vs_trl_work import bench_rows, calculator  # noqa: E402
 
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
 # what bench/trl_side.py imports, and the libraries its import of the work reaches through agent_rl (orjson and
@@ -62,51 +59,6 @@ RECIPE_ADAPTER = ROOT / "runs" / "calculator_recipe" / "sft" / "adapter"
 
 class BenchError(Exception):
     """Bad set-up or a failed side: one line for the user."""
-
-
-# -- the work, the same Python on both sides --------------------------------------------------------
-def bench_rows(n: int) -> list[dict[str, Any]]:
-    """The first `n` task rows in TRL's conversational format (deterministic: a prefix never changes)."""
-    return [{"id": t["id"], "answer": t["answer"],
-             "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t["question"]}]}
-            for t in arithmetic_tasks(n, seed=0)]
-
-
-_TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def correct(prompts, completions, answer, **kwargs) -> list[float]:
-    """TRL reward function: 1.0 when the last number of the final assistant reply is the answer.
-
-    `completions` are lists of message dicts (the assistant's turns and tool messages); a completion
-    that ends on a tool message or on a tool call has no final reply and earns 0.
-    """
-    rewards = []
-    for completion, expected in zip(completions, answer):
-        last = completion[-1] if completion else {}
-        text = str(last.get("content") or "") if last.get("role") == "assistant" and not last.get("tool_calls") else ""
-        numbers = _NUMBER.findall(_TOOL_CALL.sub("", text))
-        try:
-            rewards.append(float(bool(numbers) and float(numbers[-1].replace(",", "")) == float(expected)))
-        except ValueError:
-            rewards.append(0.0)
-    return rewards
-
-
-def make_env(task: dict[str, Any]):
-    """agent-rl's environment of the work: the row's prompt, the calculator, the reward `correct`."""
-    from agent_rl.envs.dataset import RubricEnv
-    from agent_rl.rewards.rubric import Rubric
-
-    return RubricEnv(task, [calculator], Rubric([(correct, 1.0)]), required=("answer",))
-
-
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-    return bench_rows(n)  # one fixed row order for both trainers, whatever the run's seed
-
-
-ENV = EnvSpec("vs_trl", make_env, load_tasks)  # agent-rl's side: `rollout.env=bench.vs_trl`
 
 
 # -- set-up ------------------------------------------------------------------------------------------
@@ -194,9 +146,9 @@ def _env() -> dict[str, str]:
 
 # -- the two sides -----------------------------------------------------------------------------------
 def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path, micro_batch_tokens: int) -> list[str]:
-    """The recipe's config with this module as the environment: what `agent-rl train` runs."""
-    return ["rollout.env=bench.vs_trl", f"model.init_adapter={adapter}", f"run.steps={steps}", f"run.seed={seed}",
-            f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false",
+    """The recipe's config with the work's environment: what `agent-rl train` runs."""
+    return ["rollout.env=bench.shared.vs_trl_work", f"model.init_adapter={adapter}", f"run.steps={steps}",
+            f"run.seed={seed}", f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false",
             f"optim.micro_batch_tokens={micro_batch_tokens}"]
 
 
