@@ -65,9 +65,9 @@ from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import Session, env_of
 from agent_rl.tools import calculator as calculator_tool
-from bench import sim_clock
-from bench.runner_scale import FILLER, SimSampler, Workload
-from bench.sim_servers import GpuModel, SimCluster
+from bench.shared import sim_clock
+from bench.shared.sim_episodes import FILLER, SimSampler, Workload
+from bench.shared.sim_servers import GpuModel, SimCluster
 
 
 @dataclass(frozen=True)

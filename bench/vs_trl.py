@@ -45,11 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.shared.vs_trl_work import bench_rows, calculator
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.shared.vs_trl_work import bench_rows, calculator  # noqa: E402
-
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
 # what bench/trl_side.py imports, and the libraries its import of the work reaches through agent_rl (orjson and
 # pydantic: agent_rl.tools.base); torch: the CPU wheel found locally. tests/test_bench_runs.py checks the list
