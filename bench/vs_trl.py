@@ -6,28 +6,22 @@ Does not own: the work (rows, reward, tool: bench/shared/vs_trl_work.py), TRL's 
 run inside TRL's virtualenv) or anything in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's
 config with the work's env).
 
-The work: arithmetic questions (`envs.calculator.arithmetic_tasks`, three levels) in TRL's
-conversational format, the `calculator` tool, reward `correct` (a TRL reward function, called
-unchanged by both trainers), SmolLM2-135M-Instruct with the same rank-16 LoRA start adapter (a
-cold-start SFT adapter, so both policies call the tool), 8 prompts x G=4 rollouts per step,
-temperature 1, up to 3 turns of at most 64 sampled tokens, 768 tokens in all, learning rate 2e-4,
-clip 0.2 / 0.28, no KL term. Both read the rows in order, so step k of each sees the same questions.
-Micro-batches are of about the same size: 4 rows in TRL, 1024 padded tokens (~3 rows) in agent-rl
-(the recipe's 2048 got agent-rl's trainer OOM-killed beside other jobs on this shared machine).
+The work (bench/shared/vs_trl_work.py): arithmetic questions in TRL's conversational format, the calculator, one
+TRL reward function called unchanged by both trainers, the same rank-16 SFT start adapter on SmolLM2-135M-Instruct
+(so both policies call the tool), 8 prompts x G=4 rollouts per step, up to 3 turns of at most 64 sampled tokens,
+the recipe's learning rate and clip, no KL term; both read the rows in order, so step k of each sees the same
+questions. Micro-batches are of about the same size: `--trl-micro-batch-rows` rows in TRL,
+`--agent-rl-micro-batch-tokens` padded tokens in agent-rl. TRL is installed in a virtualenv of its own (`--venv`,
+made once; pip reads its index from this machine's pip configuration): it is not a dependency of agent-rl.
 
     python bench/vs_trl.py [--steps 3] [--adapter DIR] [--only agent-rl|trl]
 
-Per side: `step_s_mean` (mean optimizer-step wall time: sampling, tools, rewards, training, and for
-agent-rl the adapter push into vLLM), `tokens_per_step_s` (sampled completion tokens / step wall
-time; tool output and prompts not counted), `tool_call_rate` (share of rollouts that called a tool)
-over the measured steps: every step but the first (warm-up: first use of the adapter in vLLM, first
-generate call and allocations in TRL) when there are two or more. `tokens_per_step_s_ratio` =
-agent-rl / TRL (target >= 2). Also per side, for judging how disturbed a run was: the 1-minute load
-average before and after it, and `cpu_s_whole_run`, the CPU seconds its processes used (start-up
-included; for agent-rl the trainer and the vLLM server). TRL is installed in its own virtualenv
-(`--venv`, made once; pip reads its index from this machine's pip configuration); it is not a
-dependency of agent-rl.
-Progress goes to stderr and logs to `--out`; the last line on stdout is the JSON.
+Per side, over the measured steps (all but the first, the warm-up, when there are two or more): `step_s_mean`
+(optimizer-step wall time: sampling, tools, rewards, training, and for agent-rl the push into vLLM),
+`tokens_per_step_s` (sampled completion tokens / step wall time), `tool_call_rate`, the 1-minute load average
+before and after, and `cpu_s_whole_run` (its processes' CPU seconds, start-up included). `tokens_per_step_s_ratio`
+= agent-rl / TRL (target >= 2; docs/performance.md#the-bench-scripts). Progress goes to stderr and logs to `--out`;
+the last line on stdout is the JSON.
 """
 
 from __future__ import annotations
