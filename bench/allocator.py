@@ -8,13 +8,10 @@ and with the trim plus `allocator.cap_heap_buffers()` (a fixed 4 MiB mmap thresh
 trainer does now), --reps times each, and reports per mode the median step time, the process's RSS
 after the last step and its peak RSS (within steps too). Only "cap" keeps the cap that
 `build_policy` sets.
-Same demos, same batches, same seed in every child: only the allocator handling differs.
-
-Figures: `step_time_ratio` = median step time (first step left out) "mmap" / default (cost; ~1.0 is
-free), `rss_ratio` = RSS after the last step "mmap" / default (saving; < 1 is memory given back);
-`trim_step_time_ratio`, `trim_rss_ratio`: the same for "trim" against the default;
-`cap_step_time_ratio`, `cap_peak_rss_ratio`: "cap" against "trim" (the peak within a step is what
-the cap is for).
+Same demos, same batches, same seed in every child: only the allocator handling differs. Ratios (step times
+leave the first step out): "mmap" and "trim" against the default (`step_time_ratio`, `rss_ratio`,
+`trim_*`), "cap" against "trim" (`cap_step_time_ratio`, `cap_peak_rss_ratio`: the peak within a step is what the
+cap is for).
 
     python bench/allocator.py [--steps 6] [--batch 4] [--reps 2] [--micro-batch-tokens 2048]
 

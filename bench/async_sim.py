@@ -3,30 +3,15 @@ simulated trainer, with long-tailed agent episodes, for `algorithm.max_staleness
 
 Owns: the long-tailed workload (`Tail`, `TailSampler`), the simulated trainer and weight push (`SimTrainer`,
 `SimPush`), one run (`measure`) and the table of them (`main`).
-Does not own: the servers' latency model (bench/sim_servers.py), the simulated clock (bench/sim_clock.py),
-nor anything that is measured: the loop, the rollout stream, admission, the runner, the calculator
-environment and its tool, the renderer are agent-rl's own (`trainer.loop`, `trainer.open_stream`).
+Does not own: the servers' latency model and the simulated clock (bench/shared/), nor anything that is measured:
+the loop, the rollout stream, admission, the runner, the calculator environment and its tool, the renderer are
+agent-rl's own (`trainer.loop`, `trainer.open_stream`).
 
-What runs for real: `trainer.loop` with the run's own stream: slots opened as pushes come, groups of G
-calculator episodes played by the runner on `max_concurrent` workers, each step's batch taken as the
-staleness bound allows, collated; each reply is real token ids (bench/runner_scale.py's `SimSampler`), timed
-by simulated H100 servers (bench/sim_servers.py: an 8B model in bf16 with vLLM, sticky routing). Simulated:
-- the trainer: forward + backward over every token of the batch at `train_tok_s` per trainer GPU (8,200:
-  6 x 8e9 FLOP a token at 40% of an H100's 989 TFLOP/s), one trainer GPU per two servers; its time is
-  spent inside the push (the only awaitable stage after the update), the stream playing on meanwhile;
-- the push: `push_s` (2 s) after training. With in-flight pushes the episodes play on through it and their
-  later turns sample with the new version; without, it first stops new episodes from starting, waits for
-  every episode in flight to end, pushes, then lets them start again (each episode then has one version);
-- the clock (bench/sim_clock.py): simulated, so the Python code's own CPU time is left out (the runner's
-  is bench/runner_scale.py's figure: >= 0.95 of a zero-cost client at 4,096 episodes).
-The workload (`Tail`): G = 4 episodes a task, 2 tasks a step per server; an episode has 2-6 turns
-(uniform; all but the last call the calculator); a reply has lognormal(median 100, sigma 0.6) tokens,
-clipped to 16-400; 2% of episodes (drawn per episode) are 10x longer: every reply 10x the tokens.
-
-Figures per (servers, k, push): trained tokens/s (sampled tokens of the trained batches over the
-simulated time of steps 6-13 of 20), the mean and max lag of trained tokens (versions), the servers'
-idle share (1 - busy server-seconds / server-seconds) and the stream's own estimate of it
-(`server_idle_share`), the time the trainer waited per step, and the speed-up over k = 0.
+The trainer's time is spent inside the push (the only awaitable stage after the update), the stream playing on
+meanwhile. With in-flight pushes the episodes play on through a push and their later turns sample with the new
+version; without, a push first stops new episodes from starting, waits for every episode in flight to end, pushes,
+then lets them start again. What is simulated, the workload's numbers and what it has measured:
+docs/performance.md#asynchronous-training-simulated.
 
     python bench/async_sim.py [--servers 8 64] [--staleness 0 1 2 4] [--sample-ahead 1 ...] [--pushes in-flight]
         [--steps 20]
@@ -65,9 +50,9 @@ from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.runs.runlog import RunLogger
 from agent_rl.session import Session, env_of
 from agent_rl.tools import calculator as calculator_tool
-from bench import sim_clock
-from bench.runner_scale import FILLER, SimSampler, Workload
-from bench.sim_servers import GpuModel, SimCluster
+from bench.shared import sim_clock
+from bench.shared.sim_episodes import FILLER, SimSampler, Workload
+from bench.shared.sim_servers import GpuModel, SimCluster
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,7 @@ of the event loop inside the deadline, as a runner's env step or tool call has a
 other timers wait in the loop's heap: what a rollout's HTTP client holds (aiohttp keeps a timer per request in
 flight: 4,096 episodes waiting for their servers are 4,096 timers). The three sides (no deadline, asyncio's,
 core's) alternate round by round, so machine noise falls on all of them alike; each figure is the median over the
-rounds of the event loop's CPU per await, and `*_own_us` subtracts the bare await's. Ends with one JSON line:
-{"tasks": T, "rounds": R, "rows": [{"live": L, "bare_us", "asyncio_us", "deadline_us", "asyncio_own_us",
-"deadline_own_us", "own_ratio"}, ...]}.
+rounds of the event loop's CPU per await, and `*_own_us` subtracts the bare await's. Ends with one JSON line.
 
     python bench/deadlines.py [--tasks 4096] [--live 0 4096 16384] [--rounds 7]
 """

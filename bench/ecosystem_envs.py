@@ -1,12 +1,11 @@
 """What the verifiers and OpenEnv adapters cost an episode, against a native environment, without a model.
 
-Owns: timing only; ends with one JSON line on stdout: {"episodes", "native_ms_per_episode",
-"verifiers_ms_per_episode", "openenv_server_start_s", "openenv_ms_per_episode"}.
-The same 3-turn, 2-call episode (tests/test_rollout_tokens.py's "2+3+4?" with an `add` tool, the same
-tokens) played by the native `ToolEnv` and by the verifiers taskset tests/vf_add_taskset.py (its `run()`,
-toolset and scoring), through the rollout runner with a scripted sampler and the SmolLM2 renderer, 16
-episodes at once; then the OpenEnv guessing game of examples/openenv_guess served from its folder (its
-start-up timed) and played by its folder's scripted solver, one WebSocket session per episode.
+Owns: timing only; ends with one JSON line on stdout. The same 3-turn, 2-call episode
+(tests/test_rollout_tokens.py's "2+3+4?" with an `add` tool, the same tokens) played by the native `ToolEnv` and by
+the verifiers taskset tests/vf_add_taskset.py (its `run()`, toolset and scoring), through the rollout runner with a
+scripted sampler and the SmolLM2 renderer, 16 episodes at once; then the OpenEnv guessing game of
+examples/openenv_guess served from its folder (its start-up timed) and played by its folder's scripted solver, one
+WebSocket session per episode.
 Usage: python bench/ecosystem_envs.py [--episodes 64]
 """
 

@@ -1,27 +1,20 @@
 """What faults cost a real training run: its vLLM server SIGKILLed twice, and an environment error in 5% of
 episodes, against the same run untouched, side by side in one invocation (#26's benchmark).
 
-Two `agent-rl train` runs of `examples/calculator_grpo.yaml` (SmolLM2-135M, the calculator, a real vLLM server
-started by each run), `--steps` steps, the same seed: first the untouched run, then the faulted one, whose
-environment is `bench/flaky_env.py` (the calculator; an environment error as it starts in `--env-errors` of its
-episodes, retried by `rollout.on_error: retry`) and whose server is SIGKILLed (its leader, as an out-of-memory
-kill ends it) at `--kills` points drawn with `--seed` uniformly over the first two thirds of the untouched run's
-training span (from its server answering its health probe to its end; two thirds, so that the deaths fall while the run
-still trains, the restarts' start-ups included), at the same offsets from the faulted run's server answering. A
-kill that finds the server still restarting waits until the run says it is back (each kill is the death of a
-serving server, not of one starting).
+Owns: the two runs (`train`: `agent-rl train` of examples/calculator_grpo.yaml, its server found and killed at
+the given offsets), where the kills fall, and the comparison.
+Does not own: the faulted environment (bench/flaky_env.py: the calculator, raising as it starts in `--env-errors`
+of its episodes, retried by `rollout.on_error: retry`), the restarts and replays (agent_rl's).
 
-Reported: steps done by each; wall times and their ratio (target: all steps, <= 1.3); the start-up of each run
-(process start to the server answering its health probe: model load and the vLLM server's start, the part of the wall
-time no fault touches) and the ratio without it; the seconds servers were down (`fault/down_s`: a restart's
-start-up and restore) and the ratio without those too; restarts, replayed episodes, environment errors and
-retries; and whether the faulted run trained the untouched run's tokens (every group is traced) and ended with
-its adapter.
+The untouched run goes first; the faulted run's server (its leader, as an out-of-memory kill ends it) is
+SIGKILLed at `--kills` points drawn with `--seed` over the first two thirds of the untouched run's training span
+(from its server answering its health probe to its end), at the same offsets from the faulted run's server
+answering; a kill that finds the server still restarting waits until the run says it is back. What it reports
+and has measured: docs/performance.md#the-bench-scripts.
 
     python bench/faults.py [--steps 6] [--kills 2] [--env-errors 0.05] [--seed 0] [--model smollm2-135m]
                            [--set KEY=VALUE ...] [--out DIR]
-
-Progress on stderr; one JSON line of figures on stdout.
+(progress on stderr; one JSON line of figures on stdout)
 """
 
 from __future__ import annotations

@@ -8,10 +8,8 @@ max 0.05, mean 0.005 nats). Prints the figures, `PASS` or `FAIL: <why>`, and one
 
     make gpu-check            (BUILD=gpu installs the CUDA build of vLLM)
     python bench/gpu_check.py [--allow-cpu]   # --allow-cpu: the same path on the CPU, in float32
-
-Nothing of this has run on a GPU yet in this project (the one GPU lent to it had no vLLM: bench/gpu_trainer.py
-ran there instead, docs/distributed.md#what-has-run-on-a-gpu): if it fails, the JSON line and the server log named
-in it are what a bug report needs.
+If it fails, the JSON line and the server log named in it are what a bug report needs (where it has and has not
+run: docs/performance.md#what-has-run-on-a-gpu).
 """
 
 from __future__ import annotations
@@ -94,21 +92,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--allow-cpu", action="store_true", help="run the same path on the CPU (a dry run of the script)")
     args = ap.parse_args()
+
+    def fail(text: str, why: str) -> int:
+        print(f"FAIL: {text}")
+        print(json.dumps({"bench": "gpu_check", "pass": False, "why": why}))
+        return 1
+
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("FAIL: torch sees no CUDA device (torch.cuda.is_available() is False)")
-        print(json.dumps({"bench": "gpu_check", "pass": False, "why": "no CUDA device"}))
-        return 1
+        return fail("torch sees no CUDA device (torch.cuda.is_available() is False)", "no CUDA device")
     if importlib.util.find_spec("vllm") is None:
-        print("FAIL: vLLM is not installed in this Python (`make gpu-check BUILD=gpu` installs it); where it cannot "
-              "be, `python bench/gpu_trainer.py --model DIR` runs the trainer's half of this check without it")
-        print(json.dumps({"bench": "gpu_check", "pass": False, "why": "vllm not installed"}))
-        return 1
+        return fail("vLLM is not installed in this Python (`make gpu-check BUILD=gpu` installs it); where it cannot "
+                    "be, `python bench/gpu_trainer.py --model DIR` runs the trainer's half of this check without it",
+                    "vllm not installed")
     try:
         figures = check(args)
     except Exception as e:  # a failed check is a report, not a traceback
-        print(f"FAIL: {type(e).__name__}: {e}")
-        print(json.dumps({"bench": "gpu_check", "pass": False, "why": f"{type(e).__name__}: {e}"}))
-        return 1
+        return fail(f"{type(e).__name__}: {e}", f"{type(e).__name__}: {e}")
     ok = figures["logprob_gap_max"] < MAX_GAP and figures["logprob_gap_mean"] < MEAN_GAP
     why = "" if ok else f": served vs trainer log-probs differ by {figures['logprob_gap_max']} (bound {MAX_GAP})"
     print(("PASS" if ok else "FAIL") + why)

@@ -1,27 +1,18 @@
 """The trainer's GPU path where vLLM and the weights cannot be had: a few GRPO steps on CUDA in bf16.
 
-`bench/gpu_check.py` is the check to run on a CUDA machine: the trainer beside a vLLM server, on the real
-weights. Where neither can be had (a lent GPU that reaches no package index and no model hub, whose
-image has no vLLM and whose uploads are too small for one or for the weights), this runs the rest of the
-same path for real, once per `--model` (a model folder: its config.json and tokenizer files are what it
-reads; any weights in it are not):
-- the model: the named model's architecture and tokenizer with weights drawn at random (seed 0), so every
-  shape, and so the cost, is the real model's, and its behaviour is not;
-- numerics: the trainer's log-probs (`learn.logprobs.token_logprobs`) of a fixed sequence in bf16 on the
-  device against float32 on the device with TF32 off: `bf16_gap_max` / `bf16_gap_mean` (nats);
-- `--steps` GRPO steps of `trainer.loop` as `agent-rl train` runs it (`trainer.prepare`: the policy with a
-  rank-16 LoRA on the device in bf16, `policy_update`, the checkpoint), on the toy env's dense reward
-  (16 tasks x 8 rollouts, one turn of up to 48 tokens; the random model is made to end its turns,
-  `ends_turns`, so that replies are not all cut at the limit and masked out), sampled by `HFSampler`: a copy
-  of the policy generating with transformers on the same device, requests batched as they arrive, each token's
-  log-prob read off the generation's scores, the adapter copied into it after each update (`CopySync`).
-  `logprob_gap_mean` is then that sampler's log-probs against the trainer's, both bf16 on one GPU:
-  not vLLM's, which this cannot measure.
-Per model (medians over the steps after the first): `step_s`, `update_s` (`policy_update`), `update_tok_per_s`
-(trained tokens, `train_tokens`, per second of update), `sampled_tok_per_s`, `peak_gib` (the device's peak allocation),
-and whether the checkpoint was written. One JSON line last.
+Owns: a model of the named architecture with random weights made to end its turns (`random_model`, `ends_turns`),
+the bf16 against fp32 log-prob gap on the device (`bf16_gap`), GRPO steps of the real loop (`grpo_steps`) sampled
+in-process (`HFSampler`: a copy of the policy generating with transformers, requests batched as they arrive;
+`CopySync`: the adapter copied in after each update), and one row per `--model` (`measure`).
+Does not own: the loop, the policy, the update, the checkpoint (agent_rl's, as `agent-rl train` runs them).
+
+`bench/gpu_check.py` is the check to run on a CUDA machine (the trainer beside a vLLM server, on the real
+weights); where neither can be had, this runs the rest of the same path for real, reading only each model
+folder's config.json and tokenizer files. `logprob_gap_mean` is then the in-process sampler's log-probs against
+the trainer's, not vLLM's. What it runs, its figures and where it ran: docs/performance.md#what-has-run-on-a-gpu.
 
     python bench/gpu_trainer.py --model DIR [DIR ...] [--steps 3] [--allow-cpu]
+(one JSON line last)
 """
 
 from __future__ import annotations

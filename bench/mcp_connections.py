@@ -1,12 +1,9 @@
 """What an MCP connection costs: per-episode stdio servers against one shared connection.
 
-Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
-{"episodes": N, "stdio_start_s": {"p50", "max"}, "per_episode_starts_wall_s", "shared_start_wall_s",
- "per_episode_over_shared": ratio, "call_ms": {"stdio": {"p50", "p90"}, "http": {...}},
- "concurrent_calls": N, "concurrent_calls_wall_s": {"stdio": s, "http": s}}.
-The server is examples/mcp_units_server.py (the SDK's MCPServer). "per episode" opens N stdio
-connections at once (N server processes, as `MCPEnv(shared=False)` would for N concurrent
-episodes); "shared" is what N episodes of `MCPEnv()` wait for: one start.
+Owns: timing only; prints progress to stderr and ends with one JSON line on stdout. The server is
+examples/mcp_units_server.py (the SDK's MCPServer). "per episode" opens N stdio connections at once (N server
+processes, as `MCPEnv(shared=False)` would for N concurrent episodes); "shared" is what N episodes of `MCPEnv()`
+wait for: one start.
 Usage: python bench/mcp_connections.py [--episodes 16] [--calls 200]
 """
 

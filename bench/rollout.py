@@ -1,60 +1,21 @@
-"""Rollouts as training samples them: the trained policy as merged weights and as a LoRA adapter,
-against raw vLLM generation, and how much of each turn's prompt the prefix cache saves.
+"""Rollouts as training samples them: the trained policy as merged weights and as a LoRA adapter, against raw vLLM
+generation of the same tokens on the same server, and how much of each turn's prompt the prefix cache saves.
 
-One vLLM server (LoRA and dev mode: what a training run starts), one rank-16 adapter (random B, or
-`--adapter` a trained one), one run, `--reps` alternations of five sides:
-- rollout_merged / raw_merged: `--episodes` multi-turn rollouts (a 100 ms tool after each turn), at most
-  `--in-flight` at once, with the policy pushed as merged weights (`model.sync: merged`), then raw
-  generation of exactly the tokens each episode sampled (one request per episode, ignore_eos +
-  min_tokens, all sent at once);
-- rollout_adapter / raw_adapter: the same with the policy as a runtime adapter (`model.sync: adapter`);
-- raw_base: raw generation on the base weights, reloaded in place: the speed to match.
-Machines are noisy: medians of the reps, and ratios of sides measured in the same rep.
+Owns: the sides (`runner_side`: multi-turn rollouts, a 100 ms tool after each turn, through the real runner;
+`raw_side`: one request per episode for exactly its sampled tokens; `replay_side`: the rollouts' own requests with
+no runner and no tools), a rep of them (`one_rep`), what is read while a side runs (requests in flight: `InFlight`,
+`Counted`; the server's counters: `counters`; a side's steady window: `Window`) and the JSON line (`report`).
+Does not own: the runner, the sampler, the server and the weight syncs (agent_rl's, as a training run uses them).
 
-What the two sides share, so that the ratio is fair: the same server, with at most `--server-seqs`
-sequences running at once (`--max-num-seqs`; the rest wait in its queue), and the same sampled tokens.
-The raw side keeps that batch full by sending every request at once. The rollout side plays more
-episodes at once than the server runs (`--in-flight` > `--server-seqs`), as a training run's
-`rollout.max_concurrent` does over its servers: while some episodes wait on their tools or between
-turns, others fill the batch. What the rollouts still pay is theirs: each turn's new prompt tokens
-(the tool's reply and the turn's scaffolding) prefilled, a request per turn, and their tail.
-`rollout_mean_batch` / `raw_mean_batch` are the requests in flight on average while each side ran.
+One vLLM server (LoRA and dev mode: what a training run starts), one rank-16 adapter (random B, or `--adapter` a
+trained one), `--reps` alternations of the sides after a warm-up rep that is not counted; medians of the reps, and
+ratios of sides measured in the same rep. What each side does, what the sides share so that a ratio is fair, the
+steady windows, the replay and the prefix cache's counters: docs/performance.md#rollouts-against-raw-generation.
 
-Before (`--episodes 32 --in-flight 32 --server-seqs 0`, the default until 2026-11-28): 32 episodes
-started together, no more than the server's batch and no queue. A turn cut by its budget ends its episode
-and the others wait on tools, so the batch thins out and the episodes with the most turns finish alone at a
-small batch, which a CPU server runs at far fewer tokens/s; the raw side's 32 requests end when their tokens are
-done. `rollout_efficiency` measured that lockstep and tail (docs/performance.md#rollouts-against-raw-generation).
+    python bench/rollout.py [--model smollm2-135m | --server-url URL] [--adapter DIR] [--reps 2]
+        [--episodes 96 --in-flight 48 --server-seqs 32]
 
-Steady state (`steady_*`, a diagnosis beside the target): the same ratio over each side's steady window
-alone, by the server's own count of generated tokens (vLLM's `generation_tokens` counter) read at its two
-ends: the rollout side from the first episode that waited for a slot (`--in-flight` + 1) to the last one
-admitted, while the stream still had episodes to start (as a training run's stream at
-`algorithm.max_staleness` >= 1 always has); the raw side from its first request done to the moment its
-queue empties (`--server-seqs` requests left). The windows leave out both sides' start and drain, which
-`rollout_efficiency` keeps, so what `steady_rollout_efficiency` measures is what a turn costs the server
-beyond its sampled tokens (each turn's new prompt tokens prefilled, the gap between turns) while the batch
-is full on both sides; `steady_*_mean_batch` says whether it was.
-
-Where the rest goes (`replay_*`, a diagnosis beside the target): the rollouts' own requests replayed by a client
-with no runner and no tools: every episode at once (as the raw side), each a lane sending its turns one after the
-other with no wait between them: turn t's prompt is the last prompt, the ids the server just generated for it
-(exactly as many as the rollout sampled, ignore_eos + min_tokens) and the same context ids the rollout added after
-that turn (the tool's reply and the template's scaffolding). So the replay makes the server do the rollouts' work,
-request for request and prefill for prefill (`replay_prefill_tokens_per_turn` says it did), and nothing else.
-`stream_efficiency` (rollout / replay) is what the runner and the stream lose to tool waits, their own CPU and
-their tail; `turn_efficiency` (replay / raw) is what the server pays for serving the same tokens as turns (each
-turn's new prompt tokens prefilled, a request per turn), which no client can save. rollout_efficiency is their
-product.
-
-Prefix reuse: each turn re-sends the whole conversation; vLLM's prefix cache should serve all of it
-but the new tokens. The server's own counters (`prefix_cache_queries` / `_hits`, in tokens) are
-read before and after each rollout side: `prefix_cache_hit_rate` is the share of the rollouts' prompt
-tokens served from the cache, `prefill_tokens_per_turn` what was computed per request.
-
-    python bench/rollout.py [--model smollm2-135m | --server-url URL (dev mode, LoRA; started with
-        --max-num-seqs equal to --server-seqs)] [--adapter DIR] [--episodes 96 --in-flight 48 --server-seqs 32]
-
+(`--server-url`: a server in dev mode with LoRA, started with vLLM's --max-num-seqs equal to `--server-seqs`.)
 Prints one JSON line: trained_vs_base (raw_merged / raw_base, target >= 0.9), adapter_vs_base,
 rollout_efficiency (rollout_merged / raw_merged, target >= 0.95), rollout_efficiency_adapter,
 steady_rollout_efficiency (the same over the steady windows), steady_rollout_efficiency_adapter,
@@ -89,7 +50,73 @@ from agent_rl.rollout.serving.vllm.server import VLLMServer, attach
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.weight_sync.full import FullWeightSync
 from agent_rl.rollout.weight_sync.merged import MergedSync
-from bench.rollout_meters import Counted, InFlight, Window, counters
+
+
+class InFlight:
+    """Requests in flight over time: `mean` is their average number since `start`."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.n, self.area, self.requests = 0, 0.0, 0
+
+    def add(self, d: int) -> None:
+        now = time.perf_counter()
+        self.area += self.n * (now - self.last)
+        self.n, self.last, self.requests = self.n + d, now, self.requests + (d > 0)
+
+    @property
+    def mean(self) -> float:
+        self.add(0)
+        return self.area / max(self.last - self.start, 1e-9)
+
+
+class Counted:
+    """A sampler whose requests in flight an `InFlight` counts."""
+
+    def __init__(self, inner, meter: InFlight):
+        self.inner, self.meter, self.policy_version = inner, meter, inner.policy_version
+
+    async def sample(self, prompt_ids, params, messages=()):
+        self.meter.add(1)
+        try:
+            return await self.inner.sample(prompt_ids, params, messages)
+        finally:
+            self.meter.add(-1)
+
+
+class Window:
+    """A side's steady state: the server's own count of generated tokens (vLLM's `generation_tokens` counter) and
+    the requests in flight, read when event number `opens_at` and `closes_at` happen (episodes admitted, or
+    requests done). Tokens/s and mean batch between the two; None when the side never gets there (`closes_at`
+    <= `opens_at`: fewer episodes than the stream holds at once)."""
+
+    def __init__(self, url: str, meter: InFlight, opens_at: int, closes_at: int):
+        self.url, self.meter, self.opens_at, self.closes_at = url, meter, opens_at, closes_at
+        self.reads: dict[int, asyncio.Task] = {}
+
+    def at(self, event: int) -> None:
+        if self.opens_at < self.closes_at and event in (self.opens_at, self.closes_at):
+            self.meter.add(0)
+            self.reads[event] = asyncio.ensure_future(self._read(self.meter.last, self.meter.area))
+
+    async def _read(self, t: float, area: float) -> tuple[float, float, float, float]:
+        """(the read's mid time, generated tokens so far, requests-in-flight area at t, t)"""
+        tokens = (await counters(self.url, "generation_tokens"))["generation_tokens"]
+        return (t + time.perf_counter()) / 2, tokens, area, t
+
+    async def result(self) -> tuple[float, float] | None:
+        """(generated tokens/s, mean requests in flight) over the window."""
+        if len(self.reads) < 2:
+            return None
+        (t0, n0, a0, ta0), (t1, n1, a1, ta1) = await self.reads[self.opens_at], await self.reads[self.closes_at]
+        return (n1 - n0) / (t1 - t0), (a1 - a0) / (ta1 - ta0)
+
+
+async def counters(url: str, *names: str) -> dict[str, float]:
+    """The server's counters `names` (tokens, `ServingBackend.counters`), summed over engines."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        read = await serving_backend().counters(http, url)
+    return {name: read[name] for name in names}
 
 
 class SlowToolEnv(Env):

@@ -6,7 +6,7 @@ log-probs, its text and the echoed prompt, which must be the ids sent (`read_res
 standard library's side is `json.dumps`, `json.loads` and the ids compared; orjson's side reads the whole
 response and compares the ids (`read_orjson_us`), and VLLMSampler's leaves out, unread, the token texts vLLM sends
 with each log-prob and an echo that is the request's own JSON (compared as bytes), and reads the rest (`read_us`).
-The response is written as vLLM 0.32 writes it (bench/sim_responses.py's `response_json`). Ids are drawn from
+The response is written as vLLM 0.32 writes it (bench/shared/sim_responses.py's `response_json`). Ids are drawn from
 SmolLM2's vocabulary range, each with a random text of 1-6 letters.
 
     python bench/sampler_json.py [--context 1000 8000] [--reply 260]
@@ -28,7 +28,7 @@ import orjson
 
 from agent_rl.rollout.sampler import Completion, SamplingParams
 from agent_rl.rollout.serving.vllm.sampler import read_response, request_body, response_completion
-from bench.sim_responses import response_json
+from bench.shared.sim_responses import response_json
 
 VOCAB = 49152  # SmolLM2's
 

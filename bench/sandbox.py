@@ -1,8 +1,7 @@
 """Per-call latency of the Python sandbox: one-shot runs and warm-session calls, per available backend.
 
-Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
-{"calls": N, "bubblewrap": {"oneshot_ms": {"p50", "p90"}, "session_start_ms": {...}, "session_ms": {...}}, ...}.
-Targets: bubblewrap one-shot p50 <= 20 ms, warm session p50 <= 1 ms.
+Owns: timing only; prints progress to stderr and ends with one JSON line on stdout (per backend). Targets:
+bubblewrap one-shot p50 <= 20 ms, warm session p50 <= 1 ms.
 Usage: python bench/sandbox.py [--calls 50] [--backends bubblewrap,docker,subprocess]
 """
 

@@ -1,11 +1,7 @@
 """Per-call cost of where a synchronous tool runs: the calculator in a thread, in a worker process,
 and through `asyncio.to_thread` (how every sync tool ran before deadlines were made real).
 
-Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
-{"calls": N, "thread_ms": {"p50", "p90"}, "worker_ms": {...}, "to_thread_ms": {...}, "direct_ms": {...},
- "loop_cpu_us": {"thread", "worker", ...}, "pipe_write_cpu_us": {"wakes_reader", "no_reader"},
- "worker_over_thread_p50": r, "worker_start_s": s, "worker_rss_mib": m, "concurrent_worker_ms_per_call": c,
- "concurrent_loop_cpu_us": {"one_at_a_time", "pipelined"}, "pipelined_over_one_at_a_time": r, ...}.
+Owns: timing only; prints progress to stderr and ends with one JSON line on stdout (latencies in ms, p50 / p90).
 The three runners alternate call by call, so machine noise falls on all of them alike.
 `loop_cpu_us`: the median CPU time of the calling thread (the event loop's) per call, which is what a call
 costs the rollout runner; the tool's own work in a worker or a thread is not in it. `pipe_write_cpu_us`: the

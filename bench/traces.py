@@ -1,12 +1,9 @@
 """What rollout traces cost a training step: time to write one step's traces, bytes on disk, page size.
 
-Owns: timing only; prints progress to stderr and ends with one JSON line on stdout:
-{"groups", "group_size", "trajectories_traced", "tokens_traced", "write_ms_p50", "bytes_per_token",
- "step_file_kib", "page_kib_per_step", "view_ms_per_step", "write_over_rollout"}.
-Episodes are real calculator episodes played by the environment's scripted solver through the rollout
-runner with the SmolLM2 renderer (no model: the tokens are what a tool-using policy would produce);
-`write_over_rollout` sets the write time against the time those scripted rollouts took, which is far
-below a sampled step's, so the share in a real step is smaller still.
+Owns: timing only; prints progress to stderr and ends with one JSON line on stdout. Episodes are real calculator
+episodes played by the environment's scripted solver through the rollout runner with the SmolLM2 renderer (no model:
+the tokens are what a tool-using policy would produce); `write_over_rollout` sets the write time against the time
+those scripted rollouts took, which is far below a sampled step's, so the share in a real step is smaller still.
 Usage: python bench/traces.py [--groups 8] [--group-size 4] [--trace-groups 2] [--reps 20]
 """
 

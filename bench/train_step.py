@@ -1,49 +1,25 @@
 """Where a GRPO step's time and memory go, and what merged-weight sync and gradient checkpointing change.
 
-Runs `--steps` real steps of `agent_rl.trainer.train` on the recipe's configuration
-(examples/calculator_recipe.yaml: calculator env, 8 tasks x 4 rollouts, 3 turns of 64 tokens, a rank-16
-LoRA of SmolLM2-135M, from the recipe's SFT adapter when `--init-adapter` names it) with
-`optim.micro_batch_tokens` 4096, once per variant, each in a fresh child process (so that each peak RSS
-is its own), all against one vLLM server started here in dev mode with LoRA (what a run starts):
+Owns: probes around the trainer's own stages (`Probe`, `TimedSampler`, `TimedSync`, `timed_stages`: passed as
+`trainer.Stages`, the loop runs unchanged), the RSS samplers (`StageRSS`, `TreeRSS`), one variant's run in a child
+process (`child`, so that each peak RSS is its own) and the JSON line (`summary`, `comparison`).
+Does not own: the trainer, the server or the weight syncs (agent_rl's, as `agent-rl train` runs them).
+
+`--steps` real steps of `agent_rl.trainer.train` on the recipe's configuration (examples/calculator_recipe.yaml,
+from its SFT adapter when `--init-adapter` names it; `optim.micro_batch_tokens` 4096), once per variant, all
+against one vLLM server started here in dev mode with LoRA (what a run starts):
 
     adapter-full     model.sync adapter, no gradient checkpointing, padded rows  (the trainer before these changes)
     adapter-ckpt     model.sync adapter, gradient checkpointing, padded rows
     merged-ckpt      model.sync merged, gradient checkpointing, shared prefixes packed (`optim.share_prefixes`;
                      what a run does here: model.sync auto picks merged)
 
-Every variant computes the output layer only where tokens were sampled (not a setting).
-
-The figures come from each run's metrics.jsonl plus probes around the trainer's own stages, passed to
-it as `trainer.Stages` (the loop runs unchanged); step 1 is warm-up and is skipped when there are >= 3
-steps. Every rollout is trained on, with advantages +1/-1 where its group has no reward variance
-(`forced_advantages`: a step that drops every group would time no update at all); `--real-advantages`
-turns that off.
-
-Per step (medians over the measured steps):
-- step wall time: the trainer's `time/step_s` (sample to the end of the weight push; metrics logging and
-  checkpoint writes are off the path: `run.save_every` = steps);
-- generation: wall time during which at least one request of the trainer is in flight;
-- forward/backward/optimizer: wall time of the trainer's `policy_update` call;
-- sync: the trainer's `time/sync_s`; other = the rest (env and tools, rendering, collating, the loop);
-- `sampled_tok_per_step_s`: tokens the policy sampled in the step / step wall time;
-- `computed_token_share`: positions the transformer body ran per real token of the batch (the update's
-  statistic: above 1 with padding, below 1 with shared prefixes packed).
-Memory: `trainer_rss_peak_mib`, the child's peak RSS (`getrusage`); `vllm_rss_peak_mib`, the highest summed
-RSS of the server's process tree seen every 0.2 s; `trainer_rss_peak_by_stage_mib`, the child's highest RSS
-while it started (start), sampled (sample), ran `policy_update` (update) and pushed weights (sync), seen every 20 ms.
-
-Ratios in the JSON line: `ckpt_step_time_ratio` (adapter-ckpt / adapter-full fwd/bwd/optimizer time:
-target <= 1.35), `ckpt_rss` (adapter-ckpt peak: target <= 3 GB), `merged_tok_per_step_s_ratio`
-(merged-ckpt / adapter-ckpt) and `step_time_vs_before` (merged-ckpt / adapter-full step wall time:
-target <= 0.6).
+Every rollout is trained on (`forced_advantages`, unless `--real-advantages`); step 1 is warm-up, left out when
+there are >= 3 steps. Each figure and ratio of the JSON line, and what they measured:
+docs/performance.md#the-bench-scripts.
 
     python bench/train_step.py [--steps 3] [--init-adapter runs/calculator_recipe/sft/adapter]
                                [--variants adapter-full adapter-ckpt merged-ckpt] [--model qwen2.5-coder-0.5b]
-
-`--model` runs the same configuration with another policy (its own server; a built-in name or a folder):
-what a 0.5B model costs here beside SmolLM2-135M. Per variant the JSON line also gives
-`sampled_tok_per_gen_s` (sampled tokens per second of generation: merged weights vs adapter) and
-`trainer_tok_per_s` (tokens the update trained per second of forward+backward+optimizer).
 """
 
 from __future__ import annotations
@@ -59,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -184,44 +161,27 @@ def timed_stages(probe: Probe, force: bool) -> Stages:
                   update=update, sync=sync)
 
 
-class StageRSS(threading.Thread):
-    """This process's RSS every `every_s`, the highest seen under each of the probe's stage labels."""
+class PeakRSS(threading.Thread):
+    """The summed RSS of process `pid` (with `tree`, and of its descendants) every `every_s` until stopped: the
+    highest seen under each label `label()` gives, and the most processes seen."""
 
-    def __init__(self, probe: Probe, every_s: float = 0.02):
+    def __init__(self, pid: int, every_s: float, label: Callable[[], str] = lambda: "all", tree: bool = False):
         super().__init__(daemon=True)
-        self.probe, self.every_s = probe, every_s
+        self.pid, self.every_s, self.label, self.tree = pid, every_s, label, tree
         self.peak_kib: dict[str, int] = {}
+        self.processes = 0
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(self.every_s):
-            stage, kib = self.probe.stage, _status_kib(os.getpid(), "VmRSS")
-            self.peak_kib[stage] = max(self.peak_kib.get(stage, 0), kib)
+            pids = _descendants(self.pid) if self.tree else [self.pid]
+            self.processes, label = max(self.processes, len(pids)), self.label()
+            self.peak_kib[label] = max(self.peak_kib.get(label, 0), sum(_status_kib(p, "VmRSS") for p in pids))
 
     def stop(self) -> dict[str, float]:
         self._done.set()
         self.join()
         return {k: round(v / 1024, 1) for k, v in self.peak_kib.items()}
-
-
-class TreeRSS(threading.Thread):
-    """Samples the summed RSS of a process and its descendants until stopped; keeps the peak."""
-
-    def __init__(self, pid: int, every_s: float = 0.2):
-        super().__init__(daemon=True)
-        self.pid, self.every_s = pid, every_s
-        self.peak_kib, self.processes = 0, 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(self.every_s):
-            pids = _descendants(self.pid)
-            self.processes = max(self.processes, len(pids))
-            self.peak_kib = max(self.peak_kib, sum(_status_kib(p, "VmRSS") for p in pids))
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
 
 
 def _descendants(root: int) -> list[int]:
@@ -272,12 +232,12 @@ def child(args) -> None:
         *([f"model.init_adapter={args.init_adapter}"] if args.init_adapter else []), *VARIANTS[args.child],
         *args.set])
     probe = Probe()
-    stage_rss = StageRSS(probe)
+    stage_rss = PeakRSS(os.getpid(), 0.02, lambda: probe.stage)
     stage_rss.start()
     t0 = time.perf_counter()
     asyncio.run(train(cfg, stages=timed_stages(probe, force=not args.real_advantages)))
     by_stage = stage_rss.stop()
-    print(json.dumps({"variant": args.child, **summary(args, cfg, run_dir, probe, None, time.perf_counter() - t0),
+    print(json.dumps({"variant": args.child, **summary(args, cfg, run_dir, probe, time.perf_counter() - t0),
                       "trainer_rss_peak_by_stage_mib": by_stage}))
 
 
@@ -321,7 +281,7 @@ def main() -> None:
                             kv_cache_gib=recipe.sampler.kv_cache_gib,
                             max_model_len=recipe.sampler.max_model_len, dev_mode=True).start()
         url = server.url
-        rss = TreeRSS(server.proc.pid)
+        rss = PeakRSS(server.proc.pid, 0.2, tree=True)
         rss.start()
     try:
         results = {r["variant"]: r for r in run_variants(args, url)}
@@ -346,13 +306,13 @@ def comparison(results: dict[str, dict], rss) -> dict:
         "ckpt_rss_mib": results.get("adapter-ckpt", {}).get("trainer_rss_peak_mib"),
         "merged_tok_per_step_s_ratio": ratio("merged-ckpt", "adapter-ckpt", "sampled_tok_per_step_s"),
         "step_time_vs_before": ratio("merged-ckpt", "adapter-full", "step_s"),
-        "vllm_rss_peak_mib": round(rss.peak_kib / 1024, 1) if rss else None,
+        "vllm_rss_peak_mib": rss.stop().get("all") if rss else None,
         **{name: {k: v for k, v in r.items() if k not in ("bench", "variant", "run_dir")}
            for name, r in results.items()},
     }
 
 
-def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall: float) -> dict:
+def summary(args, cfg, run_dir: str, probe: Probe, run_wall: float) -> dict:
     """The figures of the run, from its metrics.jsonl and the probe."""
     records = read_metrics(run_dir)
     measured = [r for r in records if r["step"] > 1] if len(records) >= 3 else records
@@ -384,8 +344,7 @@ def summary(args, cfg, run_dir: str, probe: Probe, rss: TreeRSS | None, run_wall
         "sync_first_s": round(probe.pushes[0]["total_s"], 3) if probe.pushes else None,
         "sync_pushes": len(later),
         "trainer_rss_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "vllm_rss_peak_mib": round(rss.peak_kib / 1024, 1) if rss else None,
-        "vllm_processes": rss.processes if rss else None,
+        "vllm_rss_peak_mib": None, "vllm_processes": None,  # the server's, in comparison(): it serves every variant
         "tokens_per_s": _median([r["tokens_per_s"] for r in measured]),
         "sampled_tok_per_gen_s": _median(gen_rate), "trainer_tok_per_s": _median(train_rate),
         "reward_mean": _median([r.get("reward_mean", 0.0) for r in measured]),

@@ -2,11 +2,10 @@
 
 Owns: building TRL's GRPOTrainer for the work `bench/vs_trl.py` describes (the same rows, calculator
 tool, reward function, start adapter and settings), and timing its steps. Does not own: the work
-itself (rows, reward, tool and settings come from `bench/vs_trl.py`), setting up TRL's virtualenv,
-or comparing the two sides (`bench/vs_trl.py` does both).
+itself (rows, reward, tool: bench/shared/vs_trl_work.py; settings: `bench/vs_trl.py`), setting up TRL's
+virtualenv, or comparing the two sides (`bench/vs_trl.py` does both).
 
-It runs inside the bench's own TRL virtualenv (not agent-rl's), with the repository root on
-PYTHONPATH, so `bench.vs_trl` (and through it `envs.calculator`) is imported as the agent-rl side
+It runs inside the bench's own TRL virtualenv (not agent-rl's) and imports the work as the agent-rl side
 imports it: the reward function and tool are the same Python source on both sides.
 
 How TRL is set up to match agent-rl's step:
@@ -32,6 +31,7 @@ at the end, and prints the latter as one JSON line: per step `step_s`, `gen_s`, 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -48,7 +48,7 @@ from trl.chat_template_utils import qwen2_5_chat_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.vs_trl import bench_rows, calculator, correct
+from bench.shared.vs_trl_work import bench_rows, calculator, correct
 
 
 class StepClock(TrainerCallback):
@@ -141,9 +141,9 @@ def build_trainer(spec: dict, out_dir: Path) -> tuple[CountingGRPOTrainer, StepC
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("error: usage: trl_side.py SPEC.json")
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec", type=Path, help="SPEC.json, written by bench/vs_trl.py")
+    spec = json.loads(ap.parse_args().spec.read_text())
     out_dir = Path(spec["out_dir"])
     torch.manual_seed(spec["seed"])
     trainer, clock = build_trainer(spec, out_dir)

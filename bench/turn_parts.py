@@ -1,12 +1,11 @@
 """Where a turn's CPU goes in place: the runner's side of bench/runner_scale.py, with the parts of a turn timed.
 
 Owns: timing only. The runner plays calculator episodes against the simulated servers exactly as
-`bench/runner_scale.py --runner-only` does (`measure_side`), while each part below is wrapped in a timer of the
-thread's CPU time. A part costs several times more in place than in a tight loop (thousands of episodes share the
-caches: docs/performance.md#where-a-turns-cpu-goes), so only a measurement in place says what to cut. The timers
-cost a little themselves (a CPU clock read is a system call here: docs/performance.md#smaller-measurements), which
-each part's figure includes; `cpu_ms_per_turn` is the process's over the window,
-with them. The parts are counted over the whole run, warm-up included, per response read (one a turn).
+`bench/runner_scale.py --runner-only` does (`sim_measure.measure_side`), while each part below is wrapped in a timer
+of the thread's CPU time: a part costs several times more in place than in a tight loop, so only a measurement in
+place says what to cut (docs/performance.md#where-a-turns-cpu-goes). Each part's figure includes its timer's own
+cost; `cpu_ms_per_turn` is the process's over the window, with them. The parts are counted over the whole run,
+warm-up included, per response read (one a turn).
 
 Parts: reading the response (`read_response`), its checks (`response_completion`), decoding and parsing the turn
 (`Renderer.parse`), the token buffer (`add_sampled` + `add_context`, and `segment`, which writes the mask, log-probs
@@ -32,14 +31,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bench.runner_scale as scale
+import bench.shared.sim_episodes as episodes
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.renderers.choose import load_renderer
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout import runner
 from agent_rl.rollout.serving.vllm import sampler
 from agent_rl.tools import base, worker_pool
-from bench.sim_servers import GpuModel
+from bench.shared.sim_episodes import Workload
+from bench.shared.sim_measure import INSTANT, measure_side
+from bench.shared.sim_servers import GpuModel
 
 
 class Parts:
@@ -62,18 +63,18 @@ class Parts:
 
 def instrument(parts: Parts) -> None:
     """Wrap each part where the runner's side calls it (the names the calling modules hold)."""
-    dumps = scale.orjson.dumps
+    dumps = episodes.orjson.dumps
 
-    class Orjson:  # bench/runner_scale.py's orjson, its `dumps` (the prompt ids' JSON) timed
+    class Orjson:  # the simulated sampler's orjson, its `dumps` (the prompt ids' JSON) timed
         def __getattr__(self, name: str) -> Any:
             return getattr(sampler.orjson, name)
 
     Orjson.dumps = staticmethod(parts.timed("request JSON", dumps))  # type: ignore[attr-defined]
-    scale.orjson = Orjson()  # type: ignore[assignment]
-    scale.request_body = parts.timed("request JSON", sampler.request_body)
-    scale.read_response = parts.timed("reading the response", sampler.read_response)
-    scale.response_completion = parts.timed("_completion", sampler.response_completion)
-    scale.SimSampler.reply_plan = parts.timed("servers: reply choice", scale.SimSampler.reply_plan)
+    episodes.orjson = Orjson()  # type: ignore[assignment]
+    episodes.request_body = parts.timed("request JSON", sampler.request_body)
+    episodes.read_response = parts.timed("reading the response", sampler.read_response)
+    episodes.response_completion = parts.timed("_completion", sampler.response_completion)
+    episodes.SimSampler.reply_plan = parts.timed("servers: reply choice", episodes.SimSampler.reply_plan)
     Renderer.parse = parts.timed("decoding and parsing", Renderer.parse)  # type: ignore[method-assign]
     Renderer.next_context = parts.timed("next context", Renderer.next_context)  # type: ignore[method-assign]
     runner.TokenBuffer.add_sampled = parts.timed("token buffer", runner.TokenBuffer.add_sampled)  # type: ignore[method-assign]
@@ -93,10 +94,9 @@ def main() -> None:
     renderer = load_renderer(resolve_model("smollm2-135m"))
     parts = Parts()
     instrument(parts)
-    gpu = scale.INSTANT if args.servers == 8 else GpuModel()
-
-    got = asyncio.run(scale.measure_side("runner", args.servers, args.concurrency, gpu, scale.Workload(), renderer,
-                                         args.warmup, args.window, "sticky"))
+    gpu = INSTANT if args.servers == 8 else GpuModel()
+    got = asyncio.run(measure_side("runner", args.servers, args.concurrency, gpu, Workload(), renderer,
+                                   args.warmup, args.window, "sticky"))
     turns = parts.calls["reading the response"]  # one response a turn, warm-up included (as every part's count)
     print(json.dumps({
         "servers": args.servers, "concurrency": args.concurrency, "turns": turns,

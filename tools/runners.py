@@ -3,7 +3,7 @@
 Owns: `run_in_thread` (one thread per call, stopped at the deadline by `ToolOverrun` raised inside
 it); which functions a worker process can run (`function_address`, `resolve`).
 Does not own: the worker processes (`tools.worker_pool`: a pool per event loop, killed at a call's
-deadline; the worker's side is `tools.worker`, the messages on their pipes `tools.pipes`), which
+deadline; the worker's side is `tools.worker`, the messages on their pipes `tools.worker_pool`'s), which
 runner a tool uses, argument validation, or the tool message (`tools.base`).
 
 Why two runners. A thread shares the interpreter with the event loop. Pure-Python code in it lets

@@ -3,8 +3,8 @@
 Owns: `serve`, the loop a worker process started by `tools.worker_pool` runs: requests on stdin, replies
 on stdout (the tool's own prints go to stderr), each ("load" | "call", module, qualname[, kwargs])
 answered by ("ok", content) / ("refused", ToolError text) / ("failed", "Type: text").
-Does not own: starting, timing or killing workers (`tools.worker_pool`), the messages' bytes (`tools.pipes`), or
-what a reply means to the model (`tools.base`).
+Does not own: starting, timing or killing workers, or the messages' bytes (`tools.worker_pool`), or what a reply
+means to the model (`tools.base`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import signal
 import sys
 
 from agent_rl.tools.base import ToolError, tool_content
-from agent_rl.tools.pipes import read_message, write_message
 from agent_rl.tools.runners import resolve
+from agent_rl.tools.worker_pool import read_message, write_message
 
 
 def serve() -> None:

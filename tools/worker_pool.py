@@ -2,9 +2,11 @@
 
 Owns: `run_in_worker` (call a function, by its address, in a worker process of the running loop's pool),
 `WorkerPool` (up to `size` workers; which worker a call goes to; a worker's death, overrun or cancellation and the
-calls it leaves behind), `_Worker` (one process, its pipes and the calls sent to it, in order).
-Does not own: which tools run here and why (`tools.runners` says why, `tools.base` chooses), the worker's side
-(`tools.worker`), the messages' bytes (`tools.pipes`).
+calls it leaves behind), `_Worker` (one process, its pipes and the calls sent to it, in order), and the messages on
+those pipes, both sides' (a pickle's length, 4 bytes big-endian, then the pickle: `frame`, `write_all`,
+`write_message`; `read_message` from a blocking stream, the worker's side; `pipe_size`, how much a pipe holds).
+Does not own: which tools run here and why (`tools.runners` says why, `tools.base` chooses), the worker's loop
+(`tools.worker`).
 
 How a call goes. It is sent to an idle worker, else to a worker started for it (up to `size`), else written behind
 the calls a busy worker already has (at most `DEPTH` in all), else it waits for one of these. A worker reads its
@@ -36,10 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import functools
 import json
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
@@ -47,12 +51,50 @@ import weakref
 from typing import Any
 
 from agent_rl.core.deadline import Alarm
-from agent_rl.tools.pipes import frame, pipe_size, write_all
 
 POOL_SIZE = max(2, min(4, os.cpu_count() or 2))  # worker processes per event loop
 DEPTH = 8  # calls written to one worker and not yet answered, the running one included
 START_TIMEOUT_S = 120.0  # a worker's start-up and the import of a tool's module (not the call's deadline)
 _BOOT = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from agent_rl.tools.worker import serve; serve()"
+
+
+def frame(message: Any) -> bytes:
+    """`message` as the bytes on a pipe: its pickle's length, then the pickle."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(data).to_bytes(4, "big") + data
+
+
+def write_all(stream: Any, data: bytes) -> None:
+    """Every byte of `data` to an unbuffered stream (one write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[stream.write(view):]
+
+
+def write_message(stream: Any, message: Any) -> None:
+    write_all(stream, frame(message))
+    stream.flush()
+
+
+def pipe_size(stream: Any) -> int:
+    """The bytes a pipe holds (Linux: F_GETPIPE_SZ, 64 KiB by default; elsewhere the least POSIX promises)."""
+    try:
+        return int(fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ))
+    except (AttributeError, OSError):
+        return select.PIPE_BUF
+
+
+def read_message(stream: Any) -> Any:
+    def exactly(n: int) -> bytes:
+        chunks = b""
+        while len(chunks) < n:
+            chunk = stream.read(n - len(chunks))
+            if not chunk:
+                raise EOFError("the worker process closed its pipe")
+            chunks += chunk
+        return chunks
+
+    return pickle.loads(exactly(int.from_bytes(exactly(4), "big")))
 
 
 class _Call:

@@ -3,18 +3,14 @@
 Owns: `response_json` (the response, written field by field as vLLM writes it: the reference), `Responses` (the
 same bytes from fragments made once), `token_pieces` (each id's text), `LOGPROBS` (the log-probs the replies carry),
 `ServerWork` (the servers' time in this process).
-Does not own: when a server answers (bench/sim_servers.py), what a reply says (bench/runner_scale.py's
-`SimSampler`), reading a response (VLLMSampler's `read_response`, `response_completion`).
+Does not own: when a server answers (`sim_servers`), what a reply says (`sim_episodes.SimSampler`), reading a
+response (VLLMSampler's `read_response`, `response_completion`).
 
-Why fragments: writing a response is the servers' work, which a deployment does on its GPU machines, yet here it
-runs in the measured process. Written whole each turn (`response_json`: ~5 objects a sampled token) it took a
-quarter of the runner process's CPU (docs/performance.md#the-runner-at-scale-by-simulation), and its allocations
-churn the caches the
-runner's own work runs in. A reply here is a prefix of one long sequence (the stand-in's filler, the ideal
-client's text) and a short ending, and an echo is the request's own JSON: so each prefix's JSON is cut from text
-written once, and only the ending is written per turn. The runner's side and the ideal client's both write this
-way, so the subtraction of one from the other means what it did; tests/test_runner_scale.py checks the bytes
-against `response_json`.
+Why fragments: writing a response is the servers' work, yet here it runs in the measured process, where written
+whole each turn it took a quarter of the runner process's CPU (docs/performance.md#the-runner-at-scale-by-simulation).
+A reply is a prefix of one long sequence and a short ending, and an echo is the request's own JSON: so each prefix's
+JSON is cut from text written once and only the ending is written per turn, on the runner's side and the ideal
+client's alike (tests/test_bench_sim_responses.py checks the bytes against `response_json`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Owns: `GpuModel` (one server's numbers), `SimServer` (continuous batching in closed form, with a
 prefix cache) and `SimCluster` (N servers, least-outstanding or sticky routing, what they served and
 how long each had work).
-Does not own: what is asked of them (bench/runner_scale.py drives them with the real runner and
-with a zero-overhead client), token ids (callers bring their own), HTTP.
+Does not own: what is asked of them (`sim_measure`: the real runner and a zero-overhead client; `sim_remote`: the
+same servers for Ray workers), token ids (callers bring their own), HTTP.
 
 The model: all running sequences advance one token per decode step; a step takes `step_base +
 step_per_seq * batch` seconds; prefill of the prompt tokens not in the server's prefix cache stalls
@@ -13,8 +13,8 @@ request also pays `overhead` of latency outside the GPU (HTTP, scheduling). Time
 clock, so a simulated second is a real one and the client's CPU cost and lag are real too. Progress
 is computed from time, not from timers: a late timer delays a reply, never the server's work.
 
-Assumed numbers (a 7-8B model in bf16 on one H100 SXM with vLLM; bench/runner_scale.py's flags
-change them):
+Assumed numbers (a 7-8B model in bf16 on one H100 SXM with vLLM; bench/runner_scale.py's and bench/async_sim.py's
+flags change them):
 - step_base 7 ms: decode at batch 1 is memory-bound, 16 GB of weights / 3.35 TB/s = 4.8 ms;
   LambdaLabsML/vllm-benchmark measured a median TPOT of 7.6 ms for Llama-3-8B-Instruct on 1xH100.
 - step_per_seq 0.053 ms: puts a full batch of 256 at 20.5 ms a step, 12,500 output tok/s, the

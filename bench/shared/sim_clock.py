@@ -2,7 +2,7 @@
 is ready, so that hours of simulated GPU time run in the minutes of CPU the Python code needs.
 
 Owns: `SimClockLoop` (an asyncio event loop on a simulated clock) and `run` (asyncio.run on one).
-Does not own: what is simulated (bench/sim_servers.py, bench/async_sim.py).
+Does not own: what is simulated (`sim_servers`, bench/async_sim.py).
 
 Everything that waits on the loop's clock waits in simulated time: `asyncio.sleep`, `wait_for`
 deadlines, `call_at` (the simulated servers' completions), `loop.time()`. The CPU time of the Python code
