@@ -20,6 +20,8 @@ from agent_rl.evaluation.evaluate import (
     evaluate,
     format_report,
     pass_at_k,
+    pass_figures,
+    pass_hat_k,
     resolve_policy,
 )
 from agent_rl.play import play, read_reply, summary
@@ -64,14 +66,28 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
     groups = await rollout_groups(tasks, spec.make_env, scripted(script), renderer, EpisodeLimits(), 2,
                                   max_concurrent=1)
     r = eval_report(groups)
+    assert {t.tools for g in groups for t in g.trajectories} == {("calculator",)}  # what the runner recorded
     assert r["tasks"] == 4 and r["rollouts"] == 8
-    assert r["accuracy"] == 3 / 8 == r["pass@1"]
+    assert r["accuracy"] == 3 / 8 == r["pass@1"] == r["pass^1"]
     assert r["pass@2"] == (1 + 1 + 0 + 0) / 4
+    assert r["pass^2"] == (1 + 0 + 0 + 0) / 4  # both rollouts right: task 0 only
+    # "1 +" is a readable call the calculator fails: a tool error, no violation of the call format
+    assert r["violation/malformed_call"] == 0.0 and r["violation/unknown_tool"] == 0.0
     assert r["tool_use_rate"] == 6 / 8  # task 0 twice, tasks 2 and 3 twice each
     assert r["accuracy_with_tools"] == 2 / 6 and r["accuracy_without_tools"] == 1 / 2
     assert r["tool/calculator/calls_per_traj"] == 6 / 8 and r["tool/calculator/failure_rate"] == 4 / 6
     assert r["turns_mean"] == (2 * 2 + 1 + 1 + 2 * 4) / 8 and r["infra_error_rate"] == 0.0
     assert r["tool_calls_per_solved"] == (1 + 1 + 0) / 3  # task 0 twice with one call, task 1 once with none
+
+
+def test_pass_hat_k_by_hand():
+    assert pass_hat_k(4, 1, 1) == 0.25 and pass_hat_k(4, 2, 2) == 1 / 6  # C(2,2) / C(4,2)
+    assert pass_hat_k(5, 3, 2) == pytest.approx(3 / 10) and pass_hat_k(3, 3, 3) == 1.0 and pass_hat_k(3, 2, 3) == 0.0
+    with pytest.raises(ValueError, match=r"pass\^k needs"):
+        pass_hat_k(2, 1, 3)
+    # (samples, correct) of three tasks: pass@2 and pass^2 over the tasks with at least 2 samples
+    assert pass_figures([(2, 1), (2, 2), (1, 1)], [1, 2]) == {
+        "pass@1": (0.5 + 1 + 1) / 3, "pass^1": (0.5 + 1 + 1) / 3, "pass@2": (1 + 1) / 2, "pass^2": (0 + 1) / 2}
 
 
 def test_resolve_policy(tmp_path):

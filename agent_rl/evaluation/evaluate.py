@@ -2,12 +2,11 @@
 
 Owns: `eval_report` (a pure function from rollout groups to figures, and the same figures per
 environment, `env/<name>/...`, when the tasks came from a mixture of several), `pass_at_k` (the unbiased
-estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
-model, a LoRA adapter, or the full weights of a full fine-tune), and
-`play_policies` (serve each policy, play the tasks, on rollout workers with `rollout.workers`; also what the
-BFCL benchmark plays with),
-`evaluate` (play the held-out tasks, report; two adapters side by side) and
-`format_report` (the figures side by side as a table).
+estimator of Chen et al. 2021) and `pass_hat_k` (tau-bench's pass^k: all k right), `pass_figures`,
+`resolve_policy` (what a user may point `--adapter` at: the base model, a LoRA adapter, or the full weights
+of a full fine-tune), `play_policies` (serve each policy, play the tasks, on rollout workers with
+`rollout.workers`; also what the BFCL benchmark plays with), `evaluate` (play the held-out tasks, report; two
+adapters side by side) and `format_report` (the figures side by side as a table).
 Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
 
 Fair comparisons: every policy plays the same tasks with the same per-request sampling seeds, so
@@ -32,7 +31,7 @@ from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
-from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics, tool_decision_metrics
+from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics, tool_decision_metrics, violation_metrics
 from agent_rl.session import Session, episodes, with_workers
 
 BASE = "base"
@@ -47,16 +46,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0) -> dict[str, float]:
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k (tau-bench): P(all of k draws without replacement from n samples, c of them correct, are correct)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass^k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_figures(counts: Sequence[tuple[int, int]], ks: Sequence[int]) -> dict[str, float]:
+    """`pass@k` and `pass^k` for each k, averaged over the tasks `(n, c)` (samples, correct) with n >= k
+    (0.0 when none has)."""
+    out = {}
+    for k in ks:
+        done = [(n, c) for n, c in counts if n >= k]
+        out[f"pass@{k}"] = fmean(pass_at_k(n, c, k) for n, c in done) if done else 0.0
+        out[f"pass^{k}"] = fmean(pass_hat_k(n, c, k) for n, c in done) if done else 0.0
+    return out
+
+
+def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0,
+                calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, float]:
     """Figures of one policy: a group holds the K rollouts of one task.
 
-    accuracy = solved rollouts / rollouts (= mean pass@1); pass@K per task, averaged; tool-use and
+    accuracy = solved rollouts / rollouts (= mean pass@1); pass@K (at least one of K right) and pass^K (all K
+    right: consistency) per task, averaged; the share of sampled turns with each violation of the call format
+    (`runs.metrics.violation_metrics`, `calls_in_reasoning` the renderer's); tool-use and
     per-tool rates, turns and lengths from `rollout_metrics`; accuracy split by whether the rollout
     used a tool; tool calls per solved rollout; by task, whether the policy tries its tools
     (`runs.metrics.tool_decision_metrics`); with tasks of several environments, the main figures of
     each (`env/<name>/...`). Infrastructure errors are counted and left out of every rate.
     """
-    return {**_figures(groups, success_threshold), **_per_env(groups, success_threshold)}
+    return {**_figures(groups, success_threshold), **violation_metrics(
+        [t for g in groups for t in g.trajectories], calls_in_reasoning), **_per_env(groups, success_threshold)}
 
 
 def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dict[str, float]:
@@ -65,14 +86,9 @@ def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
     solved = [t.reward >= success_threshold for t in ok]
     report: dict[str, float] = {"tasks": float(len(groups)), "rollouts": float(len(trajs)),
                                 "accuracy": fmean(solved) if ok else 0.0}
-    ks = sorted({1, *(len(g.trajectories) for g in groups)})
-    for k in ks:
-        per_task = []
-        for g in groups:
-            done = [t for t in g.trajectories if not t.infra_error]
-            if len(done) >= k:
-                per_task.append(pass_at_k(len(done), sum(t.reward >= success_threshold for t in done), k))
-        report[f"pass@{k}"] = fmean(per_task) if per_task else 0.0
+    counts = [(len(done), sum(t.reward >= success_threshold for t in done))
+              for g in groups if (done := [t for t in g.trajectories if not t.infra_error])]
+    report.update(pass_figures(counts, sorted({1, *(len(g.trajectories) for g in groups)})))
     with_tools = [s for t, s in zip(ok, solved) if t.used_tools]
     without = [s for t, s in zip(ok, solved) if not t.used_tools]
     report["accuracy_with_tools"] = fmean(with_tools) if with_tools else 0.0
@@ -91,8 +107,9 @@ def _per_env(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
     out: dict[str, float] = {}
     for name in envs:
         mine = _figures([g for g in groups if g.trajectories and g.trajectories[0].env == name], success_threshold)
-        out.update({f"env/{name}/{k}": v for k, v in mine.items() if k in ENV_FIGURES or k.startswith("pass@")
-                    or k in ("tasks", "accuracy_with_tools", "accuracy_without_tools")})
+        kept = ("tasks", "accuracy_with_tools", "accuracy_without_tools")
+        out.update({f"env/{name}/{k}": v for k, v in mine.items()
+                    if k in ENV_FIGURES or k in kept or k.startswith(("pass@", "pass^"))})
     return out
 
 
@@ -191,7 +208,8 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
         groups = await play_policies(session, policies, tasks, limits, serve)
     if groups_out is not None:
         groups_out.update({p.label: groups[p.label] for p in policies})
-    results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}
+    results = {p.label: eval_report(groups[p.label], settings.success_threshold, session.renderer.calls_in_reasoning)
+               for p in policies}
     out: dict[str, Any] = {"eval": {"env": session.env.name, "model": cfg.model.name, **settings.model_dump()},
                            "results": results}
     if len(results) >= 2:
