@@ -18,7 +18,6 @@ from agent_rl.evaluation.evaluate import (
     PolicySpec,
     eval_report,
     evaluate,
-    format_report,
     pass_at_k,
     pass_figures,
     pass_hat_k,
@@ -111,14 +110,26 @@ def test_resolve_policy(tmp_path):
         resolve_policy("/nope")
 
 
-def test_report_table_side_by_side():
-    report = {"results": {"sft": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.5},
-                          "grpo": {"accuracy": 0.5, "pass@1": 0.5, "tool_use_rate": 0.75}},
-              "delta": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.25}}
-    lines = format_report(report).splitlines()
-    assert lines[0].split() == ["sft", "grpo", "delta"]
-    assert lines[1].split() == ["accuracy", "0.250", "0.500", "+0.250"]
-    assert lines[3].split() == ["tool_use_rate", "0.500", "0.750", "+0.250"]
+def test_the_short_table_a_person_reads():
+    from agent_rl.runs.summary import policy_table
+
+    figures = lambda acc, p2, h2, tools: {"accuracy": acc, "pass@1": acc, "pass@2": p2, "pass^1": acc,  # noqa: E731
+                                          "pass^2": h2, "tool_use_rate": tools, "tool/attempt_share": tools,
+                                          "turns_mean": 2.0, "violation/any": 0.125, "reward_mean": 9.0}
+    results = {"runs/sft": figures(0.25, 0.5, 0.0, 0.5), "runs/s0": figures(0.5, 0.75, 0.25, 0.75),
+               "runs/s1": figures(0.75, 1.0, 0.5, 1.0)}
+    lines = policy_table(results, baseline="runs/sft", names={"runs/sft": "sft"}, spread="seed spread").splitlines()
+    assert [line.split() for line in lines] == [
+        ["policy", "accuracy", "pass@2", "pass^2", "tool", "use", "attempts", "turns", "violations"],
+        ["sft", "0.250", "0.500", "0.000", "0.500", "0.500", "2.000", "0.125"],
+        ["runs/s0", "0.500", "0.750", "0.250", "0.750", "0.750", "2.000", "0.125"],
+        ["runs/s1", "0.750", "1.000", "0.500", "1.000", "1.000", "2.000", "0.125"],
+        ["gain", "runs/s0", "+0.250", "+0.250", "+0.250", "+0.250", "+0.250", "+0.000", "+0.000"],
+        ["gain", "runs/s1", "+0.500", "+0.500", "+0.500", "+0.500", "+0.500", "+0.000", "+0.000"],
+        ["seed", "spread", "0.250", "0.250", "0.250", "0.250", "0.250", "0.000", "0.000"]]
+    # one policy: its row only; a figure it lacks is "-"
+    assert policy_table({"base": {"accuracy": 0.5, "pass@1": 0.5}}).splitlines()[1].split() == \
+        ["base", "0.500", "0.500", "-", "-", "-", "-", "-"]
 
 
 def test_eval_cli_bad_adapter_is_one_line(capsys):

@@ -112,5 +112,6 @@ def test_violations_of_the_call_format_per_sampled_turn_by_hand(renderer):
           replies_traj([reply(after), reply(unknown), reply("The answer is 5.")]),
           replies_traj([reply(broken)], stop=StopReason.ERROR)]
     assert violation_metrics(ts) == {"violation/call_in_reasoning": 0.0, "violation/malformed_call": 1 / 6,
-                                     "violation/unknown_tool": 2 / 6, "violation/call_after_answer": 1 / 6}
+                                     "violation/unknown_tool": 2 / 6, "violation/call_after_answer": 1 / 6,
+                                     "violation/any": 4 / 6}
     assert violation_metrics(ts[2:]) == {}

@@ -6,8 +6,9 @@ estimator of Chen et al. 2021) and `pass_hat_k` (tau-bench's pass^k: all k right
 `resolve_policy` (what a user may point `--adapter` at: the base model, a LoRA adapter, or the full weights
 of a full fine-tune), `play_policies` (serve each policy, play the tasks, on rollout workers with
 `rollout.workers`; also what the BFCL benchmark plays with), `evaluate` (play the held-out tasks, report; two
-adapters side by side) and `format_report` (the figures side by side as a table).
-Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
+adapters side by side) and `env_verdict` (the verdict kept with an episode's replies).
+Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers, the table a
+person reads (`runs.summary`).
 
 Fair comparisons: every policy plays the same tasks with the same per-request sampling seeds, so
 two adapters differ only by their weights (common random numbers), not by the luck of the draw.
@@ -25,7 +26,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from agent_rl.core.types import TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup
 from agent_rl.rollout.engine import play_groups
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.serving.choose import serving_backend
@@ -149,6 +150,14 @@ def resolve_policy(spec: str) -> PolicySpec:
                      f"for the model without an adapter")
 
 
+def env_verdict(traj: Trajectory, success_threshold: float = 1.0) -> dict[str, Any] | None:
+    """The verdict on an environment's episode kept with its replies (`runs.replies`): solved when its reward
+    reaches the threshold; None for an infrastructure error."""
+    if traj.infra_error:
+        return None
+    return {"valid": traj.reward >= success_threshold, "error_type": None, "errors": []}
+
+
 def compare(reports: dict[str, dict[str, float]]) -> dict[str, float]:
     """second - first, for every figure both reports have."""
     (_, a), (_, b) = list(reports.items())[:2]
@@ -215,26 +224,3 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
     if len(results) >= 2:
         out["delta"] = compare(results)
     return out
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The figures of each adapter side by side (and their difference for two), one row per figure."""
-    results = report["results"]
-    labels = list(results)
-    keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
-                        "tool_use_rate", "tool/no_attempt_groups", "tool/all_fail_groups", "accuracy_with_tools",
-                        "accuracy_without_tools", "tool_calls_per_traj",
-                        "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean",
-                        "truncation_rate", "infra_error_rate") if k in results[labels[0]]]
-    keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
-    keys += [k for k in results[labels[0]] if k.startswith("env/") and not k.endswith(("/tasks", "/rollouts"))]
-    head = [""] + [_short(lb) for lb in labels] + (["delta"] if "delta" in report else [])
-    rows = [head] + [[k] + [f"{results[lb].get(k, float('nan')):.3f}" for lb in labels]
-                     + ([f"{report['delta'].get(k, float('nan')):+.3f}"] if "delta" in report else []) for k in keys]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
-
-
-def _short(label: str, width: int = 28) -> str:
-    return label if len(label) <= width else "..." + label[-(width - 3):]

@@ -196,9 +196,11 @@ def sampled_replies(traj: Trajectory) -> list[Message]:
 def violation_metrics(trajectories: Sequence[Trajectory],
                       calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, float]:
     """`violation/<name>` for each of VIOLATIONS: the share of the sampled turns (of the episodes without an
-    infrastructure error) with that violation (`reply_violations`); {} when no turn was sampled."""
+    infrastructure error) with that violation (`reply_violations`), and `violation/any`, with at least one; {}
+    when no turn was sampled."""
     found = [reply_violations(m, t.tools, calls_in_reasoning) for t in trajectories if not t.infra_error
              for m in sampled_replies(t)]
     if not found:
         return {}
-    return {f"violation/{name}": _mean([1.0 if f[name] else 0.0 for f in found]) for name in VIOLATIONS}
+    out = {f"violation/{name}": _mean([1.0 if f[name] else 0.0 for f in found]) for name in VIOLATIONS}
+    return {**out, "violation/any": _mean([1.0 if any(f.values()) else 0.0 for f in found])}
