@@ -114,16 +114,18 @@ def _training_parsers(sub) -> None:
 
     e = sub.add_parser("eval", help="accuracy, pass@k and tool use on held-out tasks; compare adapters")
     _config_arguments(e, "YAML file: model, sampler, rollout and eval.* are used", "eval.temperature=0.7")
-    e.add_argument("--n", type=int, default=None, help="rollouts per task, K of pass@K (eval.samples)")
+    e.add_argument("--n", type=int, default=None, help="rollouts per task, K of pass@K and pass^K (eval.samples; "
+                                                       "bfcl: episodes of each question, default 1)")
     e.add_argument("--tasks", type=int, default=None, help="held-out tasks (eval.tasks)")
     e.add_argument("--adapter", action="append",
                    help="'base', a peft adapter folder, or a run folder; twice to compare side by side")
-    e.add_argument("--out", help="write the JSON report here")
+    e.add_argument("--out", help="the JSON report (default: runs/eval/<kind>-<time>.json); the replies go beside it, "
+                                 "X.replies.jsonl (agent-rl view X.replies.jsonl)")
     e.add_argument("--show", type=int, default=0, help="print the first rollout of this many tasks per adapter")
     e.add_argument("--benchmark", choices=["bfcl"],
                    help="a benchmark instead of the config's environment: bfcl (needs `make bfcl-setup`)")
     e.add_argument("--categories", help="bfcl: comma-separated categories (default: simple, multiple, parallel, "
-                                        "parallel_multiple, irrelevance)")
+                                        "parallel_multiple, irrelevance; multi_turn: the four multi-turn ones)")
     e.add_argument("--per-category", type=int, default=None, help="bfcl: questions of each category (default 20)")
     e.set_defaults(func=commands.evaluate)
 
@@ -131,10 +133,11 @@ def _training_parsers(sub) -> None:
     pl.add_argument("run_dir")
     pl.set_defaults(func=commands.plot)
 
-    v = sub.add_parser("view", help="write an HTML page to browse a run's rollout traces (run.trace_groups)")
-    v.add_argument("run_dir")
-    v.add_argument("--out", help="the page (default: RUN_DIR/traces.html)")
-    v.add_argument("--steps", help="only these steps, e.g. 1-5,10 (default: every traced step)")
+    v = sub.add_parser("view", help="write an HTML page to browse a run's rollout traces (run.trace_groups), or an "
+                                    "evaluation's replies (X.replies.jsonl, beside its report)")
+    v.add_argument("run_dir", help="a run directory, or an evaluation's X.replies.jsonl")
+    v.add_argument("--out", help="the page (default: RUN_DIR/traces.html, or X.replies.html)")
+    v.add_argument("--steps", help="only these steps (of replies: policies, 1 the first), e.g. 1-5,10 (default: all)")
     v.set_defaults(func=commands.view)
 
 

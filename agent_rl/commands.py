@@ -17,7 +17,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,6 +71,11 @@ def config(args: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) ->
 def announce_server(cfg: TrainConfig) -> None:
     if not cfg.sampler.server_urls:
         print(f"starting a vLLM server for {cfg.model.name} (about a minute on a CPU)...", file=sys.stderr)
+
+
+def default_report(kind: str) -> Path:
+    """Where an evaluation's report goes without --out: runs/eval/<kind>-<date>-<time>.json."""
+    return Path("runs") / "eval" / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
 def _rounded(metrics: dict[str, float]) -> str:
@@ -123,17 +130,27 @@ def train(args: argparse.Namespace) -> int:
     cfg = config(args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return torchrun(args)
+    from agent_rl.runs.runlog import RunLogError, read_metrics
+    from agent_rl.runs.summary import run_table, where
     from agent_rl.trainer import train as run_training
 
     with errors_as_lines():
-        final = asyncio.run(run_training(cfg, resume=args.resume))
+        asyncio.run(run_training(cfg, resume=args.resume))
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 reports
+    run_dir = Path(cfg.run.run_dir)
+    curves = []
     if args.plot:
         from agent_rl.runs.plot import plot_run
 
-        plot_run(cfg.run.run_dir)
-    print(_rounded(final))
+        curves = plot_run(run_dir)
+    try:
+        print(run_table(read_metrics(run_dir)))
+    except RunLogError:  # no step was logged (a run resumed after its last step)
+        pass
+    adapter = run_dir / "adapter"
+    print(where(metrics=run_dir / "metrics.jsonl", curves=", ".join(map(str, curves)),
+                adapter=adapter if adapter.is_dir() else None))
     return 0
 
 
@@ -233,10 +250,12 @@ def sft(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     from agent_rl.core.files import write_json
+    from agent_rl.evaluation.evaluate import env_verdict, resolve_policy
     from agent_rl.evaluation.evaluate import evaluate as run_eval
-    from agent_rl.evaluation.evaluate import format_report, resolve_policy
     from agent_rl.rollout.serving.choose import serving_backend
     from agent_rl.runs.display import format_trajectory
+    from agent_rl.runs.replies import replies_path, write_replies
+    from agent_rl.runs.summary import policy_table, where
     from agent_rl.session import open_session
 
     if args.benchmark:
@@ -266,10 +285,13 @@ def evaluate(args: argparse.Namespace) -> int:
         for g in gs[: args.show]:
             print(format_trajectory(g.trajectories[0], session.renderer, f"{label}: {g.task_id}",
                                     sys.stdout.isatty()), "\n")
-    if args.out:
-        write_json(args.out, report)
-    print(format_report(report))
-    print(json.dumps(report))
+    out = write_json(args.out or default_report("eval"), report)
+    threshold = cfg.eval.success_threshold
+    replies = write_replies(replies_path(out), {label: [(t, env_verdict(t, threshold)) for g in gs
+                                                        for t in g.trajectories] for label, gs in groups.items()},
+                            session.renderer)
+    print(policy_table(report["results"], baseline=adapters[0] if len(adapters) > 1 else None))
+    print(where(report=out, replies=f"{replies} (browse them: agent-rl view {replies})"))
     failed = sum(r["infra_error_rate"] > 0 for r in report["results"].values())
     if failed:
         raise CLIError(f"{failed} evaluation(s) had infrastructure errors: see infra_error_rate")
@@ -282,29 +304,33 @@ def benchmark(args: argparse.Namespace) -> int:
     from agent_rl.evaluation.bfcl import bfcl_settings, evaluate_bfcl, format_table
     from agent_rl.evaluation.bfcl_checker import BFCLError
     from agent_rl.rollout.serving.choose import serving_backend
+    from agent_rl.runs.replies import replies_path, write_replies
+    from agent_rl.runs.summary import where
     from agent_rl.session import open_session
 
-    for flag, value in (("--n", args.n), ("--tasks", args.tasks), ("--show", args.show or None)):
+    for flag, value in (("--tasks", args.tasks), ("--show", args.show or None)):
         if value is not None:
-            raise CLIError(f"{flag} does not apply to --benchmark bfcl (one sample of each picked question; "
-                           "choose them with --categories and --per-category)", EXIT_BAD_INPUT)
+            raise CLIError(f"{flag} does not apply to --benchmark bfcl (choose the questions with --categories and "
+                           "--per-category, the episodes of each with --n)", EXIT_BAD_INPUT)
     cfg = config(args)
     adapters = args.adapter or ["base"]
     if len(set(adapters)) != len(adapters):
         raise CLIError(f"--adapter given twice: {adapters}", EXIT_BAD_INPUT)
+    judged: dict[str, Any] = {}
     with errors_as_lines():
-        settings = bfcl_settings(categories=args.categories, per_category=args.per_category)
+        settings = bfcl_settings(categories=args.categories, per_category=args.per_category, samples=args.n)
         session = open_session(cfg)
         announce_server(cfg)
         try:
             report = asyncio.run(evaluate_bfcl(session, adapters, functools.partial(
-                serving_backend().serve, cfg.model, cfg.sampler, cfg.run.seed), settings))
+                serving_backend().serve, cfg.model, cfg.sampler, cfg.run.seed), settings, judged_out=judged))
         except BFCLError as e:
             raise CLIError(str(e)) from None
-    if args.out:
-        write_json(args.out, report)
+    out = write_json(args.out or default_report("bfcl"), report)
+    replies = write_replies(replies_path(out), {label: [(traj, verdict) for _, traj, verdict in rows]
+                                                for label, rows in judged.items()}, session.renderer)
     print(format_table(report))
-    print(json.dumps(report))
+    print(where(report=out, replies=f"{replies} (browse them: agent-rl view {replies})"))
     failed = [f for r in report["results"].values() for f in r.values() if f["infra_errors"]]
     if failed:
         raise CLIError(f"{sum(f['infra_errors'] for f in failed)} BFCL question(s) ended in an infrastructure error "

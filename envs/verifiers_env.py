@@ -33,12 +33,18 @@ Demonstrations: a taskset's module may define agent-rl's scripted solver, `solve
 (`solve` here calls it), so `agent-rl demos` and a cold start work as for a built-in environment.
 
 Reward: the trace's reward (the sum of weight x score over its rewards, as verifiers computes it), with
-every reward's score and every metric as named parts. Not supported, each one line: environments whose
-episode runs an agent more than once or has a role that does not train (best-of-n, judges: one token
-stream per episode), tasks that need a runtime (containers: their runtime-bound hooks are skipped, as
-`Task.score` skips them offline), LLM judges without a reachable endpoint. An exception inside the
-environment (its `run()`, a tool server's setup, a reward) is the episode's one-line error
-(`StopReason.ERROR`, kept out of the update).
+every reward's score and every metric as named parts.
+
+Nothing is dropped silently. The task's `@vf.stop` hooks end the episode where verifiers' rollout would (a
+response hook on the model's reply, before its calls run; trace and request hooks before each model call after
+the first), the trace stopping with the hook's name (`StopReason.ENV_DONE`). Content no chat format of
+agent-rl takes (an image in a prompt or a user message) ends the episode with a one-line error naming it. Not
+supported, each one line: `@vf.intercept` hooks (they rewrite what the model is sent or sent back; here the
+sampled tokens are the episode), environments whose episode runs an agent more than once or has a role that
+does not train (best-of-n, judges: one token stream per episode), tasks that need a runtime (containers: their
+runtime-bound hooks are skipped, as `Task.score` skips them offline), LLM judges without a reachable endpoint. An
+exception inside the environment (its `run()`, a tool server's setup, a reward, a stop hook) is the episode's
+one-line error (`StopReason.ERROR`, kept out of the update).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ try:
     from verifiers.v1.configs.agent import agent_config_fields
     from verifiers.v1.episode import EnvInfo, Episode
     from verifiers.v1.trace import TraceTask
+    from verifiers.v1.utils.decorators import discover_decorated
     from verifiers.v1.utils.loaders import import_taskset, load_environment, resolve_env_config
 except ImportError as e:
     raise ImportError(f"verifiers is not installed ({e.name}): pip install 'agent-rl[verifiers]'") from None
@@ -67,7 +74,16 @@ from agent_rl.core.env import Env, StepResult
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, StopReason
 from agent_rl.envs.base import ToolEnv
-from agent_rl.envs.verifiers_seat import Bridge, Request, Seats, add_nodes, from_verifiers, toolset_tools
+from agent_rl.envs.verifiers_seat import (
+    Bridge,
+    Request,
+    Seats,
+    add_nodes,
+    from_verifiers,
+    stop_hooks,
+    stopped_by,
+    toolset_tools,
+)
 
 
 class VerifiersError(Exception):
@@ -185,6 +201,7 @@ class VerifiersEnv(Env):
             self.task = task_cls(task_cls.data_type().model_validate(task["data"]), vf_env.taskset.config.task)
         except Exception as e:
             raise ValueError(f"task {task.get('id')!r} is not a task of {task['taskset']!r}: {one_line(e)}") from None
+        self.stops = _stops(self.task, task["taskset"])
         self.bridge = Bridge()
         self._calls = _ToolCalls([])
         self._run: asyncio.Task | None = None
@@ -229,10 +246,15 @@ class VerifiersEnv(Env):
 
     async def step(self, reply: Message, turn: int) -> StepResult:
         self._seen += 1
+        if await self._stopped(reply):  # a response hook: the reply is the last, its calls never run
+            self._segment.append(reply)
+            return StepResult(done=True, stop_reason=StopReason.ENV_DONE)
         if reply.tool_calls:
             result = await self._calls.step(reply, turn)
             self._segment += [reply, *result.messages]
             self._seen += len(result.messages)
+            if await self._stopped():
+                return StepResult(done=True, stop_reason=StopReason.ENV_DONE, tool_calls=result.tool_calls)
             return result
         self._answer([*self._segment, reply])
         request = await self._next()
@@ -241,7 +263,21 @@ class VerifiersEnv(Env):
         if not request.messages:
             raise VerifiersError("the environment asked for another segment without a user message")
         self._seen += len(request.messages)
+        if await self._stopped():
+            return StepResult(done=True, stop_reason=StopReason.ENV_DONE)
         return StepResult(messages=tuple(request.messages))
+
+    async def _stopped(self, reply: Message | None = None) -> bool:
+        """Whether a `@vf.stop` hook ends the episode here (on `reply`, else before the next model call); the trace
+        then stops with the hook's name, as verifiers' rollout stops it."""
+        trace = self.bridge.traces[-1]
+        try:
+            name = await stopped_by(self.stops, trace, self._segment, reply)
+        except Exception as e:
+            raise VerifiersError(f"a @vf.stop hook raised {one_line(e)}") from None
+        if name is not None:
+            trace.stop(name)
+        return name is not None
 
     async def reward(self, messages: Sequence[Message]) -> Reward:
         if self._pending is not None:  # the runner ended it (turn or token limit, a turn cut at max_tokens)
@@ -310,6 +346,20 @@ class VerifiersEnv(Env):
         pending, self._pending, self._segment = self._pending, None, []
         if pending is not None and not pending.reply.done():
             pending.reply.set_result(segment)
+
+
+def _stops(task: Any, taskset: str) -> list[tuple[type, Any]]:
+    """The task's `@vf.stop` hooks; a hook verifiers would refuse, or any `@vf.intercept` hook (it rewrites what the
+    model is sent or sent back, and here the sampled tokens are the episode), is a one-line error."""
+    intercepts = [fn.__name__ for fn in discover_decorated(task, "intercept")]
+    if intercepts:
+        raise ValueError(f"verifiers taskset {taskset!r}: its @vf.intercept hook {intercepts[0]!r} rewrites the "
+                         "model's requests or responses, which agent-rl does not do (the sampled tokens are the "
+                         "episode)")
+    try:
+        return stop_hooks(task)
+    except Exception as e:
+        raise ValueError(f"verifiers taskset {taskset!r}: {one_line(e)}") from None
 
 
 class _ToolCalls(ToolEnv):

@@ -4,7 +4,9 @@ Owns: `Seat` (what `run(task, agents)` gets as `agents.<name>`: `run(task)` for 
 `interaction(task)` for a turn-by-turn exchange), `Bridge` (the hand-over between the environment's
 `run()`, which waits in a seat for the model's answer, and the runner, which samples it), the verifiers
 `Trace` an episode builds (`open_trace`, `add_nodes`) and the toolsets' tools as agent-rl tools
-(`toolset_tools`, each call seeing the episode's verifiers state).
+(`toolset_tools`, each call seeing the episode's verifiers state), the task's `@vf.stop` hooks (`stop_hooks`,
+`stopped_by`), and the reading of verifiers messages (`from_verifiers`: text; any other content, an image,
+`UnsupportedContent`).
 Does not own: loading verifiers environments, task rows, or the `Env` the runner plays
 (`envs.verifiers_env`); tokens (the runner and the renderer).
 
@@ -31,9 +33,12 @@ import verifiers.v1 as vf
 from verifiers.v1.agent import Segment
 from verifiers.v1.graph import MessageNode
 from verifiers.v1.mcp.server import _call_state
+from verifiers.v1.session import call_hook, hook_boundary
 from verifiers.v1.state import state_cls
 from verifiers.v1.trace import AgentInfo, Trace, TraceTask
-from verifiers.v1.types import content_text
+from verifiers.v1.types import Request as VfRequest
+from verifiers.v1.types import Response as VfResponse
+from verifiers.v1.types import TextContentPart, content_text
 from verifiers.v1.utils.decorators import discover_decorated
 
 from agent_rl.core.types import Message
@@ -83,15 +88,27 @@ def opening(data: vf.TaskData) -> list[Message]:
     return out
 
 
+class UnsupportedContent(ValueError):
+    """The environment sent content no agent-rl chat format can render (an image): the episode ends, in one line."""
+
+
 def from_verifiers(m: Any) -> Message:
-    """A verifiers message as an agent-rl one (text content only)."""
-    content = m.content if isinstance(m.content, str) else vf_text(m.content)
+    """A verifiers message as an agent-rl one: its text. Content that is not text (an image) is never dropped:
+    it raises `UnsupportedContent`, naming it."""
+    content = m.content if isinstance(m.content, str) else vf_text(m.content, m.role)
     if m.role == "assistant" and m.tool_calls:
         raise ValueError("a verifiers prompt with assistant tool calls cannot be rendered as a sampled turn")
     return Message(m.role, content or "", name=getattr(m, "name", None))
 
 
-def vf_text(content: Any) -> str:
+def vf_text(content: Any, role: str = "user") -> str:
+    """The text of a verifiers message's content parts; a part of another kind raises `UnsupportedContent`."""
+    other = sorted({getattr(part, "type", type(part).__name__) for part in content or []
+                    if not isinstance(part, TextContentPart)})
+    if other:
+        raise UnsupportedContent(f"a {role} message holds {', '.join(other)} content, and agent-rl's chat formats "
+                                 "(every model family's renderer) take text only: the episode ends here rather than "
+                                 "drop it")
     return content_text(content)
 
 
@@ -117,6 +134,42 @@ def to_verifiers(m: Message, trace: Trace) -> Any:
     calls = [vf.ToolCall(id=f"call_{index}_{k}", name=c.name or "<invalid>", arguments=json.dumps(c.arguments))
              for k, c in enumerate(m.tool_calls)]
     return vf.AssistantMessage(content=m.content, tool_calls=calls or None)
+
+
+def stop_hooks(task: vf.Task) -> list[tuple[type, Any]]:
+    """The task's `@vf.stop` hooks (decorated, or plugged in through its config), each with the boundary it reads:
+    the trace, the request about to go to the model, or the model's response (verifiers' `hook_boundary`)."""
+    return [(hook_boundary(fn, allow_trace=True), fn) for fn in task.hooks("stop")]
+
+
+async def stopped_by(stops: Sequence[tuple[type, Any]], trace: Trace, pending: Sequence[Message],
+                     reply: Message | None = None) -> str | None:
+    """The name of the first stop hook that ends the episode, or None, as verifiers runs them: with `reply`, the
+    response hooks on the model's reply (before its calls run); else, before the next model call, the trace hooks
+    and then the request hooks. They see the trace with `pending` added (the segment so far, which the trace gets
+    when the segment is answered)."""
+    if not stops:
+        return None
+    n = len(trace.nodes)
+    add_nodes(trace, pending, sampled=True)
+    try:
+        if reply is not None:
+            hooks = [fn for boundary, fn in stops if boundary is VfResponse]
+            available: dict[type, Any] = {Trace: trace, VfResponse: VfResponse(
+                id="agent-rl", created=0, model="policy", message=to_verifiers(reply, trace),
+                finish_reason="tool_calls" if reply.tool_calls else "stop")}
+        else:
+            hooks = [fn for b in (Trace, VfRequest) for boundary, fn in stops if boundary is b]
+            available = {Trace: trace, VfRequest: VfRequest(messages=list(trace.messages))}
+        for fn in hooks:
+            result = await call_hook(fn, available)
+            if not isinstance(result, bool):
+                raise TypeError(f"@stop {fn.__name__} must return bool, got {type(result).__name__}")
+            if result:
+                return fn.__name__
+        return None
+    finally:
+        del trace.nodes[n:]
 
 
 class Seat:

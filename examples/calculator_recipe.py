@@ -9,9 +9,11 @@ Steps (each is an ordinary `agent-rl` command; this script only wires them to on
   2. agent-rl sft     LoRA adapter on them                      -> RUN/sft/adapter
   3. agent-rl train   GRPO from that adapter, once per seed     -> RUN/grpo-seed{S}/adapter
   4. agent-rl eval    SFT and every GRPO adapter on the same held-out tasks and sampling seeds
-Outputs in RUN (default runs/calculator_recipe): eval_before_after.json (the report of step 4),
+Outputs in RUN (default runs/calculator_recipe): eval_before_after.json (the report of step 4) and
+eval_before_after.replies.jsonl (every reply of it, with its verdict: `agent-rl view` it),
 accuracy_tool_use.png (per GRPO step, a line per seed), summary.json (after - before per seed, spread over
-seeds, wall times). Its last line on stdout is summary.json.
+seeds, wall times). It ends with a table (each policy's accuracy, pass@2, pass^2, tool use, attempts, turns;
+each seed's gain over SFT and the spread over seeds) and where those files are.
 
 Each command runs in its own process, so the memory of one (a trainer's, several GB) is back
 before the next starts. A step whose output already exists is skipped: rerunning a killed recipe goes on
@@ -31,6 +33,8 @@ from agent_rl.cli import raise_on_sigterm
 from agent_rl.learn.models import resolve_model
 from agent_rl.rollout.serving.vllm.server import VLLMServer
 from agent_rl.runs.plot import plot_runs
+from agent_rl.runs.replies import replies_path
+from agent_rl.runs.summary import policy_table, where
 
 CONFIG = str(Path(__file__).with_name("calculator_recipe.yaml"))
 FIGURES = ("accuracy", "tool_use_rate", "accuracy_with_tools", "accuracy_without_tools", "pass@2")
@@ -62,6 +66,17 @@ def summarise(report: dict, before: str, after: dict[int, str], wall: dict[str, 
         out[f"{k}_min_gain"] = min(gains)
         out[f"{k}_seed_spread"] = max(afters) - min(afters)  # max - min of the after figure over seeds
     return out
+
+
+def ending(report: dict, out: Path, after: dict[int, str], total_s: float) -> str:
+    """The lines the recipe ends with: the table of its policies (each seed's gain over SFT, the spread over
+    seeds) and where its files are."""
+    names = {str(out / "sft"): "sft", **{label: f"grpo seed {seed}" for seed, label in after.items()}}
+    table = policy_table(report["results"], baseline=str(out / "sft"), names=names, spread="seed spread")
+    replies = replies_path(out / "eval_before_after.json")
+    return table + "\n" + where(curves=out / "accuracy_tool_use.png", report=out / "eval_before_after.json",
+                                replies=f"{replies} (agent-rl view {replies})",
+                                summary=f"{out / 'summary.json'} (gains, wall times: {total_s:.0f} s in all)")
 
 
 def main() -> None:
@@ -102,7 +117,7 @@ def main() -> None:
     report = json.loads((out / "eval_before_after.json").read_text())
     summary = summarise(report, str(out / "sft"), after, wall)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary))
+    print("\n" + ending(report, out, after, wall["total"]))
 
 
 if __name__ == "__main__":

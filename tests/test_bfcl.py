@@ -53,12 +53,44 @@ def test_settings_take_bfcl_names_and_refuse_others_in_one_line():
     s = bfcl_settings(categories="simple, parallel-multiple,irrelevance", per_category=5)
     assert s.categories == ("simple_python", "parallel_multiple", "irrelevance") and s.per_category == 5
     assert bfcl_settings().categories == ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+    # multi_turn names the four multi-turn categories, each once
+    assert bfcl_settings(categories="multi_turn_miss_func,multi_turn").categories == (
+        "multi_turn_miss_func", "multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context")
     with pytest.raises(ConfigError) as e:
-        bfcl_settings(categories="simple,multi_turn_base")
-    assert str(e.value).startswith("config error: bfcl.categories: unknown BFCL category 'multi_turn_base' (known: ")
+        bfcl_settings(categories="simple,simple_java")
+    assert str(e.value).startswith("config error: bfcl.categories: unknown BFCL category 'simple_java' (known: ")
+    assert str(e.value).endswith("; Java, JavaScript, web search, memory and format sensitivity are not supported)")
     with pytest.raises(ConfigError, match=r"^config error: bfcl.per_category: Input should be greater than or equal "
                                           r"to 1 \(got 0\)$"):
         bfcl_settings(per_category=0)
+
+
+def test_a_categorys_figures_by_hand():
+    """Two questions played twice: q1 right once, q2 wrong once and once an infrastructure error (counted wrong)."""
+    from agent_rl.core.types import Message, StopReason, ToolCall, Trajectory, Turn
+    from agent_rl.evaluation.bfcl import score
+
+    def episode(*calls, stop=StopReason.ENV_DONE):
+        reply = Message("assistant", "...", tuple(ToolCall(n, {}, error=None if n else "malformed") for n in calls))
+        return Trajectory("q", (1, 2), (0, 1), (0.0, 0.0), 1, (Turn(1, 2, "stop", 0),),
+                          (Message("user", "?"), reply), (), stop, tools=("f",))
+
+    task = lambda qid: {"id": qid, "category": "simple_python"}  # noqa: E731
+    bad = lambda kind: {"valid": False, "error_type": kind, "errors": []}  # noqa: E731
+    judged = [(task("q1"), episode("f"), {"valid": True, "error_type": None, "errors": []}),
+              (task("q1"), episode("g"), bad("value_error:others")),
+              (task("q2"), episode(""), bad("simple_function_checker:wrong_count")),
+              (task("q2"), episode(stop=StopReason.ERROR), None)]
+    fig = score(judged)["simple_python"]
+    assert {k: fig[k] for k in ("questions", "episodes", "correct", "accuracy", "infra_errors", "answered_with_calls",
+                                "unreadable_calls", "turns_mean")} == {
+        "questions": 2, "episodes": 4, "correct": 1, "accuracy": 0.25, "infra_errors": 1, "answered_with_calls": 2,
+        "unreadable_calls": 1, "turns_mean": 1.0}
+    assert (fig["pass@1"], fig["pass@2"], fig["pass^1"], fig["pass^2"]) == (0.25, 0.5, 0.25, 0.0)
+    assert fig["errors"] == {"value_error:others": 1, "simple_function_checker:wrong_count": 1, "infra_error": 1}
+    assert fig["violation/unknown_tool"] == 1 / 3 and fig["violation/malformed_call"] == 1 / 3
+    report = {"bfcl": {"categories": ["simple_python"]}, "results": {"base": {"simple_python": fig}}}
+    assert format_table(report).splitlines()[1].split() == ["simple_python", "0.250", "(1/4)", "^2", "0.000"]
 
 
 @pytest.mark.parametrize("name", ["bfcl", "agent_rl.evaluation.bfcl", "agent_rl.evaluation.bfcl_worker",
@@ -78,7 +110,8 @@ def test_train_refuses_bfcl_before_anything_starts(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--benchmark", "bfcl", "--n", "2"], "--n does not apply to --benchmark bfcl"),
+    (["--benchmark", "bfcl", "--tasks", "2"], "--tasks does not apply to --benchmark bfcl"),
+    (["--benchmark", "bfcl", "--n", "0"], "config error: bfcl.samples: Input should be greater than or equal to 1"),
     (["--categories", "simple"], "--categories and --per-category choose a benchmark's questions: add --benchmark"),
     (["--benchmark", "bfcl", "--categories", "simpel"], "config error: bfcl.categories: unknown BFCL category"),
 ])
@@ -144,7 +177,8 @@ async def checker():
         pytest.skip(str(e))
     async with BFCLChecker(python) as started:
         started.cache = {c: {q["id"]: q for q in await started.questions(c)}
-                         for c in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")}
+                         for c in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
+                                   "multi_turn_base", "multi_turn_miss_func")}
         yield started
 
 
@@ -251,3 +285,112 @@ async def test_the_evaluation_against_vllm(checker, vllm_server, tiny_dir, rende
     assert {c: f["questions"] for c, f in figures.items()} == {"simple_python": 2, "irrelevance": 2}
     assert all(f["infra_errors"] == 0 and f["accuracy"] == f["correct"] / 2 for f in figures.values())
     assert format_table(report).splitlines()[0].split() == ["category", "base"]
+
+
+# -- multi-turn: played turn by turn against bfcl-eval's API classes, judged by its multi-turn checker ----------
+def calls(*named):
+    """Several calls in one reply, a <tool_call> block each: ("cd", {"folder": "document"}), ..."""
+    return "\n".join(call(name, **args) for name, args in named)
+
+
+BASE_0 = [  # multi_turn_base_0, each user turn's replies: the ground truth's calls, then a reply without any
+    [calls(("cd", {"folder": "document"}), ("mkdir", {"dir_name": "temp"})),
+     call("mv", source="final_report.pdf", destination="temp"), "Moved it."],
+    [calls(("cd", {"folder": "temp"}), ("grep", {"file_name": "final_report.pdf", "pattern": "budget analysis"})),
+     "Found it."],
+    [call("sort", file_name="final_report.pdf"), "Sorted."],
+    [calls(("cd", {"folder": ".."}), ("mv", {"source": "previous_report.pdf", "destination": "temp"}),
+           ("cd", {"folder": "temp"}),
+           ("diff", {"file_name1": "final_report.pdf", "file_name2": "previous_report.pdf"})), "Compared them."],
+]
+
+
+def by_user_turn(replies):
+    """A script of messages: the k-th reply after the current user turn's message."""
+    def script(messages):
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        return replies[len(users) - 1][sum(m.role == "assistant" for m in messages[users[-1]:])]
+    return script
+
+
+async def play_multi_turn(checker, scripted, renderer, category, qid, replies):
+    from agent_rl.evaluation.bfcl_multi_turn import MultiTurnEnv, turn_limit
+
+    question = checker.cache[category][qid]
+    verdicts: dict = {}
+    env = MultiTurnEnv({"id": qid, "category": category, "question": question}, checker, verdicts)
+    async with env:
+        traj = await run_episode(env, scripted(by_user_turn(replies), on_messages=True), renderer,
+                                 EpisodeLimits(max_turns=turn_limit(question), max_tokens_per_turn=512,
+                                               max_total_tokens=1 << 16), qid)
+    assert traj.error is None, traj.error
+    [verdict] = verdicts.values()
+    return traj, verdict
+
+
+async def test_a_scripted_multi_turn_episode_gets_bfcls_verdict(checker, scripted, renderer):
+    traj, verdict = await play_multi_turn(checker, scripted, renderer, "multi_turn_base", "multi_turn_base_0",
+                                          BASE_0)
+    assert verdict == {"valid": True, "error_type": None, "errors": []} and traj.reward == 1.0
+    assert traj.reward_parts == {"valid": 1.0, "user_turns": 4.0, "steps": 5.0}
+    assert len(traj.turns) == 3 + 2 + 2 + 2 and traj.stop_reason.value == "no_tool_call"
+    # the user turns arrive one after another; each call's result from BFCL's GorillaFileSystem comes back
+    assert [m.content for m in traj.messages if m.role == "user"] == [
+        m["content"] for turn in checker.cache["multi_turn_base"]["multi_turn_base_0"]["turns"] for m in turn]
+    tools = [m.content for m in traj.messages if m.role == "tool"]
+    assert tools[:3] == ['{"current_working_directory": "document"}', "None",  # GorillaFileSystem.mv's own words:
+                         '{"result": "\'final_report.pdf\' moved to \'temp/final_report.pdf\'"}']
+    assert [c.name for c in traj.tool_calls][:3] == ["cd", "mkdir", "mv"] and all(c.ok for c in traj.tool_calls)
+
+
+@pytest.mark.parametrize("turn, replies, error_type", [
+    (2, [call("sort", file_name="previous_report.pdf"), "Sorted."], "multi_turn:execution_response_mismatch"),
+    (0, [calls(("cd", {"folder": "document"}), ("mkdir", {"dir_name": "tmp"})),
+         call("mv", source="final_report.pdf", destination="tmp"), "Moved it."], "multi_turn:instance_state_mismatch"),
+    (1, ["I searched the file: it covers the budget."], "multi_turn:empty_turn_model_response"),
+])
+async def test_wrong_multi_turn_episodes_get_bfcls_error_types(checker, scripted, renderer, turn, replies,
+                                                                error_type):
+    wrong = [*BASE_0[:turn], replies, *BASE_0[turn + 1:]]
+    traj, verdict = await play_multi_turn(checker, scripted, renderer, "multi_turn_base", "multi_turn_base_0", wrong)
+    assert (verdict["valid"], verdict["error_type"], traj.reward) == (False, error_type, 0.0)
+
+
+async def test_past_bfcls_step_limit_the_entry_is_force_terminated(checker, scripted, renderer):
+    forever = [[call("pwd")] * 30]  # a call in every reply: BFCL forces the quit after 20 steps (the 21st)
+    traj, verdict = await play_multi_turn(checker, scripted, renderer, "multi_turn_base", "multi_turn_base_0",
+                                          forever)
+    assert (verdict["valid"], verdict["error_type"]) == (False, "multi_turn:force_terminated")
+    assert len(traj.turns) == 21 and traj.reward_parts["user_turns"] == 1.0 and traj.stop_reason.value == "env_done"
+
+
+async def test_a_function_holdout_turn_as_bfcl_plays_it(checker, scripted, renderer):
+    """multi_turn_miss_func_0: `sort` is held out until turn 3, which has no user message of its own."""
+    question = checker.cache["multi_turn_miss_func"]["multi_turn_miss_func_0"]
+    assert "sort" not in [t["function"]["name"] for t in question["tools"]] and question["holdout"] == {"3": ["sort"]}
+    holdout = question["turns"][3][0]["content"]
+    assert holdout.startswith("[{'name': 'sort', 'description': 'This tool belongs to the Gorilla file system.")
+    assert holdout.endswith("}]\nI have updated some more functions you can choose from. What about now?")
+    replies = [*BASE_0[:2], ["I have no function to sort a file with."], BASE_0[2], BASE_0[3]]
+    traj, verdict = await play_multi_turn(checker, scripted, renderer, "multi_turn_miss_func",
+                                          "multi_turn_miss_func_0", replies)
+    assert verdict == {"valid": True, "error_type": None, "errors": []} and traj.reward_parts["user_turns"] == 5.0
+    # sorting before the function is given: BFCL's executor runs it all the same (the API instance has the method),
+    # and its checker skips a turn whose ground truth is empty (eval_runner never calls its irrelevance check): valid
+    early = [*BASE_0[:2], BASE_0[2], BASE_0[2], BASE_0[3]]
+    traj, verdict = await play_multi_turn(checker, scripted, renderer, "multi_turn_miss_func",
+                                          "multi_turn_miss_func_0", early)
+    assert verdict["valid"] is True and [c.ok for c in traj.tool_calls if c.name == "sort"] == [True, True]
+
+
+async def test_a_call_that_could_run_code_never_reaches_bfcls_eval(checker):
+    from agent_rl.evaluation.bfcl_multi_turn import MultiTurnEnv
+
+    env = MultiTurnEnv({"id": "multi_turn_base_0", "category": "multi_turn_base",
+                        "question": checker.cache["multi_turn_base"]["multi_turn_base_0"]}, checker, {})
+    results = await checker.execute("multi_turn_base", "multi_turn_base_0", env.episode, [
+        {"__import__('os').getcwd": {}}, {"ls": {"a=__import__('os').getcwd()#": 1}}, {"pwd": {}}])
+    assert results == ["Error during execution: \"__import__('os').getcwd\" is not a function name",
+                       "Error during execution: ls: \"a=__import__('os').getcwd()#\" is not an argument name",
+                       '{"current_working_directory": "/workspace"}']  # pwd, run as ever
+    await env.close()

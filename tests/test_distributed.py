@@ -156,7 +156,8 @@ def test_two_ranks_two_servers_train_resume_and_match(tmp_path, vllm_server, dev
 
     urls = [vllm_server.url, dev_server.url]
     straight = tmp_path / "straight"
-    final = json.loads(finish(agent_rl_train(straight, urls, tiny_dir, 3)).strip().splitlines()[-1])
+    finish(agent_rl_train(straight, urls, tiny_dir, 3))
+    final = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])  # the last step's, as printed
     assert final["train_tokens"] > 0
     adapter = straight / "adapters" / "v3"
     model = PeftModel.from_pretrained(load_causal_lm(str(tiny_dir)), str(adapter)).eval()
@@ -203,7 +204,8 @@ def test_two_ranks_full_finetune_push_checkpoint_and_resume(tmp_path, dev_server
 
     full = {"model.full_finetune": "true", "model.sync": "auto", "optim.lr": "1e-4", "run.save_every": 1}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    final = json.loads(finish(agent_rl_train(straight, [dev_server.url], tiny_dir, 2, sets=full)).splitlines()[-1])
+    finish(agent_rl_train(straight, [dev_server.url], tiny_dir, 2, sets=full))
+    final = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["train_tokens"] > 0
     model = enable_full_finetune(load_causal_lm(str(tiny_dir)))
     assert load_checkpoint(straight, model, restore_rng=False).step == 2

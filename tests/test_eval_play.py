@@ -18,8 +18,9 @@ from agent_rl.evaluation.evaluate import (
     PolicySpec,
     eval_report,
     evaluate,
-    format_report,
     pass_at_k,
+    pass_figures,
+    pass_hat_k,
     resolve_policy,
 )
 from agent_rl.play import play, read_reply, summary
@@ -64,14 +65,28 @@ async def test_eval_figures_match_hand_counts(scripted, renderer):
     groups = await rollout_groups(tasks, spec.make_env, scripted(script), renderer, EpisodeLimits(), 2,
                                   max_concurrent=1)
     r = eval_report(groups)
+    assert {t.tools for g in groups for t in g.trajectories} == {("calculator",)}  # what the runner recorded
     assert r["tasks"] == 4 and r["rollouts"] == 8
-    assert r["accuracy"] == 3 / 8 == r["pass@1"]
+    assert r["accuracy"] == 3 / 8 == r["pass@1"] == r["pass^1"]
     assert r["pass@2"] == (1 + 1 + 0 + 0) / 4
+    assert r["pass^2"] == (1 + 0 + 0 + 0) / 4  # both rollouts right: task 0 only
+    # "1 +" is a readable call the calculator fails: a tool error, no violation of the call format
+    assert r["violation/malformed_call"] == 0.0 and r["violation/unknown_tool"] == 0.0
     assert r["tool_use_rate"] == 6 / 8  # task 0 twice, tasks 2 and 3 twice each
     assert r["accuracy_with_tools"] == 2 / 6 and r["accuracy_without_tools"] == 1 / 2
     assert r["tool/calculator/calls_per_traj"] == 6 / 8 and r["tool/calculator/failure_rate"] == 4 / 6
     assert r["turns_mean"] == (2 * 2 + 1 + 1 + 2 * 4) / 8 and r["infra_error_rate"] == 0.0
     assert r["tool_calls_per_solved"] == (1 + 1 + 0) / 3  # task 0 twice with one call, task 1 once with none
+
+
+def test_pass_hat_k_by_hand():
+    assert pass_hat_k(4, 1, 1) == 0.25 and pass_hat_k(4, 2, 2) == 1 / 6  # C(2,2) / C(4,2)
+    assert pass_hat_k(5, 3, 2) == pytest.approx(3 / 10) and pass_hat_k(3, 3, 3) == 1.0 and pass_hat_k(3, 2, 3) == 0.0
+    with pytest.raises(ValueError, match=r"pass\^k needs"):
+        pass_hat_k(2, 1, 3)
+    # (samples, correct) of three tasks: pass@2 and pass^2 over the tasks with at least 2 samples
+    assert pass_figures([(2, 1), (2, 2), (1, 1)], [1, 2]) == {
+        "pass@1": (0.5 + 1 + 1) / 3, "pass^1": (0.5 + 1 + 1) / 3, "pass@2": (1 + 1) / 2, "pass^2": (0 + 1) / 2}
 
 
 def test_resolve_policy(tmp_path):
@@ -95,14 +110,26 @@ def test_resolve_policy(tmp_path):
         resolve_policy("/nope")
 
 
-def test_report_table_side_by_side():
-    report = {"results": {"sft": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.5},
-                          "grpo": {"accuracy": 0.5, "pass@1": 0.5, "tool_use_rate": 0.75}},
-              "delta": {"accuracy": 0.25, "pass@1": 0.25, "tool_use_rate": 0.25}}
-    lines = format_report(report).splitlines()
-    assert lines[0].split() == ["sft", "grpo", "delta"]
-    assert lines[1].split() == ["accuracy", "0.250", "0.500", "+0.250"]
-    assert lines[3].split() == ["tool_use_rate", "0.500", "0.750", "+0.250"]
+def test_the_short_table_a_person_reads():
+    from agent_rl.runs.summary import policy_table
+
+    figures = lambda acc, p2, h2, tools: {"accuracy": acc, "pass@1": acc, "pass@2": p2, "pass^1": acc,  # noqa: E731
+                                          "pass^2": h2, "tool_use_rate": tools, "tool/attempt_share": tools,
+                                          "turns_mean": 2.0, "violation/any": 0.125, "reward_mean": 9.0}
+    results = {"runs/sft": figures(0.25, 0.5, 0.0, 0.5), "runs/s0": figures(0.5, 0.75, 0.25, 0.75),
+               "runs/s1": figures(0.75, 1.0, 0.5, 1.0)}
+    lines = policy_table(results, baseline="runs/sft", names={"runs/sft": "sft"}, spread="seed spread").splitlines()
+    assert [line.split() for line in lines] == [
+        ["policy", "accuracy", "pass@2", "pass^2", "tool", "use", "attempts", "turns", "violations"],
+        ["sft", "0.250", "0.500", "0.000", "0.500", "0.500", "2.000", "0.125"],
+        ["runs/s0", "0.500", "0.750", "0.250", "0.750", "0.750", "2.000", "0.125"],
+        ["runs/s1", "0.750", "1.000", "0.500", "1.000", "1.000", "2.000", "0.125"],
+        ["gain", "runs/s0", "+0.250", "+0.250", "+0.250", "+0.250", "+0.250", "+0.000", "+0.000"],
+        ["gain", "runs/s1", "+0.500", "+0.500", "+0.500", "+0.500", "+0.500", "+0.000", "+0.000"],
+        ["seed", "spread", "0.250", "0.250", "0.250", "0.250", "0.250", "0.000", "0.000"]]
+    # one policy: its row only; a figure it lacks is "-"
+    assert policy_table({"base": {"accuracy": 0.5, "pass@1": 0.5}}).splitlines()[1].split() == \
+        ["base", "0.500", "0.500", "-", "-", "-", "-", "-"]
 
 
 def test_eval_cli_bad_adapter_is_one_line(capsys):

@@ -48,6 +48,29 @@ def test_recipe_summary_gains_and_seed_spread_by_hand():
     assert out["before"]["accuracy"] == 0.25 and out["wall_s"] == {"eval": 60.0}
 
 
+def test_recipe_ends_with_a_table_and_where_its_files_are():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "calculator_recipe.py"
+    spec = importlib.util.spec_from_file_location("calculator_recipe", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    figures = lambda acc, tools: {"accuracy": acc, "pass@2": acc, "pass^2": acc / 2, "tool_use_rate": tools,  # noqa: E731
+                                  "tool/attempt_share": tools, "turns_mean": 2.0, "violation/any": 0.0}
+    out = Path("runs/r")
+    report = {"results": {"runs/r/sft": figures(0.25, 0.5), "runs/r/grpo-seed0": figures(0.5, 1.0),
+                          "runs/r/grpo-seed1": figures(0.75, 0.75)}}
+    lines = recipe.ending(report, out, {0: "runs/r/grpo-seed0", 1: "runs/r/grpo-seed1"}, 521.6).splitlines()
+    assert [line.split()[:3] for line in lines[1:7]] == [
+        ["sft", "0.250", "0.250"], ["grpo", "seed", "0"], ["grpo", "seed", "1"], ["gain", "grpo", "seed"],
+        ["gain", "grpo", "seed"], ["seed", "spread", "0.250"]]
+    assert lines[4].split()[4:7] == ["+0.250", "+0.250", "+0.125"]  # seed 0 over SFT: accuracy, pass@2, pass^2
+    assert lines[7:] == ["curves: runs/r/accuracy_tool_use.png", "report: runs/r/eval_before_after.json",
+                         "replies: runs/r/eval_before_after.replies.jsonl "
+                         "(agent-rl view runs/r/eval_before_after.replies.jsonl)",
+                         "summary: runs/r/summary.json (gains, wall times: 522 s in all)"]
+
+
 def _example(name: str, monkeypatch):
     import importlib.util
 

@@ -64,3 +64,54 @@ def test_lag_counts_each_token_with_the_version_that_sampled_it():
     # versions not known (-1 on a sampled token): the trajectory's
     old = Segment((1, 2), (0, 1), (0.0, -1.0))
     assert lag_metrics([dataclasses.replace(t, segments=(old,))], 5)["lag/share_2"] == 3 / 7  # 1 + 2 of 7
+
+
+def replies_traj(replies, tools=("calculator",), stop=StopReason.NO_TOOL_CALL):
+    """An episode whose sampled turns are `replies` (after a system and user message, tool messages between)."""
+    from agent_rl.core.types import Message
+
+    messages = [Message("system", "s"), Message("user", "q")]
+    for r in replies:
+        messages += [r, Message("tool", "out")]
+    return Trajectory("t", (7,) * 4, (0, 0, 1, 1), (0.0,) * 4, 2, tuple(Turn(2, 4, "stop", 0) for _ in replies),
+                      tuple(messages[:-1]), (), stop, tools=tools)
+
+
+def test_violations_of_the_call_format_per_sampled_turn_by_hand(renderer):
+    from agent_rl.core.renderers.chatml import Qwen25Renderer
+    from agent_rl.core.renderers.qwen3 import Qwen3Renderer
+    from agent_rl.runs.metrics import reply_violations, violation_metrics
+
+    def reply(text, family=renderer):
+        return family.parse(family.encode(text) + [family.im_end])
+
+    good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    broken = '<tool_call>\n{"name": "calculator", "arguments": {"expression": </tool_call>'
+    unknown = '<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call>'
+    after = "<answer>5</answer>\n" + good
+    boxed_after_call = good + "\nso \\boxed{5}"  # the answer comes after the call: no violation
+    assert reply_violations(reply(good), ("calculator",)) == dict.fromkeys(
+        ("call_in_reasoning", "malformed_call", "unknown_tool", "call_after_answer"), False)
+    assert reply_violations(reply(broken + good), ("calculator",))["malformed_call"]
+    assert reply_violations(reply(unknown), ("calculator",))["unknown_tool"]
+    assert not reply_violations(reply(unknown), None)["unknown_tool"]  # the offered tools not recorded
+    assert reply_violations(reply(unknown), ())["unknown_tool"]  # an episode that offered none
+    assert reply_violations(reply(after), ("calculator",))["call_after_answer"]
+    assert not reply_violations(reply(boxed_after_call), ("calculator",))["call_after_answer"]
+    assert reply_violations(reply("\\boxed{5} " + good), ("calculator",))["call_after_answer"]
+    # Qwen3 reads calls only after </think>: one written while thinking is a violation its renderer counts
+    qwen3 = Qwen3Renderer(renderer.tokenizer)
+    thinking = "<think>\nlet me " + good + "\n</think>\n\nThe answer is 5."
+    assert qwen3.calls_in_reasoning(thinking) == 1 and qwen3.parse_tool_calls(thinking) == []
+    assert qwen3.calls_in_reasoning("<think>\nstill " + good) == 1  # never closed: all of it is reasoning
+    assert qwen3.calls_in_reasoning("<think>\nfine\n</think>\n\n" + good) == 0
+    assert Qwen25Renderer(renderer.tokenizer).calls_in_reasoning(thinking) == 0  # no reasoning block: none
+    assert reply_violations(reply(thinking, qwen3), ("calculator",), qwen3.calls_in_reasoning)["call_in_reasoning"]
+    # 6 sampled turns over two episodes (an infrastructure error left out): malformed 1, unknown 2, after 1
+    ts = [replies_traj([reply(good), reply(broken), reply(unknown)]),
+          replies_traj([reply(after), reply(unknown), reply("The answer is 5.")]),
+          replies_traj([reply(broken)], stop=StopReason.ERROR)]
+    assert violation_metrics(ts) == {"violation/call_in_reasoning": 0.0, "violation/malformed_call": 1 / 6,
+                                     "violation/unknown_tool": 2 / 6, "violation/call_after_answer": 1 / 6,
+                                     "violation/any": 4 / 6}
+    assert violation_metrics(ts[2:]) == {}

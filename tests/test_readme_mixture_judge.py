@@ -27,6 +27,12 @@ from agent_rl.rollout.runner import EpisodeLimits, score_group
 from agent_rl.session import open_session
 
 
+def written(folder: Path, proc: subprocess.CompletedProcess, name: str) -> dict:
+    """What a command wrote and named at its end (`name: path`): eval's report, or train's last step of metrics."""
+    path = folder / next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith(f"{name}: "))
+    return json.loads(path.read_text().strip().splitlines()[-1] if path.suffix == ".jsonl" else path.read_text())
+
+
 def example(name: str) -> str:
     return marked_block("example", name)
 
@@ -110,14 +116,14 @@ def test_readme_mixture_lines_run_against_the_test_server(tmp_path, vllm_server)
     assert (step["data_position/calculator"], step["data_position/math"]) == (3.0, 1.0)
     proc = run(folder, f"{evaluate} {server} --tasks 4 --set rollout.max_tokens_per_turn=24 --set rollout.max_turns=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = written(folder, proc, "report")
     for result in report["results"].values():
         assert (result["env/calculator/tasks"], result["env/math/tasks"]) == (3.0, 1.0)
         assert {"env/math/accuracy", "env/math/pass@2", "env/calculator/tool_use_rate"} <= set(result)
     assert report["eval"]["env"] == "calculator x3 + math x1"
     proc = run(folder, f"{override} {server} {SMALL_TRAIN} --set rollout.tasks_per_step=4 --set run.run_dir=runs/over")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "env/toy/reward_mean" in json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "env/toy/reward_mean" in written(folder, proc, "metrics")
 
 
 @pytest.mark.integration
@@ -132,11 +138,11 @@ def test_readme_group_and_judge_lines_run_against_the_test_server(tmp_path, vllm
     assert metrics["rollouts"] == 4 and {"reward/length", "reward/episode_reward", "reward/correct"} <= set(metrics)
     proc = run(folder, f"{train} {server} {SMALL_TRAIN} --set run.run_dir=runs/group")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "reward/length" in json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "reward/length" in written(folder, proc, "metrics")
     [judge] = readme_commands("judge")
     proc = run(folder, f"{judge} {server} {SMALL_TRAIN} --set judge.max_tokens=8")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    final = json.loads(proc.stdout.strip().splitlines()[-1])
+    final = written(folder, proc, "metrics")
     assert final["reward/judge"] == 0.5 and final["reward/judge_failed"] == 1.0  # the tiny model is no judge
     assert "judge: its reply ranks no permutation of answers 1..2" in proc.stderr
     assert (folder / "runs" / "judge_grpo" / "judge" / "prompt.txt").is_file()

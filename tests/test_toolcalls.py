@@ -69,8 +69,9 @@ def test_bare_calls_two_objects_are_two_calls():
     assert parse_bare_calls(text) == [ToolCall("add", {"a": 1}, "call_1"), ToolCall("mul", {"b": 2}, "call_2")]
     fenced = '```json\n{"name": "add", "arguments": {}}\n```\n```json\n{"name": "mul", "arguments": {}}\n```'
     assert [c.name for c in parse_bare_calls(fenced)] == ["add", "mul"]
-    # two objects in one fence is not how anyone writes calls: text
-    assert parse_bare_calls('```json\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {}}\n```') == []
+    # two objects in one fence: two calls (a parallel reply, below)
+    assert [c.name for c in parse_bare_calls('```json\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": '
+                                             '{}}\n```')] == ["a", "b"]
 
 
 def test_json_inside_prose_is_text_not_a_call():
@@ -89,7 +90,7 @@ def test_broken_json_and_other_objects_are_text():
     for text in ['{"name": "add", "arguments": {"a": 1,}}',  # broken JSON: no call was made
                  '{"name": "add", "arguments": {"a": 1}',  # cut short
                  '{"answer": 12}', '{"name": "Ada", "age": 36}',  # objects that are answers
-                 '[{"name": "add", "arguments": {}}]', '"add"', "12", ""]:
+                 '[{"name": "add", "arguments": {}}, {"answer": 3}]', '[]', '[1, 2]', '"add"', "12", ""]:
         assert parse_bare_calls(text) == [], text
 
 
@@ -119,3 +120,47 @@ def test_the_bare_call_switch_per_renderer_and_config(qwen25_tokenizer, smol_tok
     reply = '<think>\n{"name": "f", "arguments": {}}\n</think>\n\n{"name": "g", "arguments": {}}'
     assert get_renderer(qwen3_standin).parse_tool_calls(reply) == []
     assert get_renderer(qwen3_standin, bare_calls=True).parse_tool_calls(reply) == [ToolCall("g", {}, "call_1")]
+
+
+# -- parallel calls: the forms a reply meaning several calls at once is written in (module doc) ------------------
+PARIS = {"name": "get_temperature", "arguments": {"city": "Paris"}}
+TOKYO = {"name": "get_temperature", "arguments": {"city": "Tokyo"}}
+BOTH = [ToolCall("get_temperature", {"city": "Paris"}, "call_1"), ToolCall("get_temperature", {"city": "Tokyo"},
+                                                                            "call_2")]
+
+
+def _j(obj) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize("text", [
+    f"<tool_call>\n{_j(PARIS)}\n</tool_call>\n<tool_call>\n{_j(TOKYO)}\n</tool_call>",  # a block each
+    f"<tool_call>\n{_j([PARIS, TOKYO])}\n</tool_call>",  # a JSON list in one block
+    f"<tool_call>\n{_j(PARIS)}\n{_j(TOKYO)}\n</tool_call>",  # two objects in one block
+    f"<tool_call>\n{_j(PARIS)},\n{_j(TOKYO)}\n</tool_call>",  # ... with a comma between
+    f"Let me check both.\n<tool_call>{_j([PARIS, TOKYO])}</tool_call>",
+])
+def test_parallel_calls_in_tags_are_the_calls_meant(text):
+    assert parse_tool_calls(text) == BOTH
+
+
+@pytest.mark.parametrize("text", [
+    f"{_j(PARIS)}\n{_j(TOKYO)}",  # bare objects, one a line
+    _j([PARIS, TOKYO]),  # a bare JSON list
+    f"```json\n{_j([PARIS, TOKYO])}\n```",  # a list in a fence
+    f"```json\n{_j(PARIS)}\n```\n```json\n{_j(TOKYO)}\n```",  # a fence each
+    f"```json\n{_j(PARIS)},\n{_j(TOKYO)}\n```",  # two in one fence
+])
+def test_parallel_bare_calls_are_the_calls_meant(text):
+    assert parse_bare_calls(text) == BOTH
+
+
+def test_a_block_with_a_list_that_is_not_all_calls_is_one_bad_call():
+    (p,) = parse_tool_calls("<tool_call>[1, 2]</tool_call>")
+    assert p.error == 'tool call 1: expected a JSON object with "name" and "arguments", got list'
+    # a list of objects is read object by object: a bad one says what is wrong with it, at its own index
+    got = parse_tool_calls(f'<tool_call>{_j([PARIS, {"arguments": {}}])}</tool_call><tool_call>{_j(TOKYO)}</tool_call>')
+    assert [c.ok for c in got] == [True, False, True] and [c.id for c in got] == ["call_1", "call_2", "call_3"]
+    assert got[1].error == 'tool call 2: missing "name" (a string naming the tool)'

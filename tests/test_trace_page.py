@@ -120,3 +120,27 @@ async def test_hostile_model_text_is_shown_not_run(tmp_path, play_plan, renderer
     assert await page.evaluate("window.__pwned") is None
     assert await page.locator("img").count() == 0 and await page.locator("script").count() == 2
     assert not errors and len(requests) == 1, (errors, requests)
+
+
+async def test_an_evaluations_replies_page_shows_each_policy_and_its_verdicts(tmp_path, play, renderer,  # noqa: F811
+                                                                             browser):
+    from agent_rl.runs.replies import write_replies
+
+    groups = await play({"t-learn": ["bad_call_then_right", "wrong"]})
+    first, second = groups[0].trajectories
+    path = write_replies(tmp_path / "eval.replies.jsonl", {
+        "base": [(first, {"valid": True, "error_type": None, "errors": []}),
+                 (second, {"valid": False, "error_type": "multi_turn:force_terminated", "errors": ["3 of 4 turns"]})],
+        "runs/sft": [(first, None)]}, renderer)
+    page, requests, errors = await open_page(browser, view.write_page(path).as_uri())
+    steps = await texts(page, "#step-list li")
+    assert [s.split()[:3] for s in steps] == [["base", "valid", "0.5"], ["runs/sft", "reward", "\u2014"]]
+    assert await texts(page, "#groups table th") == ["#", "reward", "verdict", "stop", "turns", "sampled / tokens",
+                                                      "tool calls"]
+    assert [t.split("\t")[2] for t in await texts(page, "tr.traj")] == ["valid", "multi_turn:force_terminated"]
+    await page.click('tr.traj[data-group="0"][data-index="1"]')
+    assert "invalid: multi_turn:force_terminated \u00b7 3 of 4 turns" in await page.locator("#detail dl").inner_text()
+    await page.click('tr.traj[data-group="0"][data-index="0"]')
+    heads = await texts(page, "#turns .msg.sampled .msg-head")
+    assert heads[0].endswith("violations: malformed_call") and "violations" not in heads[1]
+    assert not errors and all(u.startswith("file://") for u in requests), (errors, requests)

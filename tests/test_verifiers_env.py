@@ -241,3 +241,53 @@ async def test_a_tool_server_that_fails_or_hangs_in_setup_is_one_line(monkeypatc
                                                            "within 0.2 s$"):
         async with verifiers_env.VerifiersEnv(row, step_timeout_s=0.2):
             pass
+
+
+# -- nothing dropped silently: the task's own @vf.stop hooks, content no chat format takes -----------------------
+TICK = '<tool_call>\n{"name": "tick", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("stop_on, replies, turns, ticks", [
+    ("ticks", [TICK, TICK, TICK, "Done."], 2, 2),  # a trace hook, before the third model call
+    ("give_up", [TICK, "I GIVE UP " + TICK, "Done."], 2, 1),  # a response hook: that reply's call never runs
+    ("long_request", [TICK, TICK, TICK, "Done."], 2, 2),  # a request hook: the third request has 6 messages
+])
+async def test_a_stop_hook_ends_the_episode_where_it_says(scripted, renderer, stop_on, replies, turns, ticks):
+    row = verifiers_env.load_tasks(1, taskset="vf_stop_taskset", args={"task": {"stop_on": stop_on}})[0]
+    async with verifiers_env.make_env(row) as env:
+        traj = await run_episode(env, scripted(script_of(replies)), renderer, EpisodeLimits(), row["id"])
+    [trace] = env.bridge.traces
+    assert traj.error is None and traj.stop_reason is StopReason.ENV_DONE and len(traj.turns) == turns
+    assert trace.stop_condition == {"ticks": "enough_ticks", "give_up": "gave_up", "long_request": "long_request"}[
+        stop_on]
+    assert traj.reward_parts == {"ticks": float(ticks)} and len(traj.tool_calls) == ticks
+    assert trace.num_turns == turns  # the last reply is in the trace the task scored
+
+
+async def test_an_image_the_policy_cannot_take_ends_the_episode_in_one_line(scripted, renderer):
+    from agent_rl.envs.verifiers_seat import UnsupportedContent, user_messages
+
+    row = verifiers_env.load_tasks(1, taskset="vf_stop_taskset", args={"image": True})[0]
+    traj = await play(row, scripted(script_of(["Two squares."])), renderer)
+    assert traj.stop_reason is StopReason.ERROR and traj.turns == ()
+    assert traj.error == ("VerifiersError: the environment raised UnsupportedContent: a user message holds image_url "
+                          "content, and agent-rl's chat formats (every model family's renderer) take text only: the "
+                          "episode ends here rather than drop it")
+    # a follow-up user message (a simulated user's) with an image: the same error, inside the environment's run()
+    with pytest.raises(UnsupportedContent, match="^a user message holds image_url content"):
+        user_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}])
+
+
+def test_an_intercept_hook_is_refused_in_one_line():
+    import verifiers.v1 as vf
+    import vf_stop_taskset
+
+    class Rewriting(vf_stop_taskset.StopTask):
+        @vf.intercept
+        def shout(self, response: vf.Response) -> vf.Response | None:
+            return None
+
+    with pytest.raises(ValueError, match=r"^verifiers taskset 'x': its @vf.intercept hook 'shout' rewrites the model's "
+                                         r"requests or responses, which agent-rl does not do \(the sampled tokens "
+                                         r"are the episode\)$"):
+        verifiers_env._stops(Rewriting(vf.TaskData(id="t", prompt="?"), vf_stop_taskset.StopTaskConfig()), "x")

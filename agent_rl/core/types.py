@@ -218,6 +218,9 @@ class Trajectory:
     ret: Return | None = None
     # a branch of another episode of its group (`rollout.branching`); None: one of the group's own G episodes
     branch: Branch | None = None
+    # the names of the tools the episode offered the policy (its environment's at the start, then any it offered by
+    # the end), what a call naming another is counted against (`runs.metrics.violation_metrics`); None: not recorded
+    tools: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.versions and self.token_ids:

@@ -1,26 +1,30 @@
 """The Berkeley Function Calling Leaderboard (BFCL) as an evaluation: our renderer and sampler, bfcl-eval's checker.
 
-Owns: `BFCLSettings` (which categories, how many questions of each, sampling), `bfcl_calls` (the
-calls the renderer parsed out of a reply, in BFCL's decoded form `[{name: {arg: value}}]`), `QuestionEnv`
-(one question: its messages as the prompt, its functions as the episode's tools, one assistant turn),
+Owns: `BFCLSettings` (which categories, how many questions of each, episodes of each, sampling), `QuestionEnv`
+(one single-turn question: its messages as the prompt, its functions as the episode's tools, one assistant turn),
 `pick` (the fixed subset of a category), `evaluate_bfcl` (every policy on the picked questions through
-`evaluate.play_policies`, each answer judged by bfcl-eval) and `format_table`.
-Does not own: bfcl-eval's process, data and checker (`bfcl_checker`, `bfcl_worker`), rendering and
-parsing (the model family's renderer, as in training), playing episodes, serving adapters.
+`evaluate.play_policies`, each episode judged by bfcl-eval; each reply kept with its verdict), `score` (the
+figures of a category) and `format_table`.
+Does not own: bfcl-eval's process, data and checker (`bfcl_checker`, `bfcl_worker`), the multi-turn episode
+(`bfcl_multi_turn`), rendering and parsing (the model family's renderer, as in training), playing episodes,
+serving adapters.
 
-How a question is played: its messages and its functions (as OpenAI tool schemas, converted by
+How a single-turn question is played: its messages and its functions (as OpenAI tool schemas, converted by
 bfcl-eval itself) go through the model's renderer exactly as an environment's tools do, so the model
 sees BFCL's functions in the format it is trained on; one turn is sampled (BFCL's default
 temperature, 0.001); the renderer's parse of that turn gives the calls. A call the parser cannot
 read (malformed JSON, an unclosed tag) is left out, as BFCL's Qwen handler leaves out a block whose
-JSON does not load; no call at all is the answer the irrelevance category asks for.
+JSON does not load; no call at all is the answer the irrelevance category asks for. The multi-turn
+categories (`multi_turn_base`, `_miss_func`, `_miss_param`, `_long_context`; `multi_turn` names all four) are
+played turn by turn against bfcl-eval's executable API classes (`bfcl_multi_turn`).
 
 Never a training environment: BFCL's questions reach only this module, through bfcl-eval's worker,
 and only `agent-rl eval --benchmark bfcl` asks for them; `core.registry` refuses `bfcl` and this
 module as a `rollout.env`, and the spec built here has no `load_tasks` (it raises).
 
 The subset: `per_category` questions of each category, evenly spaced over BFCL's own file order
-(question floor(i * N / n) for i < n, N the category's size), the same every run.
+(question floor(i * N / n) for i < n, N the category's size), the same every run. Each is played `samples`
+times (default 1): accuracy is over the episodes, pass@k and pass^k over each question's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -38,17 +43,25 @@ from agent_rl.core.config import ConfigError
 from agent_rl.core.env import Env, StepResult
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.types import Message, Reward, StopReason, Trajectory, TrajectoryGroup
-from agent_rl.evaluation.bfcl_checker import BFCLChecker
-from agent_rl.evaluation.evaluate import play_policies, resolve_policy
+from agent_rl.evaluation.bfcl_checker import BFCLChecker, bfcl_calls
+from agent_rl.evaluation.bfcl_multi_turn import MultiTurnEnv, Verdicts, replies_key, turn_limit
+from agent_rl.evaluation.evaluate import pass_figures, play_policies, resolve_policy
 from agent_rl.rollout.runner import EpisodeLimits
+from agent_rl.runs.metrics import sampled_replies, violation_metrics
 from agent_rl.session import Session
 
+# an episode with its question and bfcl-eval's verdict on it (None: an infrastructure error)
+Judged = tuple[dict[str, Any], Trajectory, dict[str, Any] | None]
+
 # accepted names -> bfcl-eval's category names (the single-turn ones judged by its AST checker)
-CATEGORIES = {"simple": "simple_python", "simple_python": "simple_python", "multiple": "multiple",
-              "parallel": "parallel", "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance",
-              "live_simple": "live_simple", "live_multiple": "live_multiple", "live_parallel": "live_parallel",
-              "live_parallel_multiple": "live_parallel_multiple", "live_irrelevance": "live_irrelevance",
-              "live_relevance": "live_relevance"}
+SINGLE_TURN = {"simple": "simple_python", "simple_python": "simple_python", "multiple": "multiple",
+               "parallel": "parallel", "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance",
+               "live_simple": "live_simple", "live_multiple": "live_multiple", "live_parallel": "live_parallel",
+               "live_parallel_multiple": "live_parallel_multiple", "live_irrelevance": "live_irrelevance",
+               "live_relevance": "live_relevance"}
+MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+CATEGORIES: dict[str, tuple[str, ...]] = {**{k: (v,) for k, v in SINGLE_TURN.items()},
+                                          **{c: (c,) for c in MULTI_TURN}, "multi_turn": MULTI_TURN}
 DEFAULT_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 
 
@@ -60,8 +73,9 @@ class BFCLSettings(BaseModel):
                                         description="BFCL categories, e.g. simple, multiple, parallel-multiple")
     per_category: int = Field(20, ge=1, description="questions of each category, evenly spaced over its file")
     temperature: float = Field(0.001, gt=0.0, description="sampling temperature (BFCL's own default)")
-    max_tokens: int = Field(256, ge=16, description="tokens the model may write in its one turn")
+    max_tokens: int = Field(256, ge=16, description="tokens the model may write in a turn")
     seed: int = Field(12345, description="base of the per-request sampling seeds")
+    samples: int = Field(1, ge=1, description="episodes of each question (pass@k and pass^k over them)")
 
     @field_validator("categories", mode="before")
     @classmethod
@@ -72,9 +86,8 @@ class BFCLSettings(BaseModel):
             key = str(name).strip().lower().replace("-", "_")
             if key not in CATEGORIES:
                 raise ValueError(f"unknown BFCL category {name!r} (known: {', '.join(sorted(CATEGORIES))}; "
-                                 "multi-turn, Java and JavaScript ones are not supported)")
-            if CATEGORIES[key] not in out:
-                out.append(CATEGORIES[key])
+                                 "Java, JavaScript, web search, memory and format sensitivity are not supported)")
+            out += [c for c in CATEGORIES[key] if c not in out]
         return tuple(out)
 
 
@@ -90,11 +103,6 @@ def bfcl_settings(**values: Any) -> BFCLSettings:
         raise ConfigError(f"bfcl.{field}", problem) from None
 
 
-def bfcl_calls(reply: Message) -> list[dict[str, Any]]:
-    """The reply's readable calls as BFCL decodes a model's output: `[{name: {argument: value}}]`."""
-    return [{call.name: dict(call.arguments)} for call in reply.tool_calls if call.ok]
-
-
 def pick(questions: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """`n` questions evenly spaced over the category (all of them when it has no more)."""
     total = len(questions)
@@ -104,7 +112,7 @@ def pick(questions: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 class QuestionEnv(Env):
     """One BFCL question: its functions as the tools, one assistant turn, bfcl-eval's verdict as reward."""
 
-    def __init__(self, task: dict[str, Any], checker: BFCLChecker, verdicts: dict[tuple[str, str], dict[str, Any]]):
+    def __init__(self, task: dict[str, Any], checker: BFCLChecker, verdicts: Verdicts):
         self.task, self.checker, self.verdicts = task, checker, verdicts
 
     @property
@@ -125,9 +133,8 @@ class QuestionEnv(Env):
                               "unreadable_calls": float(sum(not c.ok for c in reply.tool_calls))})
 
 
-async def judge(checker: BFCLChecker, verdicts: dict[tuple[str, str], dict[str, Any]], task: dict[str, Any],
-                reply: Message) -> dict[str, Any]:
-    """bfcl-eval's verdict on a reply, asked once per distinct answer (kept in `verdicts`)."""
+async def judge(checker: BFCLChecker, verdicts: Verdicts, task: dict[str, Any], reply: Message) -> dict[str, Any]:
+    """bfcl-eval's verdict on a single-turn reply, asked once per distinct answer (kept in `verdicts`)."""
     calls = bfcl_calls(reply)
     key = (task["id"], json.dumps(calls, sort_keys=True, default=str))
     if key not in verdicts:
@@ -135,28 +142,44 @@ async def judge(checker: BFCLChecker, verdicts: dict[tuple[str, str], dict[str, 
     return verdicts[key]
 
 
+def make_env(task: dict[str, Any], checker: BFCLChecker, verdicts: Verdicts) -> Env:
+    """The episode of a question: turn by turn for a multi-turn category, one turn otherwise."""
+    if task["category"] in MULTI_TURN:
+        return MultiTurnEnv(task, checker, verdicts)
+    return QuestionEnv(task, checker, verdicts)
+
+
 def _no_tasks(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
     raise ValueError("BFCL's questions are for evaluation only: agent-rl eval --benchmark bfcl")
 
 
+def _turns(task: dict[str, Any]) -> int:
+    return turn_limit(task["question"]) if task["category"] in MULTI_TURN else 1
+
+
 async def evaluate_bfcl(session: Session, specs: Sequence[str], serve: Callable[[Path], Any],
-                        settings: BFCLSettings, python: str | None = None) -> dict[str, Any]:
+                        settings: BFCLSettings, python: str | None = None,
+                        judged_out: dict[str, list[Judged]] | None = None) -> dict[str, Any]:
     """Every policy of `specs` (`evaluate.resolve_policy`) on the picked questions of each category, judged by
     bfcl-eval running on `python` (`bfcl_checker.bfcl_python` when None); returns {"bfcl": what was played,
-    "results": {policy: {category: figures}}}."""
+    "results": {policy: {category: figures}}}. `judged_out`, when given, receives each policy's episodes with
+    bfcl-eval's verdict on each (None: an infrastructure error), the replies `agent-rl eval` keeps."""
     policies = [resolve_policy(s) for s in specs]  # every bad path fails before any sampling
     async with BFCLChecker(python) as bfcl:
         tasks = [{"id": q["id"], "category": category, "question": q} for category in settings.categories
                  for q in pick(await bfcl.questions(category), settings.per_category)]
-        limits = EpisodeLimits(max_turns=1, max_tokens_per_turn=settings.max_tokens,
+        limits = EpisodeLimits(max_turns=max(_turns(t) for t in tasks), max_tokens_per_turn=settings.max_tokens,
                                max_total_tokens=session.cfg.sampler.max_model_len, temperature=settings.temperature,
                                seed=settings.seed)
         check_lengths(session, tasks, limits)
-        verdicts: dict[tuple[str, str], dict[str, Any]] = {}
-        spec = EnvSpec("bfcl", lambda task: QuestionEnv(task, bfcl, verdicts), _no_tasks)
-        cfg = session.cfg.model_copy(update={"eval": session.cfg.eval.model_copy(update={"samples": 1})})
+        verdicts: Verdicts = {}
+        spec = EnvSpec("bfcl", lambda task: make_env(task, bfcl, verdicts), _no_tasks)
+        cfg = session.cfg.model_copy(update={"eval": session.cfg.eval.model_copy(update={"samples": settings.samples})})
         groups = await play_policies(replace(session, cfg=cfg, env=spec), policies, tasks, limits, serve)
-        results = {p.label: await score(groups[p.label], tasks, bfcl, verdicts) for p in policies}
+        judged = {p.label: await verdicts_of(groups[p.label], tasks, bfcl, verdicts) for p in policies}
+    results = {label: score(rows, session.renderer.calls_in_reasoning) for label, rows in judged.items()}
+    if judged_out is not None:
+        judged_out.update(judged)
     about = {"bfcl_eval": bfcl.version, "model": session.cfg.model.name, "renderer": session.renderer.name,
              **settings.model_dump(), "questions": {c: [t["id"] for t in tasks if t["category"] == c]
                                                     for c in settings.categories}}
@@ -164,61 +187,87 @@ async def evaluate_bfcl(session: Session, specs: Sequence[str], serve: Callable[
 
 
 def check_lengths(session: Session, tasks: Sequence[dict[str, Any]], limits: EpisodeLimits) -> None:
-    """Every prompt leaves room for the answer in the server's context, or one line naming the first that does not."""
+    """Every first prompt leaves room for an answer in the server's context, or one line naming the first that
+    does not."""
     for task in tasks:
-        env_prompt = [Message(m["role"], m["content"]) for m in task["question"]["messages"]]
-        n = len(session.renderer.render(env_prompt, task["question"]["tools"]))
+        question = task["question"]
+        opening = question["turns"][0] if task["category"] in MULTI_TURN else question["messages"]
+        n = len(session.renderer.render([Message(m["role"], m["content"]) for m in opening], question["tools"]))
         if n + limits.max_tokens_per_turn > limits.max_total_tokens:
             raise ValueError(f"BFCL question {task['id']}: its prompt is {n} tokens, and with max_tokens "
                              f"{limits.max_tokens_per_turn} it does not fit sampler.max_model_len "
                              f"{limits.max_total_tokens}; raise sampler.max_model_len")
 
 
-async def score(groups: Sequence[TrajectoryGroup], tasks: Sequence[dict[str, Any]], checker: BFCLChecker,
-                verdicts: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per category: questions, correct, accuracy, infrastructure errors (counted wrong), BFCL's error types, and
-    how the model answered: questions with at least one readable call, calls the parser could not read."""
+async def verdicts_of(groups: Sequence[TrajectoryGroup], tasks: Sequence[dict[str, Any]], checker: BFCLChecker,
+                      verdicts: Verdicts) -> list[Judged]:
+    """Each episode with its question and bfcl-eval's verdict (None: an infrastructure error, counted wrong)."""
     by_id = {t["id"]: t for t in tasks}
-    out: dict[str, dict[str, Any]] = {}
+    out: list[Judged] = []
     for g in groups:
-        task, traj = by_id[g.task_id], g.trajectories[0]
-        fig = out.setdefault(task["category"], {"questions": 0, "correct": 0, "infra_errors": 0, "errors": Counter(),
-                                                "answered_with_calls": 0, "unreadable_calls": 0})
-        fig["questions"] += 1
-        if traj.infra_error:
-            fig["infra_errors"] += 1
-            fig["errors"]["infra_error"] += 1
-            fig.setdefault("first_infra_error", traj.error)
-            continue
-        reply = _reply(traj)
-        fig["answered_with_calls"] += int(bool(bfcl_calls(reply)))
-        fig["unreadable_calls"] += sum(not c.ok for c in reply.tool_calls)
-        verdict = await judge(checker, verdicts, task, reply)
-        fig["correct"] += int(verdict["valid"])
-        if not verdict["valid"]:
-            fig["errors"][verdict["error_type"] or "unknown"] += 1
-    for fig in out.values():
-        fig["accuracy"] = fig["correct"] / fig["questions"]
-        fig["errors"] = dict(fig["errors"].most_common())
+        task = by_id[g.task_id]
+        for traj in g.trajectories:
+            if traj.infra_error:
+                out.append((task, traj, None))
+            elif task["category"] in MULTI_TURN:  # filed by the episode's own reward
+                out.append((task, traj, verdicts[replies_key(task["id"], [m for m in traj.messages
+                                                                          if m.role == "assistant"])]))
+            else:
+                reply = traj.messages[-1] if traj.messages and traj.messages[-1].role == "assistant" \
+                    else Message("assistant", "")
+                out.append((task, traj, await judge(checker, verdicts, task, reply)))
     return out
 
 
-def _reply(traj: Trajectory) -> Message:
-    last = traj.messages[-1] if traj.messages else None
-    return last if last is not None and last.role == "assistant" else Message("assistant", "")
+def score(judged: Sequence[Judged], calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, Any]:
+    """Per category: questions, episodes, correct, accuracy (over the episodes), pass@k and pass^k (over each
+    question's episodes, k = 1 and the most episodes of a question), infrastructure errors (counted wrong), BFCL's
+    error types, and how the model answered: episodes with at least one readable call, calls the parser could not
+    read, sampled turns, and the share of turns with each violation of the call format (`runs.metrics`)."""
+    out: dict[str, Any] = {}
+    for category in dict.fromkeys(task["category"] for task, _, _ in judged):
+        rows = [(task, traj, v) for task, traj, v in judged if task["category"] == category]
+        ok = [(traj, v) for _, traj, v in rows if v is not None]
+        errors = Counter(v["error_type"] or "unknown" for _, v in ok if not v["valid"])
+        counts: dict[str, list[int]] = {}
+        for task, _, v in rows:
+            n_c = counts.setdefault(task["id"], [0, 0])
+            n_c[0] += 1
+            n_c[1] += int(v is not None and v["valid"])
+        fig: dict[str, Any] = {
+            "questions": len(counts), "episodes": len(rows), "correct": sum(c for _, c in counts.values()),
+            "infra_errors": len(rows) - len(ok),
+            "answered_with_calls": sum(any(bfcl_calls(r) for r in sampled_replies(traj)) for traj, _ in ok),
+            "unreadable_calls": sum(not c.ok for traj, _ in ok for r in sampled_replies(traj) for c in r.tool_calls),
+            "turns_mean": fmean(len(traj.turns) for traj, _ in ok) if ok else 0.0}
+        fig["accuracy"] = fig["correct"] / fig["episodes"]
+        fig.update(pass_figures([(n, c) for n, c in counts.values()], sorted({1, *(n for n, _ in counts.values())})))
+        fig.update(violation_metrics([traj for traj, _ in ok], calls_in_reasoning))
+        if fig["infra_errors"]:
+            errors["infra_error"] = fig["infra_errors"]
+            fig["first_infra_error"] = next(traj.error for _, traj, v in rows if v is None)
+        fig["errors"] = dict(errors.most_common())
+        out[category] = fig
+    return out
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """Accuracy per category (rows) and policy (columns), `0.450 (9/20)`, and the mean over categories."""
+    """Accuracy per category (rows) and policy (columns), `0.450 (9/20)` (with several episodes a question, its
+    pass^k beside it: `^4 0.300`), and the mean over categories."""
     results = report["results"]
     labels = list(results)
     categories = report["bfcl"]["categories"]
     rows = [["category", *labels]]
     for c in categories:
-        rows.append([c, *(f"{results[lb][c]['accuracy']:.3f} ({results[lb][c]['correct']}/"
-                          f"{results[lb][c]['questions']})" for lb in labels)])
+        rows.append([c, *(_cell(results[lb][c]) for lb in labels)])
     rows.append(["mean", *(f"{sum(results[lb][c]['accuracy'] for c in categories) / len(categories):.3f}"
                            for lb in labels)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+def _cell(fig: dict[str, Any]) -> str:
+    k = max(int(key[len("pass^"):]) for key in fig if key.startswith("pass^"))
+    cell = f"{fig['accuracy']:.3f} ({fig['correct']}/{fig['episodes']})"
+    return cell + (f" ^{k} {fig[f'pass^{k}']:.3f}" if k > 1 else "")

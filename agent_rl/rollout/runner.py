@@ -225,11 +225,14 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
     """Play one episode in an entered env. Never raises for sampler or env failures."""
     ep = _Episode()
     error, error_type, reward, reward_s = None, "", Reward(0.0), 0.0
+    tools: tuple[str, ...] | None = None
     try:
         ep.messages = list(await bounded(env.initial_messages(), limits.env_timeout_s))
         ep.buffer.add_context(renderer.render(ep.messages, env.tool_schemas))
         ep.prompt_len = len(ep.buffer.ids)
+        tools = tool_names(env.tool_schemas)
         await _play_turns(env, sampler, renderer, limits, ep, task_id, rollout_index)
+        tools = tuple(dict.fromkeys((*tools, *tool_names(env.tool_schemas))))
         t_reward = time.perf_counter()
         reward = as_reward(await bounded(env.reward(ep.messages), limits.env_timeout_s))
         reward_s = time.perf_counter() - t_reward
@@ -245,7 +248,14 @@ async def run_episode(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         tool_calls=tuple(ep.records), stop_reason=ep.stop, reward=reward.value, reward_parts=dict(reward.parts),
         error=error, policy_version=min(versions) if versions else sampler.policy_version, reward_s=reward_s,
         segments=tuple(buf.closed), versions=last.versions, server_lost=ep.server_lost, error_type=error_type,
+        tools=tools,
     )
+
+
+def tool_names(schemas: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The names of OpenAI-style tool schemas (`{"type": "function", "function": {"name": ...}}`, or the bare
+    function), in order."""
+    return tuple(str(s.get("function", s).get("name", "")) for s in schemas)
 
 
 async def play_task(task: dict[str, Any], index: int, make_env: Callable[[dict[str, Any]], Env], sampler: Sampler,

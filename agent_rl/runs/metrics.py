@@ -4,7 +4,8 @@ Owns: `rollout_metrics(trajectories)`, a pure function (tool-use rate, calls per
 per-tool call and failure rates, turns, lengths, truncation rate, stop reasons, infra errors, the
 turns' own rewards by part, `turn_reward_metrics`), and in a run of several environments the main
 figures of each (`env/<name>/...`, `env_metrics`); by group, whether the policy tries its tools
-(`tool_decision_metrics`) and what the branches at the tool decision cost and gave (`branch_metrics`).
+(`tool_decision_metrics`) and what the branches at the tool decision cost and gave (`branch_metrics`); the
+policy's violations of the call format, per sampled turn (`reply_violations`, `violation_metrics`).
 Does not own: training metrics (the loss returns its own), logging to files (`runs.runlog`).
 
 Infrastructure errors are counted but kept out of every behavioural rate: a dead server is not a
@@ -14,11 +15,12 @@ episodes' outcomes whatever the credit assignment, and turn rewards are summed w
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import fmean
 
-from agent_rl.core.types import EPISODE_REWARD, StopReason, Trajectory, TrajectoryGroup
+from agent_rl.core.types import EPISODE_REWARD, Message, StopReason, Trajectory, TrajectoryGroup
 
 # the figures given per environment (`env/<name>/<figure>`) in a run of several
 ENV_FIGURES = ("rollouts", "infra_error_rate", "reward_mean", "accuracy", "tool_use_rate", "tool_calls_per_traj",
@@ -162,3 +164,43 @@ def branch_metrics(groups: Sequence[TrajectoryGroup], success_threshold: float =
             "branch/groups": float(sum(any(t.branch is not None for t in g.trajectories) for g in groups)),
             "branch/attempt_share": _mean([1.0 if t.used_tools else 0.0 for t in played]),
             "branch/solved_share": _mean([1.0 if solved(t, success_threshold) else 0.0 for t in played])}
+
+
+# what `violation_metrics` counts, each a share of the sampled turns (`violation/<name>`)
+VIOLATIONS = ("call_in_reasoning", "malformed_call", "unknown_tool", "call_after_answer")
+_ANSWERED = re.compile(r"<answer>.*?</answer>|\\boxed\{", re.DOTALL)
+CALL_TAG = "<tool_call>"
+
+
+def reply_violations(reply: Message, tools: Sequence[str] | None,
+                     calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, bool]:
+    """What a sampled reply did wrong: a call written inside its reasoning (`calls_in_reasoning`, the renderer's:
+    the family does not read it), a call the parser could not read, a readable call naming none of `tools` (None:
+    not known, not checked), a call after the reply stated its final answer (an `<answer>...</answer>` or a
+    `\\boxed{` before the first `<tool_call>`; a reply of bare calls states nothing before them)."""
+    readable = [c for c in reply.tool_calls if c.ok]
+    first_call = reply.content.find(CALL_TAG) if reply.tool_calls else -1
+    before = reply.content[:first_call] if first_call >= 0 else ""
+    return {"call_in_reasoning": calls_in_reasoning(reply.content) > 0,
+            "malformed_call": len(readable) < len(reply.tool_calls),
+            "unknown_tool": tools is not None and any(c.name not in tools for c in readable),
+            "call_after_answer": bool(_ANSWERED.search(before))}
+
+
+def sampled_replies(traj: Trajectory) -> list[Message]:
+    """The policy's own replies: the last `len(turns)` assistant messages (a prompt may hold earlier ones)."""
+    replies = [m for m in traj.messages if m.role == "assistant"]
+    return replies[len(replies) - len(traj.turns):] if traj.turns else []
+
+
+def violation_metrics(trajectories: Sequence[Trajectory],
+                      calls_in_reasoning: Callable[[str], int] = lambda text: 0) -> dict[str, float]:
+    """`violation/<name>` for each of VIOLATIONS: the share of the sampled turns (of the episodes without an
+    infrastructure error) with that violation (`reply_violations`), and `violation/any`, with at least one; {}
+    when no turn was sampled."""
+    found = [reply_violations(m, t.tools, calls_in_reasoning) for t in trajectories if not t.infra_error
+             for m in sampled_replies(t)]
+    if not found:
+        return {}
+    out = {f"violation/{name}": _mean([1.0 if f[name] else 0.0 for f in found]) for name in VIOLATIONS}
+    return {**out, "violation/any": _mean([1.0 if any(f.values()) else 0.0 for f in found])}

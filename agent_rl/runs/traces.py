@@ -185,7 +185,8 @@ def read_traces(run_dir: str | Path, steps: set[int] | None = None) -> dict[int,
     """{step: its records in file order} for the traced steps (those in `steps` only, when given)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise TraceError(f"{run_dir} is not a directory: give a run directory (run.run_dir of a training config)")
+        raise TraceError(f"{run_dir} is not a directory: give a run directory (run.run_dir of a training config) "
+                         "or an evaluation's replies (.replies.jsonl)")
     files = _step_files(run_dir)
     if not files:
         raise TraceError(f"no traces in {run_dir}: {TRACES_DIR}/ is missing or empty (run.trace_groups was 0, "

@@ -1,9 +1,11 @@
-"""`agent-rl view RUN`: one self-contained HTML page to browse a run's rollout traces.
+"""`agent-rl view RUN`: one self-contained HTML page to browse a run's rollout traces, or an evaluation's replies.
 
 Owns: gathering the traces (`runs.traces`) and each traced step's headline metrics (`runs.runlog`)
-into the page's data, embedding it safely in `trace_page.html` (beside this module: the page's
+into the page's data, or an evaluation's replies (`runs.replies`: a "step" per policy, each episode with its
+verdict), embedding it safely in `trace_page.html` (beside this module: the page's
 markup, style and script), `parse_steps` for `--steps`, and writing the page.
-Does not own: what a trace holds or which trajectories are traced (`runs.traces`), the training loop.
+Does not own: what a trace holds or which trajectories are traced (`runs.traces`), the training loop, what an
+evaluation keeps (`runs.replies`).
 
 The page works offline from a file: inline CSS and JavaScript, no network, the data embedded as
 JSON in a `<script type="application/json">` element with `<`, `>` and `&` escaped, so model
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.core.files import write_text
+from agent_rl.runs.replies import read_replies
 from agent_rl.runs.runlog import RunLogError, read_metrics
 from agent_rl.runs.traces import read_traces
 
@@ -54,6 +57,10 @@ def _for_page(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def page_data(run_dir: str | Path, steps: set[int] | None = None) -> dict[str, Any]:
+    """The page's data: a run directory's traced steps, or (a file) an evaluation's replies, a step per policy."""
+    if Path(run_dir).is_file():
+        policies = [s for s in read_replies(run_dir) if steps is None or s["step"] in steps]
+        return {"run": Path(run_dir).name, "run_dir": str(run_dir), "steps": policies}
     traces = read_traces(run_dir, steps)
     try:
         metrics = {r["step"]: r for r in read_metrics(run_dir)}
@@ -80,6 +87,8 @@ def build_page(run_dir: str | Path, steps: set[int] | None = None) -> str:
 
 
 def write_page(run_dir: str | Path, out: str | Path | None = None, steps: set[int] | None = None) -> Path:
-    """Write the page (default `<run_dir>/traces.html`) and return its path."""
+    """Write the page (default `<run_dir>/traces.html`, or beside a replies file `X.replies.jsonl`:
+    `X.replies.html`) and return its path."""
     page = build_page(run_dir, steps)
-    return write_text(Path(out) if out else Path(run_dir) / PAGE_FILE, page)
+    default = Path(run_dir).with_suffix(".html") if Path(run_dir).is_file() else Path(run_dir) / PAGE_FILE
+    return write_text(Path(out) if out else default, page)

@@ -174,6 +174,11 @@ class Renderer(abc.ABC):
         """The text of an assistant turn saying `content` and then making `tool_calls`, written the
         way this family writes them (demonstrations, scripted solvers, a person playing)."""
 
+    def calls_in_reasoning(self, text: str) -> int:
+        """Tool calls a reply wrote inside its reasoning, which this family does not read as calls (a violation
+        `runs.metrics.violation_metrics` counts); 0 for a family whose replies have no reasoning block."""
+        return 0
+
     def parse(self, ids: Sequence[int]) -> Message:
         """A sampled assistant turn as a message: its exact text and the tool calls parsed from it."""
         text = self.decode(ids)

@@ -21,7 +21,8 @@ drops), the official template would show earlier turns without their think block
 trained on what it actually saw when sampling instead. tests/test_renderers.py pins both cases.
 
 Tool calls are read only after `</think>`: a `<tool_call>` written while reasoning is thinking, not
-an attempt (a turn whose `<think>` never closes makes no call).
+an attempt (a turn whose `<think>` never closes makes no call); `calls_in_reasoning` counts them, for the
+evaluation's violation counts.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from agent_rl.core.renderers.chatml import (
     ChatMLRenderer,
     format_tool_call,
 )
+from agent_rl.core.renderers.toolcalls import parse_tool_calls
 from agent_rl.core.types import ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -46,6 +48,13 @@ def answer_part(text: str) -> str:
     if THINK_CLOSE in text:
         return text.rsplit(THINK_CLOSE, 1)[1]
     return "" if THINK_OPEN in text else text
+
+
+def reasoning_part(text: str) -> str:
+    """The text before the reasoning block closes (all of it while the block is still open; "" without one)."""
+    if THINK_CLOSE in text:
+        return text.rsplit(THINK_CLOSE, 1)[0]
+    return text if THINK_OPEN in text else ""
 
 
 def format_thinking(reasoning: str, answer: str = "") -> str:
@@ -67,6 +76,9 @@ class Qwen3Renderer(ChatMLRenderer):
 
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return super().parse_tool_calls(answer_part(text))  # bare calls too, when switched on
+
+    def calls_in_reasoning(self, text: str) -> int:
+        return len(parse_tool_calls(reasoning_part(text)))
 
     def format_reply(self, content: str, tool_calls: Sequence[ToolCall] = ()) -> str:
         """`content` as given (it may open with a think block: `format_thinking`), then the calls,

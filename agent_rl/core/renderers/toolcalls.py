@@ -10,17 +10,24 @@ ids (the sampled ids are never rebuilt from the parsed calls).
 
 Bare calls. Small instruct models (Qwen2.5-Coder-0.5B-Instruct among them) often answer a tool prompt
 with `{"name": "calculator", "arguments": {...}}` and no `<tool_call>` tags. Read leniently, a reply
-that is nothing but such objects (whitespace, and at most one ```json fence around each, aside) is
+that is nothing but such objects (whitespace, commas and ```json fences aside) is
 that many calls, parsed exactly as tagged ones would be: an unknown tool or bad arguments get the
 same error message back. Anything else stays text, so a final answer is never mistaken for a call:
 prose around the JSON, JSON that does not parse, an object without a string "name" and an
 "arguments" key. Only the parse changes: the sampled tokens stay as they are.
+
+Parallel calls. A reply that means several calls at once is read as those calls in each of these forms:
+several `<tool_call>` blocks; one block holding a JSON list of call objects, or several objects one after
+another (whitespace or a comma between); and, read bare, a JSON list of call objects, or a ```json fence
+holding a list or several objects. Each call gets its own index, as if written in blocks of its own.
+(BFCL's own Qwen handler reads only one object per block and drops a block holding a list.)
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from agent_rl.core.types import ToolCall
 
@@ -44,6 +51,11 @@ def call_from_json(body: str, index: int, args_key: str = "arguments") -> ToolCa
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return bad_call(index, f"tool call {index}: malformed JSON ({e.msg} at char {e.pos}) in {short(body)!r}")
+    return call_from_object(obj, index, args_key)
+
+
+def call_from_object(obj: Any, index: int, args_key: str = "arguments") -> ToolCall:
+    """One call as its decoded JSON: {"name": ..., args_key: {...}}; anything else is a `bad_call`."""
     if not isinstance(obj, dict):
         return bad_call(index, f"tool call {index}: expected a JSON object with \"name\" and \"{args_key}\", "
                                f"got {type(obj).__name__}")
@@ -67,39 +79,86 @@ def call_from_json(body: str, index: int, args_key: str = "arguments") -> ToolCa
     return ToolCall(name=name, arguments=args, id=f"call_{index}")
 
 
+def json_values(text: str) -> list[Any] | None:
+    """The JSON values `text` is made of, one after another (whitespace, or one comma, between), or None when it
+    is anything else."""
+    decoder, out, pos, text = json.JSONDecoder(), [], 0, text.strip()
+    while pos < len(text):
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        out.append(value)
+        pos = _skip_separator(text, pos)
+    return out or None
+
+
+def _skip_separator(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    if pos < len(text) and text[pos] == ",":
+        pos += 1
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return pos
+
+
+def _flat_objects(values: list[Any]) -> list[dict[str, Any]] | None:
+    """The objects of `values`, a list's elements in its place (a parallel reply's list of calls); None unless
+    every one is a JSON object."""
+    objs = [o for v in values for o in (v if isinstance(v, list) else [v])]
+    return objs if objs and all(isinstance(o, dict) for o in objs) else None
+
+
+def calls_in_block(body: str, index: int) -> list[ToolCall]:
+    """The calls of one `<tool_call>` block: one object, or (parallel calls written in one block, module doc) a
+    list of objects or several objects one after another; a block that is none of these is one `bad_call`."""
+    values = json_values(body)
+    several = values is not None and (len(values) > 1 or isinstance(values[0], list))
+    objs = _flat_objects(values) if several and values is not None else None
+    if objs is None:
+        return [call_from_json(body, index)]
+    return [call_from_object(obj, index + k) for k, obj in enumerate(objs)]
+
+
 _FENCED = re.compile(r"\A```(?:json)?[ \t]*\n(.*?)\n?```\Z", re.DOTALL)
 
 
-def _bare_objects(text: str) -> list[str] | None:
-    """The JSON texts of a reply made only of JSON objects (each maybe in its own ```json fence), or None."""
-    decoder, out, pos, text = json.JSONDecoder(), [], 0, text.strip()
+def _is_call(obj: Any) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("name"), str) and "arguments" in obj
+
+
+def _bare_objects(text: str) -> list[dict[str, Any]] | None:
+    """The call objects of a reply made only of them: objects, lists of objects, each maybe in a ```json fence;
+    None when the reply is anything else."""
+    out: list[dict[str, Any]] = []
+    pos, text = 0, text.strip()
     while pos < len(text):
-        if text.startswith("```", pos):  # a fenced object: the fence must hold exactly one
+        if text.startswith("```", pos):  # a fence: calls inside, nothing else
             end = text.find("```", pos + 3)
             fenced = _FENCED.match(text[pos:end + 3]) if end > 0 else None
             inner = _bare_objects(fenced.group(1)) if fenced else None
-            if inner is None or len(inner) != 1:
+            if inner is None:
                 return None
             out += inner
             pos = end + 3
         else:
             try:
-                obj, end = decoder.raw_decode(text, pos)
+                value, pos = json.JSONDecoder().raw_decode(text, pos)
             except json.JSONDecodeError:
                 return None
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+            objs = value if isinstance(value, list) and value else [value]
+            if not all(_is_call(o) for o in objs):
                 return None
-            out.append(text[pos:end])
-            pos = end
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
+            out += objs
+        pos = _skip_separator(text, pos)
     return out or None
 
 
 def parse_bare_calls(text: str) -> list[ToolCall]:
     """The calls of a reply written as bare JSON objects without `<tool_call>` tags (module doc); [] when
     the reply is anything else."""
-    return [call_from_json(body, i) for i, body in enumerate(_bare_objects(text) or (), start=1)]
+    return [call_from_object(obj, i) for i, obj in enumerate(_bare_objects(text) or (), start=1)]
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
@@ -112,7 +171,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         if OPEN in body:
             out.append(bad_call(len(out) + 1, f"tool call {i}: unclosed {OPEN} tag before another {OPEN}"))
             body = body[body.rfind(OPEN) + len(OPEN):]
-        out.append(call_from_json(body.strip(), len(out) + 1))
+        out.extend(calls_in_block(body.strip(), len(out) + 1))
         end = m.end()
     rest = text[end:]
     if OPEN in rest:
