@@ -73,8 +73,8 @@ def replies_traj(replies, tools=("calculator",), stop=StopReason.NO_TOOL_CALL):
     messages = [Message("system", "s"), Message("user", "q")]
     for r in replies:
         messages += [r, Message("tool", "out")]
-    return Trajectory("t", (7,) * 4, (0, 0, 1, 1), (0.0,) * 4, 2, tuple(Turn(2, 4, "stop", 0) for _ in replies),
-                      tuple(messages[:-1]), (), stop, tools=tools)
+    return trajectory(stop=stop, ids=(7,) * 4, prompt_len=2, logprobs=(0.0,) * 4,
+                      turns=[Turn(2, 4, "stop", 0) for _ in replies], messages=messages[:-1], tools=tools)
 
 
 def test_violations_of_the_call_format_per_sampled_turn_by_hand(renderer):

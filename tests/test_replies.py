@@ -1,8 +1,8 @@
 """What an evaluation keeps beside its scores: each episode's replies with the calls parsed, the verdict and the
 checker's error type, the violations of each sampled turn; read back as `agent-rl view`'s page, a step per policy.
 
-Episodes are real ones (tests/test_traces.py's scripted AddEnv, the real SmolLM2 renderer); the page is opened in
-a headless Chromium in tests/test_trace_page.py.
+Episodes are real ones (tests/helpers.py's scripted AddEnv, played by conftest's `play_plan`, the real SmolLM2
+renderer); the page is opened in a headless Chromium in tests/test_trace_page.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_traces import play  # noqa: F401  (the fixture that plays a plan)
 
 from agent_rl import cli
 from agent_rl.runs import view
@@ -24,8 +23,8 @@ def test_replies_go_beside_the_report():
     assert str(replies_path("out/report")) == "out/report.replies.jsonl"
 
 
-async def test_each_episode_is_kept_with_its_verdict_and_violations(tmp_path, play, renderer):  # noqa: F811
-    groups = await play(PLAN)
+async def test_each_episode_is_kept_with_its_verdict_and_violations(tmp_path, play_plan, renderer):
+    groups = await play_plan(PLAN)
     learn, crash = groups
     valid = {"valid": True, "error_type": None, "errors": []}
     wrong = {"valid": False, "error_type": "simple_function_checker:wrong_count", "errors": ["one call, not two"]}
@@ -51,8 +50,8 @@ async def test_each_episode_is_kept_with_its_verdict_and_violations(tmp_path, pl
     assert steps[0]["metrics"] == {"episodes": 4, "errors": 1, "valid_share": 1 / 3}
 
 
-async def test_agent_rl_view_writes_the_page_of_an_evaluations_replies(tmp_path, play, renderer, capsys):  # noqa: F811
-    groups = await play({"t-learn": ["tool_then_right"]})
+async def test_agent_rl_view_writes_the_page_of_an_evaluations_replies(tmp_path, play_plan, renderer, capsys):
+    groups = await play_plan({"t-learn": ["tool_then_right"]})
     path = write_replies(tmp_path / "eval.replies.jsonl", {"base": [(groups[0].trajectories[0], {
         "valid": False, "error_type": "multi_turn:force_terminated", "errors": []})]}, renderer)
     assert cli.main(["view", str(path)]) == 0

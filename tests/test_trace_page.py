@@ -122,7 +122,7 @@ async def test_hostile_model_text_is_shown_not_run(tmp_path, play_plan, renderer
     assert not errors and len(requests) == 1, (errors, requests)
 
 
-async def test_an_evaluations_replies_page_shows_each_policy_and_its_verdicts(tmp_path, play, renderer,  # noqa: F811
+async def test_an_evaluations_replies_page_shows_each_policy_and_its_verdicts(tmp_path, play, renderer,
                                                                              browser):
     from agent_rl.runs.replies import write_replies
 

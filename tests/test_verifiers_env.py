@@ -268,7 +268,7 @@ async def test_an_image_the_policy_cannot_take_ends_the_episode_in_one_line(scri
     from agent_rl.envs.verifiers_seat import UnsupportedContent, user_messages
 
     row = verifiers_env.load_tasks(1, taskset="vf_stop_taskset", args={"image": True})[0]
-    traj = await play(row, scripted(script_of(["Two squares."])), renderer)
+    traj = await vf_episode(row, scripted(script_of(["Two squares."])), renderer)
     assert traj.stop_reason is StopReason.ERROR and traj.turns == ()
     assert traj.error == ("VerifiersError: the environment raised UnsupportedContent: a user message holds image_url "
                           "content, and agent-rl's chat formats (every model family's renderer) take text only: the "

@@ -12,9 +12,8 @@ import slow_tools
 from helpers import until
 
 from agent_rl.tools import worker_pool
-from agent_rl.tools.pipes import frame
 from agent_rl.tools.runners import function_address
-from agent_rl.tools.worker_pool import WorkerPool
+from agent_rl.tools.worker_pool import WorkerPool, frame
 
 POWER, REFUSE, MIRROR = (function_address(f) for f in (slow_tools.big_power, slow_tools.refuse, slow_tools.mirror))
 
