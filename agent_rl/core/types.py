@@ -91,7 +91,9 @@ class Return:
     """An episode's return as its group's statistics see it (`core.returns.episode_return`)."""
 
     value: float  # what the advantage estimator compares: `outcome` plus the turns' own rewards
-    outcome: float  # the outcome part: the episode's reward, or the truncation rule's for a truncated episode
+    # the part paid at the episode's end: the outcome (the episode's reward, or the truncation rule's), with what the
+    # rules of `core.returns` settle there once the outcome is known (so `value` minus the turns' rewards)
+    outcome: float
     usable: bool = True  # False: kept out of the group's statistics (an infrastructure error, a masked truncation)
 
 

@@ -1,31 +1,44 @@
 """Credit per turn: which advantage each turn of an episode gets (`algorithm.credit`).
 
 Owns: each turn's return (`turn_returns`); the rules that give each turn an advantage of its own,
-`turn` (`turn_credit`) and `gigpo` (`gigpo_credit`, with its step groups, `step_groups`); their one table,
-`CREDITS`, beside `trajectory` (no rule: every token gets its episode's advantage), whose keys are the names
-`algorithm.credit` allows; a rule with its settings (`TurnCredit`: `learn.advantages.CreditRule`); and its
-figures (`credit_metrics`).
+`turn` (`turn_credit`) and `gigpo` (`gigpo_credit`, with its step groups, `step_groups`, and each turn's step
+advantage within one, `step_advantages`); their one table, `CREDITS`, beside `trajectory` (no rule: every token gets
+its episode's advantage), whose keys are the names `algorithm.credit` allows; a rule with its settings
+(`TurnCredit`: `learn.advantages.CreditRule`); and its figures (`credit_metrics`).
 Does not own: the estimators and the group bookkeeping (`learn.advantages`: which trajectories enter,
 their episode advantages), the turns' rewards and start states (the runner records them on each
-`core.types.Turn`), tokens (`learn.batching` gives every token of a turn that turn's advantage), the rule
+`core.types.Turn`), what each turn's reward and the outcome count for in the return (`core.returns`, stored as
+`Trajectory.ret`), tokens (`learn.batching` gives every token of a turn that turn's advantage), the rule
 a config asks for (`learn.algorithm.credit_of`).
 
-Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it, outcome R_i
-(the environment's reward, or `algorithm.truncated_reward` for a truncated episode), discount gamma.
+Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it, and R_i the part of its
+return paid at its end (`Return.outcome`: the outcome, with what the rules of `core.returns` settle there), discount
+gamma.
 
     return       G_it = r_it + gamma G_i,t+1,   G_i,T-1 = r_i,T-1 + R_i
     trajectory   A_it = f(E)_i for every t: f the estimator over the episode returns E_i = R_i + sum_t r_it
     turn         A_it = (G_it - b_i) / s, with (b, s) the estimator's baseline and scale over G_i0
-    gigpo        A_it = f(E)_i + step_weight f(G over the turns of the group that start from turn it's state)
+    gigpo        A_it = f(E)_i + step_weight f(G_it among the returns of the other rollouts' turns that start
+                 from turn it's state)_it
 
-Why `turn` has no stopping-time bias (docs/credit.md has the argument at length): the baseline b_i and
-the scale s are computed from whole episodes of the group, once, not per turn index; the number of
-terms in what is subtracted from G_it never depends on when episode i stopped. Normalising each turn
-index's rewards among the rollouts that reached it and summing them over the remaining turns (MT-GRPO,
-verl#7244) subtracts one baseline per remaining turn: a penalty of about one mean turn reward per
-extra turn, decided by the policy's own choice to go on. With gamma = 1 and no turn rewards, G_it = R_i
-and both `turn` and `gigpo` at step_weight 0 give exactly the trajectory advantages (tests say so bit
-for bit).
+GiGPO (Feng et al., 2025) as its paper writes it: E_i the episode's undiscounted total (its Eq. 3), G_it the
+discounted return from the turn on with the outcome as the last turn's reward (Eq. 5), step groups of the turns of
+one task's group, across rollouts and turn indices, whose start states are equal exactly (Eq. 6), the same
+estimator at both levels (its F_norm: the std for grpo, 1 for dr_grpo), A = A^E + step_weight A^S (Eq. 8; the
+paper's weight is 1). One departure, for the bias below: where a rollout comes back to a state it was in, its other
+turns from that state stay out of the comparison of each of them (with one visit per rollout, the paper's Eq. 7 bit
+for bit). The paper's code (verl-agent) also counts each episode's return once per turn in the episode-level mean
+and std by default (`compute_mean_std_cross_steps`); here an episode counts once, as its Eq. 3 says.
+
+Why neither `turn` nor `gigpo` has the stopping-time bias of per-turn normalisation (docs/credit.md has the
+argument at length): normalising each turn index's rewards among the rollouts that reached it and summing them over
+the remaining turns (MT-GRPO, verl#7244) subtracts one baseline per remaining turn, a penalty of about one mean turn
+reward per extra turn, decided by the policy's own choice to go on. `turn` computes its baseline b_i and scale s
+from whole episodes of the group, once, not per turn index: the number of terms in what is subtracted from G_it
+never depends on when episode i stopped. GiGPO's step baseline is the mean over a state's turns, so a rollout that
+stays in a state (a refused action leaves the GUI page as it was) would add one term per extra turn there, decided
+by its own actions: hence a rollout's other visits stay out. With gamma = 1 and no turn rewards, G_it = R_i and both
+`turn` and `gigpo` at step_weight 0 give exactly the trajectory advantages (tests say so bit for bit).
 """
 
 from __future__ import annotations
@@ -61,10 +74,12 @@ class TurnCredit:
     step_weight: float = 1.0
 
     def returns(self, kept: Sequence[Trajectory], outcomes: Sequence[float]) -> list[list[float]]:
+        """G_it of each kept rollout: its turns' own rewards, and at its end the part of its return paid there."""
         return [turn_returns([turn.reward for turn in t.turns], r, self.gamma) for t, r in zip(kept, outcomes)]
 
     def __call__(self, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
-        """`kept`: trajectories whose returns are usable (`Trajectory.ret`); their outcomes R_i are the returns'."""
+        """`kept`: trajectories whose returns are usable (`Trajectory.ret`); R_i is what each return pays at its end
+        (`Return.outcome`)."""
         assign = CREDITS[self.rule].assign
         assert assign is not None, f"credit {self.rule!r} gives each token its episode's advantage: no TurnCredit"
         outcomes = [t.ret.outcome for t in kept if t.ret is not None]
@@ -145,7 +160,8 @@ CREDITS: dict[str, Credit] = {
 
 def credit_metrics(adv: GroupAdvantages, credit: TurnCredit | None) -> dict[str, float]:
     """Per episode, never per turn: the spread of its turns' advantages (max - min), averaged over the
-    batch's episodes; with gigpo, the share of the batch's turns in a step group of two or more."""
+    batch's episodes; with gigpo, the share of the batch's turns that share their start state with another
+    rollout's turn (compared in a step group)."""
     if credit is None or adv.turn_advantages is None:
         return {}
     spreads = [max(a) - min(a) for a in adv.turn_advantages if a]
