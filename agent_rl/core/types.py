@@ -124,7 +124,9 @@ class Turn:
     finish_reason: str  # "stop" or "length", as the sampler reported it
     policy_version: int  # the version that sampled its first token (each token's: the segment's `versions`)
     segment: int = 0
-    reward: float = 0.0  # the turn's own reward (0.0: none, or a turn cut by its max_tokens, never stepped)
+    # the turn's own reward (0.0: none); a turn cut by its max_tokens is never stepped: a failed call's
+    # (`Env.unparsed_turn_reward`)
+    reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)  # its named parts, weight-free
     # the environment state the turn was sampled from (`Env.state_key`, else a hash of the rendered
     # observation): turns of a group with the same key form GiGPO's step groups (`learn.credit`)
