@@ -50,7 +50,7 @@ from statistics import fmean
 import torch
 
 from agent_rl.core.types import Trajectory
-from agent_rl.learn.advantages import ESTIMATORS, GroupAdvantages, GroupCredit, Relative
+from agent_rl.learn.advantages import ESTIMATORS, AdvantageFn, GroupAdvantages, GroupCredit, Relative
 
 
 def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float) -> list[float]:
@@ -120,23 +120,38 @@ def step_groups(kept: Sequence[Trajectory]) -> list[list[tuple[int, int]]]:
     return [*by_state.values(), *alone]
 
 
+def step_advantages(values: Sequence[float], owners: Sequence[int], estimator: AdvantageFn) -> list[float]:
+    """GiGPO's step advantages of the turns of one step group (their returns `values`, the rollout of each in
+    `owners`): each turn's entry of `estimator` over its own return and those of the other rollouts' turns, in group
+    order; 0 for a turn with nothing to compare with (no other rollout's turn), or among equal returns. With one
+    turn per rollout this is `estimator(values)` itself, bit for bit."""
+    out = []
+    whole: list[float] | None = None  # the estimator over the whole group: a turn whose rollout has no other one here
+    for m, owner in enumerate(owners):
+        seen = [n for n, o in enumerate(owners) if n == m or o != owner]
+        if len(seen) < 2 or len({values[n] for n in seen}) <= 1:  # equal returns: exactly 0 (a mean may round)
+            out.append(0.0)
+        elif len(seen) == len(values):
+            whole = whole or estimator(torch.tensor(values, dtype=torch.float64)).tolist()
+            out.append(whole[m])
+        else:
+            out.append(float(estimator(torch.tensor([values[n] for n in seen], dtype=torch.float64))[seen.index(m)]))
+    return out
+
+
 def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
                  advantages_G: torch.Tensor) -> GroupCredit:
-    """GiGPO: the episode's advantage plus step_weight x the estimator over the returns of the turns that
-    start from the same state (0 for a turn alone in its state, or among equal returns)."""
+    """GiGPO: the episode's advantage plus step_weight x its step advantage among the turns that start from the same
+    state (`step_advantages`; module doc)."""
     returns = credit.returns(kept, outcomes)
     estimator = ESTIMATORS[credit.estimator].advantages
     step = [[0.0] * len(g) for g in returns]
     shared = 0
     for members in step_groups(kept):
-        if len(members) < 2:
-            continue
-        shared += len(members)
-        values = [returns[i][t] for i, t in members]
-        if len(set(values)) <= 1:  # nothing to tell apart: exactly 0 (an estimator's mean may round)
-            continue
-        for (i, t), v in zip(members, estimator(torch.tensor(values, dtype=torch.float64))):
-            step[i][t] = float(v)
+        owners = [i for i, _ in members]
+        shared += sum(any(o != i for o in owners) for i in owners)  # turns compared with another rollout's
+        for (i, t), a in zip(members, step_advantages([returns[i][t] for i, t in members], owners, estimator)):
+            step[i][t] = a
     episode = [float(a) for a in advantages_G]
     out = tuple(tuple(episode[i] + credit.step_weight * s for s in step[i]) for i in range(len(kept)))
     return GroupCredit(out, turns_in_step_groups=shared)
