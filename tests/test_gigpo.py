@@ -14,7 +14,7 @@ import torch
 
 from agent_rl.core.returns import scored
 from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup, Turn
-from agent_rl.learn.advantages import ESTIMATORS, dr_grpo_advantages, group_advantages, grpo_advantages
+from agent_rl.learn.advantages import ESTIMATORS, group_advantages
 from agent_rl.learn.credit import TurnCredit, step_advantages, step_groups, turn_returns
 from agent_rl.learn.loss import ppo_clip_loss
 
@@ -102,28 +102,33 @@ def test_each_episode_counts_once_at_the_episode_level():
     assert abs(per_step_mean - 1.9 / 3) > 0.1
 
 
-def test_a_rollouts_other_visits_to_a_state_stay_out_of_its_comparison():
-    """a: a refused action leaves the page as it was, so a starts twice from s0. Each of a's two turns there is
-    compared with its own return and the other rollouts' turns from s0, never with a's other one (whose presence a's
-    own action decided); b's and c's turns see all four. dr_grpo, w = 1, gamma 1."""
+def test_a_rollout_counts_once_in_a_states_comparison():
+    """a: a refused action leaves the page as it was, so a starts twice from s0. In s0's comparison a counts once, by
+    its return from its first visit, as b and c do by theirs; each turn's return is compared with those. dr_grpo,
+    w = 1, gamma 1."""
     a = episode([-0.1, 0.0, 0.0], 1.0, ["s0", "s0", "s1"], "a")  # G: 0.9, 1.0, 1.0
     b = episode([0.0, 0.0], 1.0, ["s0", "s1"], "b")  # G: 1.0, 1.0
     c = episode([0.0], 0.0, ["s0"], "c")  # G: 0.0
-    # the step advantages at s0: a0 0.9 - (0.9 + 1 + 0) / 3; a1 1 - (1 + 1 + 0) / 3; b0 1 - 2.9 / 4; c0 0 - 2.9 / 4
-    assert step_advantages([0.9, 1.0, 1.0, 0.0], [0, 0, 1, 2], dr_grpo_advantages) == pytest.approx(
-        [0.9 - 1.9 / 3, 1.0 - 2.0 / 3, 1.0 - 0.725, -0.725], abs=1e-12)
+    # s0: a 0.9, b 1.0, c 0.0: baseline 1.9 / 3 (as written, the paper's mean of the four returns would be 0.725,
+    # a's second turn there adding a term)
+    relative = ESTIMATORS["dr_grpo"].relative
+    assert step_advantages([0.9, 1.0, 1.0, 0.0], [0, 0, 1, 2], relative) == pytest.approx(
+        [0.9 - 1.9 / 3, 1.0 - 1.9 / 3, 1.0 - 1.9 / 3, -1.9 / 3], abs=1e-12)
     episode_adv, turns = gigpo([a, b, c], "dr_grpo")
     e = [0.9 - 1.9 / 3, 1.0 - 1.9 / 3, -1.9 / 3]
     assert episode_adv == pytest.approx(e, abs=1e-12)
-    close(turns, [[e[0] + 0.9 - 1.9 / 3, e[0] + 1.0 - 2.0 / 3, e[0]],  # s1: 1.0 and 1.0, equal: 0
-                  [e[1] + 1.0 - 0.725, e[1]], [e[2] - 0.725]])
-    # with one visit per rollout the comparison is the estimator over the whole step group, bit for bit
+    close(turns, [[e[0] + 0.9 - 1.9 / 3, e[0] + 1.0 - 1.9 / 3, e[0]],  # s1: 1.0 and 1.0, equal: 0
+                  [e[1] + 1.0 - 1.9 / 3, e[1]], [e[2] - 1.9 / 3]])
+    # rloo: each rollout against the others': a's turns against (1.0 + 0) / 2, b's (0.9 + 0) / 2, c's 0.95
+    assert step_advantages([0.9, 1.0, 1.0, 0.0], [0, 0, 1, 2], ESTIMATORS["rloo"].relative) == pytest.approx(
+        [0.4, 0.5, 0.55, -0.95], abs=1e-12)
+    # with one turn per rollout the comparison is the estimator over the whole step group, bit for bit
     values = [0.3, 1.0, 0.0, 0.7]
     for estimator in ESTIMATORS.values():
-        assert step_advantages(values, [0, 1, 2, 3], estimator.advantages) == \
+        assert step_advantages(values, [0, 1, 2, 3], estimator.relative) == \
             [float(x) for x in estimator.advantages(torch.tensor(values, dtype=torch.float64))]
-    assert step_advantages([0.5, 0.5], [0, 1], grpo_advantages) == [0.0, 0.0]  # equal returns: exactly 0
-    assert step_advantages([0.5, 0.7], [0, 0], grpo_advantages) == [0.0, 0.0]  # one rollout: nothing to compare
+    assert step_advantages([0.5, 0.5], [0, 1], ESTIMATORS["grpo"].relative) == [0.0, 0.0]  # equal returns: 0
+    assert step_advantages([0.5, 0.7], [0, 0], ESTIMATORS["grpo"].relative) == [0.0, 0.0]  # one rollout: 0
 
 
 # -- the bias, on a toy whose policy decides how long to stay in its start state ---------------------------------
@@ -176,10 +181,11 @@ def toy_gradient(groups: list[TrajectoryGroup], turn_advantages: list[list[float
 
 def test_gigpo_follows_the_policy_gradient_and_counting_a_rollouts_every_visit_does_not():
     """6,000 seeded episodes, rloo at both levels, w = 1: the expected update is (1 + w) x the exact gradient,
-    0.6012. Shipped (a rollout's other visits out): 0.6010, within 4 standard errors (0.005 each). The paper's step
-    groups as written (every visit in, the group's other entries as the baseline): 0.562, over 6 standard errors
-    short. Its baseline has a term for each turn a rollout stayed, a number the rollout's own waiting decides
-    (verl#7244's bias, here through anchor states): waiting raises the baseline of the turns that wait."""
+    0.6012. Shipped (each rollout once in a state's comparison, rloo: against the other rollouts' first returns
+    there): within 4
+    standard errors (0.005 each). The paper's step groups as written (every turn in, rloo: against the state's other
+    turns): 0.562, over 6 standard errors short. Its baseline has a term for each turn a rollout stayed, a number
+    the rollout's own waiting decides (verl#7244's bias, here through anchor states)."""
     # by hand: p = sigmoid(-1) = 0.26894, J = p (1 + 0.9 (1 - p) + 0.8 (1 - p)^2), dJ/dp = 1 + 0.9 (1 - 2p)
     # + 0.8 ((1 - p)^2 - 2p (1 - p)) = 1.52889, dp/dtheta = p (1 - p) = 0.19661: dJ/dtheta = 0.30059
     target = 2 * toy_exact_gradient()

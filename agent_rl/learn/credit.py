@@ -18,27 +18,28 @@ gamma.
     return       G_it = r_it + gamma G_i,t+1,   G_i,T-1 = r_i,T-1 + R_i
     trajectory   A_it = f(E)_i for every t: f the estimator over the episode returns E_i = R_i + sum_t r_it
     turn         A_it = (G_it - b_i) / s, with (b, s) the estimator's baseline and scale over G_i0
-    gigpo        A_it = f(E)_i + step_weight f(G_it among the returns of the other rollouts' turns that start
-                 from turn it's state)_it
+    gigpo        A_it = f(E)_i + step_weight (G_it - b_i(s)) / s(s), with (b, s) the estimator's baseline and scale
+                 over the group's rollouts that start a turn from s, turn it's state, each by its first G there
 
 GiGPO (Feng et al., 2025) as its paper writes it: E_i the episode's undiscounted total (its Eq. 3), G_it the
 discounted return from the turn on with the outcome as the last turn's reward (Eq. 5), step groups of the turns of
 one task's group, across rollouts and turn indices, whose start states are equal exactly (Eq. 6), the same
 estimator at both levels (its F_norm: the std for grpo, 1 for dr_grpo), A = A^E + step_weight A^S (Eq. 8; the
-paper's weight is 1). One departure, for the bias below: where a rollout comes back to a state it was in, its other
-turns from that state stay out of the comparison of each of them (with one visit per rollout, the paper's Eq. 7 bit
-for bit). The paper's code (verl-agent) also counts each episode's return once per turn in the episode-level mean
+paper's weight is 1). One departure, for the bias below: a rollout that comes back to a state counts once in that
+state's comparison, by its return from its first visit (with one visit per rollout, the paper's Eq. 7 bit for
+bit). The paper's code (verl-agent) also counts each episode's return once per turn in the episode-level mean
 and std by default (`compute_mean_std_cross_steps`); here an episode counts once, as its Eq. 3 says.
 
-Why neither `turn` nor `gigpo` has the stopping-time bias of per-turn normalisation (docs/credit.md has the
-argument at length): normalising each turn index's rewards among the rollouts that reached it and summing them over
-the remaining turns (MT-GRPO, verl#7244) subtracts one baseline per remaining turn, a penalty of about one mean turn
+Why neither `turn` nor `gigpo` has the stopping-time bias of per-turn normalisation (docs/credit.md has the argument
+at length): normalising each turn index's rewards among the rollouts that reached it and summing them over the
+remaining turns (MT-GRPO, verl#7244) subtracts one baseline per remaining turn, a penalty of about one mean turn
 reward per extra turn, decided by the policy's own choice to go on. `turn` computes its baseline b_i and scale s
 from whole episodes of the group, once, not per turn index: the number of terms in what is subtracted from G_it
-never depends on when episode i stopped. GiGPO's step baseline is the mean over a state's turns, so a rollout that
-stays in a state (a refused action leaves the GUI page as it was) would add one term per extra turn there, decided
-by its own actions: hence a rollout's other visits stay out. With gamma = 1 and no turn rewards, G_it = R_i and both
-`turn` and `gigpo` at step_weight 0 give exactly the trajectory advantages (tests say so bit for bit).
+never depends on when episode i stopped. GiGPO's step baseline, as the paper writes it, is the mean over a state's
+turns, so a rollout that stays in a state (a refused action leaves the GUI page as it was) adds one term per extra
+turn there, decided by its own actions: hence one term per rollout (with rloo, none of its own: then unbiased). With
+gamma = 1 and no turn rewards, G_it = R_i and both `turn` and `gigpo` at step_weight 0 give exactly the trajectory
+advantages (tests say so bit for bit).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from statistics import fmean
 import torch
 
 from agent_rl.core.types import Trajectory
-from agent_rl.learn.advantages import ESTIMATORS, AdvantageFn, GroupAdvantages, GroupCredit, Relative
+from agent_rl.learn.advantages import ESTIMATORS, GroupAdvantages, GroupCredit, Relative
 
 
 def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float) -> list[float]:
@@ -120,23 +121,24 @@ def step_groups(kept: Sequence[Trajectory]) -> list[list[tuple[int, int]]]:
     return [*by_state.values(), *alone]
 
 
-def step_advantages(values: Sequence[float], owners: Sequence[int], estimator: AdvantageFn) -> list[float]:
+def step_advantages(values: Sequence[float], owners: Sequence[int], relative: Callable[[torch.Tensor], Relative]
+                    ) -> list[float]:
     """GiGPO's step advantages of the turns of one step group (their returns `values`, the rollout of each in
-    `owners`): each turn's entry of `estimator` over its own return and those of the other rollouts' turns, in group
-    order; 0 for a turn with nothing to compare with (no other rollout's turn), or among equal returns. With one
-    turn per rollout this is `estimator(values)` itself, bit for bit."""
-    out = []
-    whole: list[float] | None = None  # the estimator over the whole group: a turn whose rollout has no other one here
-    for m, owner in enumerate(owners):
-        seen = [n for n, o in enumerate(owners) if n == m or o != owner]
-        if len(seen) < 2 or len({values[n] for n in seen}) <= 1:  # equal returns: exactly 0 (a mean may round)
-            out.append(0.0)
-        elif len(seen) == len(values):
-            whole = whole or estimator(torch.tensor(values, dtype=torch.float64)).tolist()
-            out.append(whole[m])
-        else:
-            out.append(float(estimator(torch.tensor([values[n] for n in seen], dtype=torch.float64))[seen.index(m)]))
-    return out
+    `owners`), by the estimator's comparison `relative`: each rollout counts once, by its return from the first
+    time it started a turn from this state, however often it came back; each turn's return is compared with those.
+    0 for all where fewer than two rollouts start from the state, or every return is equal. With one turn per
+    rollout this is the estimator over `values` itself, bit for bit (the paper's Eq. 7)."""
+    first: dict[int, float] = {}
+    for v, o in zip(values, owners):
+        first.setdefault(o, v)
+    if len(first) < 2 or len(set(values)) <= 1:  # nothing to compare with; equal returns: exactly 0
+        return [0.0] * len(values)
+    rollouts = list(first)
+    rel = relative(torch.tensor(list(first.values()), dtype=torch.float64))
+    baseline = dict(zip(rollouts, rel.baseline_G.expand(len(rollouts)).tolist()))
+    scale = None if rel.scale is None else float(rel.scale)
+    # the estimator's own arithmetic, turn by turn: IEEE subtraction and division round alike in Python and torch
+    return [v - baseline[o] if scale is None else (v - baseline[o]) / scale for v, o in zip(values, owners)]
 
 
 def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
@@ -144,13 +146,14 @@ def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Seque
     """GiGPO: the episode's advantage plus step_weight x its step advantage among the turns that start from the same
     state (`step_advantages`; module doc)."""
     returns = credit.returns(kept, outcomes)
-    estimator = ESTIMATORS[credit.estimator].advantages
+    relative = ESTIMATORS[credit.estimator].relative
     step = [[0.0] * len(g) for g in returns]
     shared = 0
     for members in step_groups(kept):
         owners = [i for i, _ in members]
-        shared += sum(any(o != i for o in owners) for i in owners)  # turns compared with another rollout's
-        for (i, t), a in zip(members, step_advantages([returns[i][t] for i, t in members], owners, estimator)):
+        if len(set(owners)) > 1:
+            shared += len(members)  # turns compared with another rollout's
+        for (i, t), a in zip(members, step_advantages([returns[i][t] for i, t in members], owners, relative)):
             step[i][t] = a
     episode = [float(a) for a in advantages_G]
     out = tuple(tuple(episode[i] + credit.step_weight * s for s in step[i]) for i in range(len(kept)))
