@@ -52,11 +52,17 @@ def test_turn_returns_by_hand():
     # gamma 1, no turn rewards: every turn's return is the outcome, exactly
     assert turn_returns([0.0, 0.0, 0.0], 0.7, 1.0) == [0.7, 0.7, 0.7]
     assert turn_returns([], 1.0, 0.9) == []
+    # a failure (share 0): its turns count nothing, what they were paid is settled at its end; seen from turn t,
+    # (value - sum_{j<t} gamma^j r_j) / gamma^t: 0, (0 + 0.1) / 0.5 = 0.2, (0 + 0.1 + 0.5 x 0.2) / 0.25 = 0.8
+    assert turn_returns([-0.1, -0.2, 0.0], 0.0, 0.5, share=0.0) == pytest.approx([0.0, 0.2, 0.8], abs=1e-15)
+    # a graded outcome 0.5 (share 0.5), gamma 1: the value 0.4; turn 1: 0.4 less turn 0's -0.2 = 0.6
+    assert turn_returns([-0.2, 0.0], 0.5, 1.0, share=0.5) == pytest.approx([0.4, 0.6], abs=1e-15)
+    assert turn_returns([-0.2, 0.3], 0.0, 0.0, share=0.0) == [0.0, 0.0]  # gamma 0: each turn its own, nothing settled
 
 
-# a crafted group: 3, 1, 2 and 2 turns; turn rewards; C truncated (its value: truncated_reward 0.0, the lowest of
-# the others' values too, plus its cut turn, a failed call, -0.1; so 0.3 is paid at its end, its turns paid -0.4);
-# E an infrastructure error, kept out
+# a crafted group: 3, 1, 2 and 2 turns; turn rewards; C truncated (its outcome: truncated_reward 0.0, the lowest of
+# the others' values too, plus its cut turn, a failed call, -0.1; its turns count nothing, so what they were paid,
+# -0.4, is settled at its end); E an infrastructure error, kept out
 A = traj([0.0, -0.1, 0.0], 1.0, name="A")
 B = traj([0.0], 0.0, name="B")
 C = traj([-0.3, -0.1], 0.7, StopReason.LENGTH, name="C")
@@ -84,11 +90,12 @@ def test_turn_credit_by_hand_gamma_one():
 
 
 def test_turn_credit_by_hand_with_discount_and_truncation():
-    # gamma 0.5: A: G2 = 1, G1 = -0.1 + 0.5 = 0.4, G0 = 0.2; B: 0; C: G1 = -0.1 + 0.3 = 0.2, G0 = -0.3 + 0.1 = -0.2;
-    # D: G1 = 1, G0 = 0.5. G_0 mean = (0.2 + 0 - 0.2 + 0.5) / 4 = 0.125
+    # gamma 0.5: A: G2 = 1, G1 = -0.1 + 0.5 = 0.4, G0 = 0.2; B: 0; C (its turns count nothing, its outcome -0.1):
+    # G0 = 0.5 x -0.1 = -0.05, its value; G1 = -0.1 + 0.3 / 0.5 = 0.5, the value less turn 0's -0.3, seen from turn 1
+    # (-0.05 + 0.3) / 0.5; D: G1 = 1, G0 = 0.5. G_0 mean = (0.2 + 0 - 0.05 + 0.5) / 4 = 0.1625
     adv = group_advantages(scored_groups(CRAFTED, 0.0), dr_grpo_advantages,
                            TurnCredit("turn", "dr_grpo", gamma=0.5))
-    close(adv.turn_advantages, [[0.075, 0.275, 0.875], [-0.125], [-0.325, 0.075], [0.375, 0.875]])
+    close(adv.turn_advantages, [[0.0375, 0.2375, 0.8375], [-0.1625], [-0.2125, 0.3375], [0.3375, 0.8375]])
     # truncated episodes masked out (truncated_reward None): A, B, D; G_0 mean (0.9 + 0 + 1) / 3
     masked = group_advantages(scored_groups(CRAFTED), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     m = 1.9 / 3
@@ -224,6 +231,11 @@ def toy_groups(n: int, seed: int) -> tuple[list[TrajectoryGroup], list[list[int]
     return groups, episodes
 
 
+def end(t: Trajectory) -> float:
+    """What a return pays at its episode's end beyond its turns' rewards as given."""
+    return t.ret.value - sum(turn.reward for turn in t.turns)
+
+
 def per_index_advantages(groups: list[TrajectoryGroup]) -> list[list[float]]:
     """MT-GRPO-style: each turn index's reward against the mean reward at that index among the group's other
     rollouts that reached it (leave-one-out, so only the stopping-time effect is left), summed over the
@@ -233,8 +245,8 @@ def per_index_advantages(groups: list[TrajectoryGroup]) -> list[list[float]]:
         for i, t in enumerate(group.trajectories):
             others = [o for j, o in enumerate(group.trajectories) if j != i]
             advantage = []
-            for start in range(len(t.turns)):
-                a = t.ret.outcome - sum(o.ret.outcome for o in others) / len(others)
+            for start in range(len(t.turns)):  # each return's value paid as its turns' rewards, the rest at its end
+                a = end(t) - sum(end(o) for o in others) / len(others)
                 for k in range(start, len(t.turns)):
                     reached = [o.turns[k].reward for o in others if len(o.turns) > k]
                     a += t.turns[k].reward - (sum(reached) / len(reached) if reached else 0.0)

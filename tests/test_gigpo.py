@@ -198,7 +198,8 @@ def test_gigpo_follows_the_policy_gradient_and_counting_a_rollouts_every_visit_d
     assert abs(grad - target) <= 4 * se, (grad, target, se)
     paper = []
     for g in groups:  # every turn is in the one state: rloo over all the group's turns, as Eq. 7 with G^S(start)
-        values = [v for t in g.trajectories for v in turn_returns([x.reward for x in t.turns], t.ret.outcome, 1.0)]
+        values = [v for t in g.trajectories
+                  for v in turn_returns([x.reward for x in t.turns], t.ret.outcome, 1.0, t.ret.share)]
         step = ESTIMATORS["rloo"].advantages(torch.tensor(values, dtype=torch.float64)).tolist()
         episode_adv = ESTIMATORS["rloo"].advantages(torch.tensor([t.ret.value for t in g.trajectories])).tolist()
         for i, t in enumerate(g.trajectories):

@@ -27,24 +27,25 @@ def episode(rewards: list[float], outcome: float, stop: StopReason = StopReason.
 
 
 @pytest.mark.parametrize(("rewards", "outcome", "expected"), [
-    ([0.0, -0.1, -0.1], 1.0, Return(0.8, 1.0)),  # a success pays its penalties in full; its end pays the outcome
-    ([-0.1, -0.1], 0.0, Return(0.0, 0.2)),  # a failure's do not count: its end pays them back
-    ([0.1, -0.1], 0.0, Return(0.0, 0.0)),  # a save undone: nothing, as anywhere
-    ([0.3], 0.0, Return(0.0, -0.3)),  # a reward in a failure counts nothing either
-    ([-0.2], 0.5, Return(0.4, 0.6)),  # a graded outcome: k = 0.5, 0.5 - 0.1; the end pays 0.5 + 0.1
-    ([-0.5, -1.0], 1.0, Return(0.0, 1.5)),  # costs past the outcome: k = 1 / 1.5, the value 0, a failure's
-    ([-0.2], -1.0, Return(-1.0, -0.8)),  # an outcome below 0: k = 0, the turns count nothing
-    ([], 1.0, Return(1.0, 1.0)),
+    ([0.0, -0.1, -0.1], 1.0, Return(0.8, 1.0, share=1.0)),  # a success pays its penalties in full
+    ([-0.1, -0.1], 0.0, Return(0.0, 0.0, share=0.0)),  # a failure's count for nothing
+    ([0.1, -0.1], 0.0, Return(0.0, 0.0, share=0.0)),  # a save undone: nothing, as anywhere
+    ([0.3], 0.0, Return(0.0, 0.0, share=0.0)),  # a reward in a failure counts nothing either
+    ([-0.2], 0.5, Return(0.4, 0.5, share=0.5)),  # a graded outcome: k = 0.5, 0.5 - 0.1
+    ([-0.5, -1.0], 1.0, Return(0.0, 1.0, share=1 / 1.5)),  # costs past the outcome: k = 1 / 1.5, the value 0
+    ([-0.2], -1.0, Return(-1.0, -1.0, share=0.0)),  # an outcome below 0: k = 0, the turns count nothing
+    ([], 1.0, Return(1.0, 1.0, share=1.0)),
 ])
 def test_turn_rewards_are_shares_of_the_outcome(rewards, outcome, expected):
-    assert episode_return(episode(rewards, outcome)) == pytest.approx(expected)
-    value = episode_return(episode(rewards, outcome)).value
-    assert value == pytest.approx(outcome + turn_share(outcome, rewards) * sum(rewards))
+    ret = episode_return(episode(rewards, outcome))
+    assert (ret.value, ret.outcome, ret.share, ret.usable) == pytest.approx(
+        (expected.value, expected.outcome, expected.share, True), abs=1e-15)
+    assert ret.share == turn_share(outcome, rewards)
 
 
 def test_a_success_is_the_outcome_and_its_turns_bit_for_bit():
     ret = episode_return(episode([0.1, -0.3, 0.0], 1.0))
-    assert ret.value == 1.0 + (0.1 - 0.3) and ret.outcome == 1.0  # as before the rules: no rounding of their own
+    assert ret == Return(1.0 + (0.1 - 0.3), 1.0)  # as before the rules: no rounding of their own
 
 
 def values(group: list[Trajectory], truncated_reward: float | None) -> list[float | None]:
@@ -59,7 +60,7 @@ def test_a_truncated_episode_scores_below_its_groups_lowest_honest_value():
     # the lowest honest value is the failure's 0: cut 0 - 0.1, spent 0 (no turn was cut); the error stays out
     assert values([success, failure, cut, spent, error], 0.0) == [0.9, 0.0, -0.1, 0.0, None]
     [*_, ret_cut, _, _] = [t.ret for t in scored([success, failure, cut, spent, error], 0.0)]
-    assert ret_cut.outcome == pytest.approx(-0.1 - (-0.3 - 0.1))  # paid at its end: the value less its turns'
+    assert ret_cut == Return(-0.1, -0.1, share=0.0)  # its turns count nothing: the cut one's charge is its outcome's
     # a higher truncated_reward never lifts it above the honest ones; a lower one stays
     assert values([success, failure, cut], 0.5) == [0.9, 0.0, -0.1]
     assert values([success, failure, cut], -1.0) == [0.9, 0.0, -1.1]

@@ -24,10 +24,11 @@ The rules, so that no return ranks doing less, or running out of tokens, above t
    environment, `Env.unparsed_turn_reward`). So a truncation ties the worst honest episode at best, and is below it
    by a failed call where the environment charges one.
 
-How the value is paid (`Return`): each turn's own reward where it was given, and the rest, value minus the turns'
-rewards, at the episode's end with the outcome (`Return.outcome`): what the rules decide depends on the outcome,
-known only then. So a turn's return from itself on (`learn.credit.turn_returns`) is the value less the rewards of the
-turns before it, which its action could not change: credit per turn stays an unbiased policy gradient of the value.
+What credit per turn makes of it (`learn.credit.turn_returns`): the turns' rewards are paid as they were given, and
+what the rules count differently is settled at the episode's end, when the outcome is known; so a turn's return from
+itself on is the episode's value less what the turns before it were paid, which its action could not change, and
+credit per turn stays an unbiased policy gradient of the value. A truncated episode counts its turns for nothing
+(`Return.share` 0): its cut turn's charge is in its outcome.
 """
 
 from __future__ import annotations
@@ -54,17 +55,16 @@ def episode_return(traj: Trajectory, truncated_reward: float | None = None, floo
     if traj.infra_error:
         return LEFT_OUT
     rewards_T = [t.reward for t in traj.turns]
-    paid = sum(rewards_T, 0.0)  # the turns' own rewards, as given
     if traj.truncated:
         if truncated_reward is None:
             return LEFT_OUT
-        value = float(truncated_reward) if floor is None else min(float(truncated_reward), floor)
+        outcome = float(truncated_reward) if floor is None else min(float(truncated_reward), floor)
         if traj.turns and traj.turns[-1].finish_reason == "length":  # the turn the limit cut (a budget spent
-            value += rewards_T[-1]  # between turns cut none): charged as a failed call, as the runner recorded it
-        return Return(value, value - paid)
+            outcome += rewards_T[-1]  # between turns cut none): charged as a failed call, as the runner recorded it
+        return Return(outcome, outcome, share=0.0)
     outcome = float(traj.reward)
     k = turn_share(outcome, rewards_T)
-    return Return(outcome + k * paid, outcome + (k - 1.0) * paid)  # k = 1 (a success): the outcome, bit for bit
+    return Return(outcome + k * sum(rewards_T, 0.0), outcome, share=k)  # k = 1: as before the rules, bit for bit
 
 
 def scored(trajs: Iterable[Trajectory], truncated_reward: float | None = None) -> tuple[Trajectory, ...]:

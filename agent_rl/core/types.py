@@ -90,11 +90,10 @@ class Reward:
 class Return:
     """An episode's return as its group's statistics see it (`core.returns.episode_return`)."""
 
-    value: float  # what the advantage estimator compares: `outcome` plus the turns' own rewards
-    # the part paid at the episode's end: the outcome (the episode's reward, or the truncation rule's), with what the
-    # rules of `core.returns` settle there once the outcome is known (so `value` minus the turns' rewards)
-    outcome: float
+    value: float  # what the advantage estimator compares: `outcome` plus `share` x the turns' own rewards
+    outcome: float  # the outcome part: the episode's reward, or the truncation rule's for a truncated episode
     usable: bool = True  # False: kept out of the group's statistics (an infrastructure error, a masked truncation)
+    share: float = 1.0  # what the turns' own rewards count for in `value` (the rules of `core.returns`)
 
 
 # the name under which `Trajectory.reward_parts` keeps the episode's own reward once group-level rewards

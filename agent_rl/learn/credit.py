@@ -11,12 +11,12 @@ their episode advantages), the turns' rewards and start states (the runner recor
 `Trajectory.ret`), tokens (`learn.batching` gives every token of a turn that turn's advantage), the rule
 a config asks for (`learn.algorithm.credit_of`).
 
-Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it, and R_i the part of its
-return paid at its end (`Return.outcome`: the outcome, with what the rules of `core.returns` settle there), discount
-gamma.
+Notation: a group's kept rollouts i, each with turns t = 0 .. T_i - 1, turn rewards r_it counted k_i r_it, outcome
+R_i (`Return.outcome`, `Return.share`: core.returns, where k is 1 but for failures and truncations), discount gamma.
 
-    return       G_it = r_it + gamma G_i,t+1,   G_i,T-1 = r_i,T-1 + R_i
-    trajectory   A_it = f(E)_i for every t: f the estimator over the episode returns E_i = R_i + sum_t r_it
+    return       G_it = k_i r_it + gamma G_i,t+1,   G_i,T-1 = k_i r_i,T-1 + R_i  (where k_i is not 1, plus what the
+                 turns before t were paid beyond what they count for: `turn_returns`)
+    trajectory   A_it = f(E)_i for every t: f the estimator over the episode returns E_i = R_i + k_i sum_t r_it
     turn         A_it = (G_it - b_i) / s, with (b, s) the estimator's baseline and scale over G_i0
     gigpo        A_it = f(E)_i + step_weight (G_it - b_i(s)) / s(s), with (b, s) the estimator's baseline and scale
                  over the group's rollouts that start a turn from s, turn it's state, each by its first G there
@@ -54,15 +54,24 @@ from agent_rl.core.types import Trajectory
 from agent_rl.learn.advantages import ESTIMATORS, GroupAdvantages, GroupCredit, Relative
 
 
-def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float) -> list[float]:
-    """G_t = r_t + gamma G_t+1, the last turn's being its reward plus the outcome: each turn's reward,
-    gamma x the later turns' and gamma^(T-1-t) x the outcome."""
+def turn_returns(rewards_T: Sequence[float], outcome: float, gamma: float, share: float = 1.0) -> list[float]:
+    """G_t = c_t + gamma G_t+1, the last turn's being its c plus the outcome, c_t = share r_t (what the episode's return
+    counts each turn's reward for, `Return.share`); and where share is not 1, plus what the turns before t were paid
+    beyond what they count for, sum_{j<t} gamma^(j-t) (share - 1) r_j, settled at the end: G_t is then the episode's
+    discounted value less what the turns before t were paid, seen from t (core.returns). gamma 0: no settling."""
     out: list[float] = []
     g = outcome
     for t in reversed(range(len(rewards_T))):
-        g = rewards_T[t] + (g if t == len(rewards_T) - 1 else gamma * g)
+        r = rewards_T[t] if share == 1.0 else share * rewards_T[t]
+        g = r + (g if t == len(rewards_T) - 1 else gamma * g)
         out.append(g)
-    return out[::-1]
+    out.reverse()
+    if share != 1.0 and gamma > 0.0:
+        past = 0.0
+        for t, r in enumerate(rewards_T):
+            out[t] += past
+            past = (past + (share - 1.0) * r) / gamma
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,27 +83,28 @@ class TurnCredit:
     gamma: float = 1.0
     step_weight: float = 1.0
 
-    def returns(self, kept: Sequence[Trajectory], outcomes: Sequence[float]) -> list[list[float]]:
-        """G_it of each kept rollout: its turns' own rewards, and at its end the part of its return paid there."""
-        return [turn_returns([turn.reward for turn in t.turns], r, self.gamma) for t, r in zip(kept, outcomes)]
+    def returns(self, kept: Sequence[Trajectory]) -> list[list[float]]:
+        """G_it of each kept rollout, from its turns' rewards and its return's outcome and share."""
+        out = []
+        for t in kept:
+            assert t.ret is not None, f"trajectory of task {t.task_id!r} has no return (core.returns.scored)"
+            out.append(turn_returns([turn.reward for turn in t.turns], t.ret.outcome, self.gamma, t.ret.share))
+        return out
 
     def __call__(self, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
-        """`kept`: trajectories whose returns are usable (`Trajectory.ret`); R_i is what each return pays at its end
-        (`Return.outcome`)."""
+        """`kept`: trajectories whose returns are usable (`Trajectory.ret`)."""
         assign = CREDITS[self.rule].assign
         assert assign is not None, f"credit {self.rule!r} gives each token its episode's advantage: no TurnCredit"
-        outcomes = [t.ret.outcome for t in kept if t.ret is not None]
-        return assign(self, kept, outcomes, advantages_G)
+        return assign(self, kept, advantages_G)
 
 
-def turn_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
-                advantages_G: torch.Tensor) -> GroupCredit:
+def turn_credit(credit: TurnCredit, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
     """Each turn's return against the baseline and scale the estimator takes from the group's episode
     returns G_i0 (an episode without a turn: its outcome). All G_i0 equal to c: the baseline is c
     exactly (every estimator's is), and an estimator that scales by their spread (grpo) has nothing to
     scale by: every turn 0."""
-    returns = credit.returns(kept, outcomes)
-    first = [g[0] if g else r for g, r in zip(returns, outcomes)]
+    returns = credit.returns(kept)
+    first = [g[0] if g else t.ret.value for g, t in zip(returns, kept) if t.ret is not None]
     relative = ESTIMATORS[credit.estimator].relative(torch.tensor(first, dtype=torch.float64))
     if len(set(first)) <= 1:
         if relative.scale is not None:
@@ -141,11 +151,10 @@ def step_advantages(values: Sequence[float], owners: Sequence[int], relative: Ca
     return [v - baseline[o] if scale is None else (v - baseline[o]) / scale for v, o in zip(values, owners)]
 
 
-def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], outcomes: Sequence[float],
-                 advantages_G: torch.Tensor) -> GroupCredit:
+def gigpo_credit(credit: TurnCredit, kept: Sequence[Trajectory], advantages_G: torch.Tensor) -> GroupCredit:
     """GiGPO: the episode's advantage plus step_weight x its step advantage among the turns that start from the same
     state (`step_advantages`; module doc)."""
-    returns = credit.returns(kept, outcomes)
+    returns = credit.returns(kept)
     relative = ESTIMATORS[credit.estimator].relative
     step = [[0.0] * len(g) for g in returns]
     shared = 0
@@ -165,7 +174,7 @@ class Credit:
     """One `algorithm.credit`: the rule that gives each turn its advantage, and the settings it reads."""
 
     # None: no rule, every token gets its episode's advantage (the group bookkeeping alone decides)
-    assign: Callable[[TurnCredit, Sequence[Trajectory], Sequence[float], torch.Tensor], GroupCredit] | None
+    assign: Callable[[TurnCredit, Sequence[Trajectory], torch.Tensor], GroupCredit] | None
     reads: tuple[str, ...] = ()  # the `algorithm` fields the rule reads besides the estimator
 
 
