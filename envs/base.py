@@ -1,10 +1,10 @@
 """Environments whose actions are tool calls on typed Python functions.
 
-Owns: `ToolEnv`, the base class of tool-using environments: dispatching the tool calls the renderer
-parsed out of an assistant turn, one tool message back per attempted call, in order (a call past
-`max_parallel_calls` is not run, and its message says so), and the turn's own reward (`turn_reward`,
-none unless a subclass says); the switch every built-in environment's turn rewards share (a task's
-`turn_rewards` column, `turn_rewards_on`, written by `load_tasks(..., turn_rewards=True)`:
+Owns: `ToolEnv`, the base class of tool-using environments: dispatching the tool calls the renderer parsed out of an
+assistant turn, one tool message back per attempted call, in order (a call past `max_parallel_calls` is not run, and
+its message says so), and the turn's own reward (`turn_reward`, none unless a subclass says; a turn cut at its token
+limit gets a failed call's, `unparsed_turn_reward`); the switch every built-in environment's turn rewards share (a
+task's `turn_rewards` column, `turn_rewards_on`, written by `load_tasks(..., turn_rewards=True)`:
 `with_turn_rewards`) and the commonest rule, a penalty per failed call (`failed_calls`).
 Does not own: the environment protocol (`agent_rl.core.env`: `Env`, `StepResult`, re-exported here
 for environment authors), parsing calls out of text (the renderer), tokens, sampling, or rewards.
@@ -86,6 +86,12 @@ class ToolEnv(Env):
         records = tuple(ToolCallRecord(name=name, ok=res.ok, error=res.error, latency_s=dt, turn=turn)
                         for name, res, dt in results)
         return StepResult(messages=messages, tool_calls=records, reward=self.turn_reward(records))
+
+    async def unparsed_turn_reward(self, turn: int) -> float | Reward | None:
+        """A turn cut at its token limit is a failed call: the reward of a turn whose one call could not be read
+        (no tool runs), by this environment's own rule (`turn_reward`, or a subclass's `step`)."""
+        unread = ToolCall("", {}, error="the turn was cut at its token limit before it ended")
+        return (await self.step(Message("assistant", "", (unread,)), turn)).reward
 
     def turn_reward(self, records: Sequence[ToolCallRecord]) -> float | Reward | None:
         """The reward of a turn whose calls went as `records` say (`StepResult.reward`); None (the default):

@@ -128,7 +128,9 @@ def test_signal_helpers_for_dynamic_sampling():
     (StopReason.NO_TOOL_CALL, None, Return(1.0 + 0.25 - 0.5, 1.0)),  # outcome 1 plus the turns' 0.25 and -0.5
     (StopReason.NO_TOOL_CALL, 0.0, Return(0.75, 1.0)),  # the rule touches only truncated episodes
     (StopReason.LENGTH, None, Return(0.0, 0.0, usable=False)),  # masked: out of the statistics
-    (StopReason.MAX_TOKENS, -1.0, Return(-1.0 + 0.25 - 0.5, -1.0)),  # the rule's outcome, the turns' rewards kept
+    # the rule's outcome; a truncated episode's turns count nothing (none here was cut: its budget ran out between
+    # turns, so nothing is charged either)
+    (StopReason.MAX_TOKENS, -1.0, Return(-1.0, -1.0, share=0.0)),
     (StopReason.ERROR, 0.0, Return(0.0, 0.0, usable=False)),  # an infrastructure error never counts
 ])
 def test_an_episode_return_by_hand(stop, truncated_reward, expected):

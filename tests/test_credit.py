@@ -14,7 +14,8 @@ import pytest
 import torch
 from helpers import scored_groups, trajectory
 
-from agent_rl.core.types import StopReason, TrajectoryGroup
+from agent_rl.core.returns import episode_return
+from agent_rl.core.types import StopReason, Trajectory, TrajectoryGroup, Turn
 from agent_rl.learn.advantages import (
     ESTIMATORS,
     compare,
@@ -25,6 +26,18 @@ from agent_rl.learn.advantages import (
 )
 from agent_rl.learn.credit import TurnCredit, credit_metrics, step_groups, turn_returns
 from agent_rl.learn.loss import ppo_clip_loss
+
+
+def traj(rewards: list[float], outcome: float, stop: StopReason = StopReason.NO_TOOL_CALL,
+         states: list[str] | None = None, name: str = "t") -> Trajectory:
+    """An episode of len(rewards) turns (no tokens: advantages read rewards, turns and states only); a truncated
+    one's last turn is the one its token limit cut."""
+    states = states or [""] * len(rewards)
+    cut = ["stop"] * len(rewards)
+    if stop in (StopReason.LENGTH, StopReason.MAX_TOKENS) and cut:
+        cut[-1] = "length"
+    turns = tuple(Turn(1, 1, f, 0, reward=r, state=s) for r, s, f in zip(rewards, states, cut))
+    return Trajectory(name, (), (), (), 0, turns, (), (), stop, reward=outcome)
 
 
 def close(actual, expected, tol: float = 1e-12):
@@ -39,42 +52,50 @@ def test_turn_returns_by_hand():
     # gamma 1, no turn rewards: every turn's return is the outcome, exactly
     assert turn_returns([0.0, 0.0, 0.0], 0.7, 1.0) == [0.7, 0.7, 0.7]
     assert turn_returns([], 1.0, 0.9) == []
+    # a failure (share 0): its turns count nothing, what they were paid is settled at its end; seen from turn t,
+    # (value - sum_{j<t} gamma^j r_j) / gamma^t: 0, (0 + 0.1) / 0.5 = 0.2, (0 + 0.1 + 0.5 x 0.2) / 0.25 = 0.8
+    assert turn_returns([-0.1, -0.2, 0.0], 0.0, 0.5, share=0.0) == pytest.approx([0.0, 0.2, 0.8], abs=1e-15)
+    # a graded outcome 0.5 (share 0.5), gamma 1: the value 0.4; turn 1: 0.4 less turn 0's -0.2 = 0.6
+    assert turn_returns([-0.2, 0.0], 0.5, 1.0, share=0.5) == pytest.approx([0.4, 0.6], abs=1e-15)
+    assert turn_returns([-0.2, 0.3], 0.0, 0.0, share=0.0) == [0.0, 0.0]  # gamma 0: each turn its own, nothing settled
 
 
-# a crafted group: 3, 1, 2 and 2 turns; turn rewards; C truncated (its outcome becomes truncated_reward 0.0);
-# E an infrastructure error, kept out
-A = trajectory(1.0, turns=[0.0, -0.1, 0.0], task_id="A")
-B = trajectory(0.0, turns=[0.0], task_id="B")
-C = trajectory(0.7, StopReason.LENGTH, turns=[-0.1, 0.0], task_id="C")
-D = trajectory(1.0, turns=[0.0, 0.0], task_id="D")
-E = trajectory(1.0, StopReason.ERROR, turns=[0.0], task_id="E")
+# a crafted group: 3, 1, 2 and 2 turns; turn rewards; C truncated (its outcome: truncated_reward 0.0, the lowest of
+# the others' values too, plus its cut turn, a failed call, -0.1; its turns count nothing, so what they were paid,
+# -0.4, is settled at its end); E an infrastructure error, kept out
+A = traj([0.0, -0.1, 0.0], 1.0, name="A")
+B = traj([0.0], 0.0, name="B")
+C = traj([-0.3, -0.1], 0.7, StopReason.LENGTH, name="C")
+D = traj([0.0, 0.0], 1.0, name="D")
+E = traj([0.0], 1.0, StopReason.ERROR, name="E")
 CRAFTED = [TrajectoryGroup("q", (A, B, C, D, E))]
 
 
 def test_turn_credit_by_hand_gamma_one():
-    # returns G: A [0.9, 0.9, 1.0], B [0.0], C [-0.1, 0.0], D [1.0, 1.0]; G_0 mean = 1.8 / 4 = 0.45
+    # returns G: A [0.9, 0.9, 1.0], B [0.0], C [-0.1, 0.2], D [1.0, 1.0]; G_0 mean = 1.8 / 4 = 0.45
     adv = group_advantages(scored_groups(CRAFTED, 0.0), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     assert [t.task_id for t in adv.trajectories] == ["A", "B", "C", "D"]
-    close(adv.turn_advantages, [[0.45, 0.45, 0.55], [-0.45], [-0.55, -0.45], [0.55, 0.55]])
+    close(adv.turn_advantages, [[0.45, 0.45, 0.55], [-0.45], [-0.55, -0.25], [0.55, 0.55]])
     # the episode advantages: episode returns (outcome + turn rewards) 0.9, 0, -0.1, 1 minus their mean
     assert adv.advantages == pytest.approx([0.45, -0.45, -0.55, 0.55], abs=1e-12)
     # grpo: the same differences over the sample std of G_0: deviations +-0.45, +-0.55, squares 1.01, / 3
     s = math.sqrt(1.01 / 3) + 1e-6
     grpo = group_advantages(scored_groups(CRAFTED, 0.0), grpo_advantages, TurnCredit("turn", "grpo"))
-    close(grpo.turn_advantages, [[0.45 / s, 0.45 / s, 0.55 / s], [-0.45 / s], [-0.55 / s, -0.45 / s],
+    close(grpo.turn_advantages, [[0.45 / s, 0.45 / s, 0.55 / s], [-0.45 / s], [-0.55 / s, -0.25 / s],
                                  [0.55 / s, 0.55 / s]])
     # rloo: against the mean of the others' G_0: A 0.9 - (0 - 0.1 + 1) / 3 = 0.6, 1.0 - 0.3 = 0.7
     rloo = group_advantages(scored_groups(CRAFTED, 0.0), rloo_advantages, TurnCredit("turn", "rloo"))
-    close(rloo.turn_advantages, [[0.6, 0.6, 0.7], [0.0 - 1.8 / 3], [-0.1 - 1.9 / 3, 0.0 - 1.9 / 3],
+    close(rloo.turn_advantages, [[0.6, 0.6, 0.7], [0.0 - 1.8 / 3], [-0.1 - 1.9 / 3, 0.2 - 1.9 / 3],
                                  [1.0 - 0.8 / 3, 1.0 - 0.8 / 3]])
 
 
 def test_turn_credit_by_hand_with_discount_and_truncation():
-    # gamma 0.5: A: G2 = 1, G1 = -0.1 + 0.5 = 0.4, G0 = 0.2; B: 0; C: G1 = 0, G0 = -0.1; D: G1 = 1, G0 = 0.5
-    # G_0 mean = (0.2 + 0 - 0.1 + 0.5) / 4 = 0.15
+    # gamma 0.5: A: G2 = 1, G1 = -0.1 + 0.5 = 0.4, G0 = 0.2; B: 0; C (its turns count nothing, its outcome -0.1):
+    # G0 = 0.5 x -0.1 = -0.05, its value; G1 = -0.1 + 0.3 / 0.5 = 0.5, the value less turn 0's -0.3, seen from turn 1
+    # (-0.05 + 0.3) / 0.5; D: G1 = 1, G0 = 0.5. G_0 mean = (0.2 + 0 - 0.05 + 0.5) / 4 = 0.1625
     adv = group_advantages(scored_groups(CRAFTED, 0.0), dr_grpo_advantages,
                            TurnCredit("turn", "dr_grpo", gamma=0.5))
-    close(adv.turn_advantages, [[0.05, 0.25, 0.85], [-0.15], [-0.25, -0.15], [0.35, 0.85]])
+    close(adv.turn_advantages, [[0.0375, 0.2375, 0.8375], [-0.1625], [-0.2125, 0.3375], [0.3375, 0.8375]])
     # truncated episodes masked out (truncated_reward None): A, B, D; G_0 mean (0.9 + 0 + 1) / 3
     masked = group_advantages(scored_groups(CRAFTED), dr_grpo_advantages, TurnCredit("turn", "dr_grpo"))
     m = 1.9 / 3
@@ -96,24 +117,26 @@ def test_a_group_of_equal_returns_stays_when_its_turns_differ():
 
 
 def test_gigpo_step_groups_and_advantages_by_hand():
-    a = trajectory(1.0, turns=[0.0, 0.0, 0.0], states=["s0", "s1", "s2"], task_id="a")
-    b = trajectory(0.0, turns=[0.0, -0.1, 0.0], states=["s0", "s1", "s3"], task_id="b")
-    c = trajectory(0.0, turns=[0.0, 0.0], states=["s0", "s4"], task_id="c")
-    d = trajectory(0.0, turns=[0.0], states=[""], task_id="d")  # no known state: never grouped
+    a = traj([0.0, 0.0, 0.0], 1.0, states=["s0", "s1", "s2"], name="a")
+    b = traj([0.0, -0.1, 0.0], 1.0, states=["s0", "s1", "s3"], name="b")
+    c = traj([0.0, 0.0], 0.0, states=["s0", "s4"], name="c")
+    d = traj([0.0], 0.0, states=[""], name="d")  # no known state: never grouped
     assert step_groups([a, b, c, d]) == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)], [(0, 2)], [(1, 2)], [(2, 1)],
                                          [(3, 0)]]
     group = [TrajectoryGroup("q", (a, b, c, d))]
     adv = group_advantages(scored_groups(group), dr_grpo_advantages,
                            TurnCredit("gigpo", "dr_grpo", step_weight=0.5))
-    # episode returns 1, -0.1, 0, 0: mean 0.225 -> episode advantages 0.775, -0.325, -0.225, -0.225
-    # s0: returns 1, -0.1, 0 (mean 0.3) -> 0.7, -0.4, -0.3; s1: 1, -0.1 (mean 0.45) -> 0.55, -0.55; others 0
-    close(adv.turn_advantages, [[0.775 + 0.35, 0.775 + 0.275, 0.775], [-0.325 - 0.2, -0.325 - 0.275, -0.325],
-                                [-0.225 - 0.15, -0.225], [-0.225]])
+    # episode returns 1, 0.9, 0, 0: mean 0.475 -> episode advantages 0.525, 0.425, -0.475, -0.475
+    # G: a [1, 1, 1], b [0.9, 0.9, 1], c [0, 0]. s0: 1, 0.9, 0 (mean 1.9 / 3) -> 1.1 / 3, 0.8 / 3, -1.9 / 3;
+    # s1: 1, 0.9 (mean 0.95) -> 0.05, -0.05; the others alone: 0
+    close(adv.turn_advantages, [[0.525 + 0.55 / 3, 0.525 + 0.025, 0.525], [0.425 + 0.4 / 3, 0.425 - 0.025, 0.425],
+                                [-0.475 - 0.95 / 3, -0.475], [-0.475]])
     assert adv.turns_in_step_groups == 5
     metrics = credit_metrics(adv, TurnCredit("gigpo", "dr_grpo", step_weight=0.5))
-    # 5 of the 9 turns share a state; spreads (max - min) per episode: 1.125 - 0.775 = 0.35,
-    # -0.325 - (-0.6) = 0.275, 0.15, 0 -> mean 0.775 / 4 = 0.19375
-    assert metrics == pytest.approx({"step_group_turn_share": 5 / 9, "advantage_spread_mean": 0.19375}, abs=1e-12)
+    # 5 of the 9 turns share a state; spreads (max - min) per episode: 0.55 / 3, 0.4 / 3 + 0.025, 0.95 / 3, 0
+    # -> mean (1.9 / 3 + 0.025) / 4
+    assert metrics == pytest.approx({"step_group_turn_share": 5 / 9, "advantage_spread_mean": (1.9 / 3 + 0.025) / 4},
+                                    abs=1e-12)
 
 
 def test_gigpo_with_equal_returns_in_a_state_gives_exactly_zero_there():
@@ -177,13 +200,14 @@ def toy_episode(calls: list[int]) -> tuple[list[float], float]:
 
 
 def exact_gradient() -> torch.Tensor:
-    """dJ/dtheta, J = E[sum of turn rewards + outcome], summed over the four possible episodes."""
+    """dJ/dtheta, J = E[the episode's return], summed over the four possible episodes: the outcome plus the turn
+    rewards as shares of it (core.returns): 1.6 for call, call, answer, 0 for the three failures."""
     theta = THETA.clone().requires_grad_(True)
     J = torch.zeros(())
-    for calls in ([0], [1, 0], [1, 1, 0], [1, 1, 1]):
+    for calls, value in (([0], 0.0), ([1, 0], 0.0), ([1, 1, 0], 1.6), ([1, 1, 1], 0.0)):
         logp = sum(torch.nn.functional.logsigmoid(theta[t] if c else -theta[t]) for t, c in enumerate(calls))
-        rewards, outcome = toy_episode(calls)
-        J = J + torch.exp(logp) * (sum(rewards) + outcome)
+        assert episode_return(traj(*toy_episode(calls))).value == pytest.approx(value, abs=1e-12)
+        J = J + torch.exp(logp) * value
     return torch.autograd.grad(J, theta)[0]
 
 
@@ -207,6 +231,11 @@ def toy_groups(n: int, seed: int) -> tuple[list[TrajectoryGroup], list[list[int]
     return groups, episodes
 
 
+def end(t: Trajectory) -> float:
+    """What a return pays at its episode's end beyond its turns' rewards as given."""
+    return t.ret.value - sum(turn.reward for turn in t.turns)
+
+
 def per_index_advantages(groups: list[TrajectoryGroup]) -> list[list[float]]:
     """MT-GRPO-style: each turn index's reward against the mean reward at that index among the group's other
     rollouts that reached it (leave-one-out, so only the stopping-time effect is left), summed over the
@@ -216,8 +245,8 @@ def per_index_advantages(groups: list[TrajectoryGroup]) -> list[list[float]]:
         for i, t in enumerate(group.trajectories):
             others = [o for j, o in enumerate(group.trajectories) if j != i]
             advantage = []
-            for start in range(len(t.turns)):
-                a = t.reward - sum(o.reward for o in others) / len(others)
+            for start in range(len(t.turns)):  # each return's value paid as its turns' rewards, the rest at its end
+                a = end(t) - sum(end(o) for o in others) / len(others)
                 for k in range(start, len(t.turns)):
                     reached = [o.turns[k].reward for o in others if len(o.turns) > k]
                     a += t.turns[k].reward - (sum(reached) / len(reached) if reached else 0.0)
@@ -249,11 +278,12 @@ def policy_gradient(episodes: list[list[int]], advantages: list[list[float]]) ->
 
 def test_turn_credit_follows_the_policy_gradient_and_per_index_normalisation_does_not():
     """12,000 seeded episodes. The shipped estimator (`turn`, rloo: a baseline from the other rollouts'
-    whole episodes) is unbiased: its mean gradient is within 4 standard errors (about 0.01) of the exact
-    one on every parameter. Per-turn-index normalisation is off by some 0.04 on the first turn's decision
-    to call (more than 10 standard errors): its baseline has one term per remaining turn, so going on
-    costs about one mean turn reward, and it under-rates the calls the optimal policy makes."""
-    exact = exact_gradient()  # by hand: (0.1922, 0.1612, -0.0512)
+    whole episodes, the rules' part of the value paid at the end) is unbiased: its mean gradient is within 4
+    standard errors (about 0.01) of the exact one on every parameter. Per-turn-index normalisation is off by
+    some 0.04 on the first turn's decision to call (more than 10 standard errors): its baseline has one term per
+    remaining turn, so going on costs about one mean turn reward, and it under-rates the calls the optimal policy
+    makes."""
+    exact = exact_gradient()  # by hand: J = 1.6 p0 p1 (1 - p2) = 0.310, dJ = J (1 - p0, 1 - p1, -p2)
     groups, episodes = toy_groups(3000, seed=0)
     groups = scored_groups(groups)
     adv = group_advantages(groups, rloo_advantages, TurnCredit("turn", "rloo"))

@@ -19,7 +19,8 @@ An episode, as the runner plays it:
 
 Rewards. `Env.reward` is the episode's outcome. `StepResult.reward` is the reward of the turn just
 taken (a float, or a `Reward` with parts; None for none), e.g. a penalty for a refused action: the
-runner keeps it on that turn (`core.types.Turn`), and credit per turn reads it (`learn.credit`).
+runner keeps it on that turn (`core.types.Turn`), and credit per turn reads it (`learn.credit`); a turn cut at its
+token limit is never stepped, and gets `unparsed_turn_reward` instead (a failed call's).
 Before each turn the runner asks `state_key()` for the state the turn starts from (GiGPO's step
 groups); None, the default, means "the observation as rendered" (a hash of its token ids).
 """
@@ -100,6 +101,12 @@ class Env(abc.ABC):
     @abc.abstractmethod
     async def reward(self, messages: Sequence[Message]) -> float | Reward:
         """Score the finished conversation (the outcome): a float, or a `Reward` with its named parts."""
+
+    async def unparsed_turn_reward(self, turn: int) -> float | Reward | None:
+        """The reward of turn `turn`, cut at its token limit before it ended, so never parsed nor stepped: an
+        unparsed turn is a failed call, so an environment with turn rewards charges what it charges a failed call
+        (`envs.base.ToolEnv` steps one unreadable call). None (the default): none. The episode ends there."""
+        return None
 
     async def state_key(self) -> str | None:
         """The environment's state now, as a key: turns of a group that start from equal keys are

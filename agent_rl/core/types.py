@@ -90,9 +90,10 @@ class Reward:
 class Return:
     """An episode's return as its group's statistics see it (`core.returns.episode_return`)."""
 
-    value: float  # what the advantage estimator compares: `outcome` plus the turns' own rewards
+    value: float  # what the advantage estimator compares: `outcome` plus `share` x the turns' own rewards
     outcome: float  # the outcome part: the episode's reward, or the truncation rule's for a truncated episode
     usable: bool = True  # False: kept out of the group's statistics (an infrastructure error, a masked truncation)
+    share: float = 1.0  # what the turns' own rewards count for in `value` (the rules of `core.returns`)
 
 
 # the name under which `Trajectory.reward_parts` keeps the episode's own reward once group-level rewards
@@ -122,7 +123,9 @@ class Turn:
     finish_reason: str  # "stop" or "length", as the sampler reported it
     policy_version: int  # the version that sampled its first token (each token's: the segment's `versions`)
     segment: int = 0
-    reward: float = 0.0  # the turn's own reward (0.0: none, or a turn cut by its max_tokens, never stepped)
+    # the turn's own reward (0.0: none); a turn cut by its max_tokens is never stepped: a failed call's
+    # (`Env.unparsed_turn_reward`)
+    reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)  # its named parts, weight-free
     # the environment state the turn was sampled from (`Env.state_key`, else a hash of the rendered
     # observation): turns of a group with the same key form GiGPO's step groups (`learn.credit`)

@@ -147,7 +147,7 @@ class GroupCredit:
     """One group's advantages per turn (`learn.credit`)."""
 
     turn_advantages: tuple[tuple[float, ...], ...]  # per kept trajectory, one per turn
-    turns_in_step_groups: int = 0  # turns that share their start state with another turn of the group
+    turns_in_step_groups: int = 0  # turns that share their start state with another rollout's turn of the group
 
 
 class CreditRule(Protocol):
@@ -173,7 +173,7 @@ class GroupAdvantages:
     # with credit per turn: aligned with `trajectories`, one advantage per turn; None: every sampled token of
     # a trajectory gets its `advantages` entry (`algorithm.credit: trajectory`)
     turn_advantages: tuple[tuple[float, ...], ...] | None = None
-    turns_in_step_groups: int = 0  # turns that share their start state with another of their group's turns
+    turns_in_step_groups: int = 0  # turns that share their start state with another rollout's turn of their group
 
 
 def depends_on(traj: Trajectory, index: int) -> bool:

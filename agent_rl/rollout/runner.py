@@ -1,13 +1,13 @@
 """The async rollout runner: play one environment turn by turn and record a token-exact trajectory.
 
-Owns: one episode (`run_episode`: each turn's tokens, its own reward and the state it started from,
-`state_key`; `play_task` builds its environment too); the token buffer, loss mask and log-probs of an episode
-(`TokenBuffer`) and its segments (when the renderer cannot extend the buffer, `Renderer.next_context`, or an
-env's replaced conversation, `StepResult.history`, renders to ids that do not extend it); the stop rules (no tool
-call, env done, max turns, max total tokens, a turn cut by `length`); the episode limits (`EpisodeLimits`); a
-group's group-level reward added once its episodes have ended (`score_group`; the environment's own reward is kept
-as the `EPISODE_REWARD` part); the trajectory of an episode that failed before it began (`failed_episode`); the
-deadline of every await on an environment (`bounded`).
+Owns: one episode (`run_episode`: each turn's tokens, its own reward, a cut turn's a failed call's,
+`unparsed_turn_reward`, and the state it started from, `state_key`; `play_task` builds its environment too); the
+token buffer, loss mask and log-probs of an episode (`TokenBuffer`) and its segments (when the renderer cannot
+extend the buffer, `Renderer.next_context`, or an env's replaced conversation, `StepResult.history`, renders to ids
+that do not extend it); the stop rules (no tool call, env done, max turns, max total tokens, a turn cut by
+`length`); the episode limits (`EpisodeLimits`); a group's group-level reward added once its episodes have ended
+(`score_group`; the environment's own reward is kept as the `EPISODE_REWARD` part); the trajectory of an episode
+that failed before it began (`failed_episode`); the deadline of every await on an environment (`bounded`).
 Does not own: rendering and parsing (`core.renderers`), HTTP (`rollout.sampler`), tools (`envs`), rewards beyond
 asking the env, the seeds (`core.seeds`), garbage collection while a rollout runs (`rollout.quiet_gc`), playing
 groups of episodes (`rollout.engine`) and where they play (`rollout.players`).
@@ -165,6 +165,7 @@ async def _play_turns(env: Env, sampler: Sampler, renderer: Renderer, limits: Ep
         ep.messages.append(reply)
         if out.finish_reason == "length":  # cut mid-turn: nothing is stitched after it
             ep.stop = StopReason.LENGTH if budget == limits.max_tokens_per_turn else StopReason.MAX_TOKENS
+            ep.turns[-1] = rewarded(ep.turns[-1], await unparsed_turn_reward(env, turn, limits.env_timeout_s))
             return
         result = await bounded(env.step(reply, turn), limits.env_timeout_s)
         ep.turns[-1] = rewarded(ep.turns[-1], result.reward)
@@ -195,6 +196,13 @@ async def state_key(env: Env, observation: tuple[int, ...], timeout_s: float) ->
     if own is not None and getattr(type(env), "state_key", None) is not Env.state_key:  # the default says None
         key = await bounded(own(), timeout_s)
     return observation_key(observation) if key is None else str(key)
+
+
+async def unparsed_turn_reward(env: Env, turn: int, timeout_s: float) -> float | Reward | None:
+    """What the environment charges a turn cut at its token limit (`Env.unparsed_turn_reward`: a failed call's);
+    None from an object that only quacks like an `Env` and lacks it."""
+    own = getattr(env, "unparsed_turn_reward", None)
+    return None if own is None else await bounded(own(turn), timeout_s)
 
 
 @functools.lru_cache(maxsize=1024)
