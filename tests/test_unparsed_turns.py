@@ -5,7 +5,8 @@ where turn rewards are off, and nothing is run or changed by it."""
 from __future__ import annotations
 
 import pytest
-from test_gui_env import TASK, call
+from helpers import call_text as call
+from test_gui_env import TASK
 
 from agent_rl.core.types import StopReason
 from agent_rl.envs.calculator import CalculatorEnv
