@@ -53,6 +53,8 @@ def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, se
     up = run(tmp_path, vllm_server, "up", dtype=dtype)
     first, last = sum(up[:2]) / 2, sum(up[-2:]) / 2
     assert last > first + 0.1, up
+    if dtype == "bfloat16":  # the sign of the update does not depend on the dtype: float32's run checks it
+        return              # (bf16 on the CPU is the slowest run of the suite, 167 s of it with both)
 
     down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated), dtype=dtype)
     first_d, last_d = sum(down[:2]) / 2, sum(down[-2:]) / 2
