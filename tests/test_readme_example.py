@@ -173,7 +173,9 @@ def test_readme_model_lines_run_in_a_fresh_folder_against_the_test_server(tmp_pa
                      f"{SMALL_TRAIN}")
         proc = in_fresh_folder(tmp_path, name, f"{line} {extra}", timeout_s=280)
         assert proc.returncode == 0, (line, proc.stderr[-2000:])
-        metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = proc.stdout.strip().splitlines()  # train ends with a table and names its metrics file; rollout: JSON
+        named = [x.split(": ", 1)[1] for x in out if x.startswith("metrics: ")]
+        metrics = json.loads((tmp_path / name / named[0]).read_text().splitlines()[-1] if named else out[-1])
         assert metrics, line
 
 

@@ -122,11 +122,11 @@ async def test_hostile_model_text_is_shown_not_run(tmp_path, play_plan, renderer
     assert not errors and len(requests) == 1, (errors, requests)
 
 
-async def test_an_evaluations_replies_page_shows_each_policy_and_its_verdicts(tmp_path, play, renderer,
+async def test_an_evaluations_replies_page_shows_each_policy_and_its_verdicts(tmp_path, play_plan, renderer,
                                                                              browser):
     from agent_rl.runs.replies import write_replies
 
-    groups = await play({"t-learn": ["bad_call_then_right", "wrong"]})
+    groups = await play_plan({"t-learn": ["bad_call_then_right", "wrong"]})
     first, second = groups[0].trajectories
     path = write_replies(tmp_path / "eval.replies.jsonl", {
         "base": [(first, {"valid": True, "error_type": None, "errors": []}),
