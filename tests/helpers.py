@@ -6,8 +6,8 @@ Owns: waits with a deadline (`until`, `until_sync`: a test waits for what it wai
 scripted sampler (`here`, `not_here`, `TimedSampler`, `VersionSync`, `toy_tasks`, `scripted_run`, `run_loop`);
 the update on the tiny model and runs against the test server (`tiny_config`, `make_batch`, `Row`,
 `server_config`, `killed_after_step_2`, `server_logprobs`, `served_name_of`, `LOGPROB_TOL`); the stand-in vLLM
-server (`StandInVLLM`, `SavesAFile`); processes (`alive`, `accepts`, `mcp_over_http`); what a run or command left
-(`total`, `essence`, `one_error_line`) and the documented commands' terms (`AGENT_RL`, `SMALL_ROLLOUT`,
+server (`StandInVLLM`, `serve_app`, `SavesAFile`); processes (`alive`, `accepts`, `mcp_over_http`); what a run or
+command left (`total`, `essence`, `one_error_line`) and the documented commands' terms (`AGENT_RL`, `SMALL_ROLLOUT`,
 `SMALL_TRAIN`); the sandbox cases' terms (`docker_or_skip`, `deadline_slack_s`).
 Does not own: fixtures (tests/conftest.py, where pytest finds them), what one test file is about (that file),
 reading the docs (tests/doc_pages.py), tool functions run in workers (tests/slow_tools.py), Ray kits
@@ -403,6 +403,14 @@ async def first_of(*events: asyncio.Event) -> None:
             w.cancel()
 
 
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free local port: its runner (cleaned up by the caller) and its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 class StandInVLLM:
     """A stand-in vLLM server whose "weights" are a version number: each token it samples has log-prob -version.
 
@@ -500,11 +508,7 @@ class StandInVLLM:
     async def __aenter__(self) -> StandInVLLM:
         app = web.Application()
         self.routes(app)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.runner, self.url = await serve_app(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

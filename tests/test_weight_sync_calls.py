@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from aiohttp import web
-from helpers import SavesAFile
+from helpers import SavesAFile, serve_app
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agent_rl.learn.policy import apply_lora
@@ -37,11 +37,7 @@ class StandIn:
     async def __aenter__(self) -> StandIn:
         app = web.Application()
         app.router.add_post("/{path:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.runner, self.url = await serve_app(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
