@@ -75,6 +75,12 @@ def _play_parsers(sub) -> None:
     au.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="keyword argument of each environment's load_tasks (a YAML value), as rollout.env_args: "
                          "e.g. turn_rewards=true audits the turn rewards too")
+    au.add_argument("--relative", nargs="?", const="", metavar="CONFIG",
+                    help="also play each hack in a group of honest rollouts and fail it when its advantage is above an "
+                         "honest failure's, under CONFIG's algorithm section (credit, advantage, gamma, step_weight, "
+                         "truncated_reward; no CONFIG: the defaults)")
+    au.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override of the --relative config, e.g. algorithm.credit=gigpo")
     au.add_argument("--json", dest="json_out", help="also write the reports (with a sample episode per failure) here")
     au.set_defaults(func=commands.audit_reward)
 

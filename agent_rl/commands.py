@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent_rl.audit.relative import RelativeReport
     from agent_rl.config.train import TrainConfig
+    from agent_rl.core.registry import EnvSpec
+    from agent_rl.core.renderers.base import Renderer
+    from agent_rl.learn.algorithm import AlgorithmConfig
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 BARE_CALLS = {"auto": "null", "on": "true", "off": "false"}  # rollout --bare-calls -> model.bare_tool_calls
@@ -374,6 +378,7 @@ def _key_value(item: str, option: str) -> tuple[str, Any]:
 def audit_reward(args: argparse.Namespace) -> int:
     from agent_rl.audit.play import audit_env
     from agent_rl.audit.report import format_matrix, format_report
+    from agent_rl.config.file import load_config
     from agent_rl.core.files import write_json
     from agent_rl.core.registry import load_env
     from agent_rl.core.renderers.choose import load_renderer
@@ -381,10 +386,13 @@ def audit_reward(args: argparse.Namespace) -> int:
 
     if args.tasks < 1:
         raise CLIError(f"--tasks must be at least 1 (got {args.tasks})", EXIT_BAD_INPUT)
+    if args.set and args.relative is None:
+        raise CLIError("--set overrides the --relative config: add --relative", EXIT_BAD_INPUT)
     with errors_as_lines():
         env_args = dict(_key_value(item, "--env-arg") for item in args.env_arg)
         specs = [load_env(name).with_task_args(env_args) for name in args.env]
         renderer = load_renderer(resolve_model(args.model))
+        algo = None if args.relative is None else load_config(args.relative or None, args.set).algorithm
     reports = []
     for spec in specs:
         try:
@@ -396,12 +404,27 @@ def audit_reward(args: argparse.Namespace) -> int:
         print(format_report(reports[-1]), end="\n\n")
     if len(reports) > 1:
         print(format_matrix(reports))
+    relative = [] if algo is None else [_audit_relative(spec, renderer, args, algo) for spec in specs]
     if args.json_out:
-        write_json(args.json_out, [r.to_json() for r in reports])
-    failed = [line for r in reports if (line := r.failure_line())]
+        write_json(args.json_out, [r.to_json() for r in reports] + [r.to_json() for r in relative])
+    failed = [line for line in [r.failure_line() for r in reports] + [r.failure_line() for r in relative] if line]
     if failed:
         raise CLIError("reward audit failed: " + "; ".join(failed))
     return 0
+
+
+def _audit_relative(spec: EnvSpec, renderer: Renderer, args: argparse.Namespace, algo: AlgorithmConfig
+                    ) -> RelativeReport:
+    """The relative audit of one environment (`audit.relative`), its table printed."""
+    from agent_rl.audit.relative import format_relative, judge_relative, play_relative
+
+    try:
+        played = asyncio.run(play_relative(spec, renderer, args.tasks, args.seed, args.split))
+    except ValueError as e:
+        raise CLIError(str(e), EXIT_BAD_INPUT) from None
+    report = judge_relative(spec.name, played, algo)
+    print(format_relative(report), end="\n\n")
+    return report
 
 
 def plot(args: argparse.Namespace) -> int:

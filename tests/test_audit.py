@@ -35,8 +35,8 @@ ANSWERED = ["list_candidates", "hedge", "empty_reply", "several_answers", "echo_
 CODING = ["empty_reply", "several_answers", "echo_question", "answer_in_tool_call", "unknown_tool_then_guess",
           "exit_zero", "patch_checker", "always_equal", "read_tests"]
 GUI = ["empty_reply", "echo_question", "claim_done", "act_halfway", "unknown_tool_then_done", "busy_calls",
-       "farm_saves"]
-TURNS = [*ANSWERED, "busy_calls"]  # the environments with turn rewards add the hacks on them
+       "farm_saves", "cut_off"]
+TURNS = [*ANSWERED, "busy_calls", "cut_off"]  # the environments with turn rewards add the hacks on them
 CODING_TESTS = [*CODING, "hardcode_visible", "print_expected", "edit_tests", "catch_assertion"]
 
 
@@ -54,7 +54,7 @@ BUILT_IN = [  # (env, tasks, the hacks that apply, hand-checked against each env
     pytest.param("math", 2, ANSWERED, id="math", marks=needs_bwrap),  # its python tool is sandboxed
     pytest.param("search_qa", 3, [h for h in ANSWERED if h != "lookalike_digits"], id="search_qa"),  # no digits
     pytest.param("kg_qa", 3, [h for h in TURNS if h != "lookalike_digits"], id="kg_qa"),
-    pytest.param("coding", 2, [*CODING, "busy_calls"], id="coding", marks=needs_bwrap),
+    pytest.param("coding", 2, [*CODING, "busy_calls"], id="coding", marks=needs_bwrap),  # as envs/coding names
     pytest.param("coding_tests", 2, CODING_TESTS, id="coding_tests", marks=needs_bwrap),
     pytest.param("gui", 3, GUI, id="gui"),
     pytest.param("mcp_units", 3, ANSWERED, id="mcp_units"),  # an MCP server's tools; a rounded number answer
@@ -93,7 +93,7 @@ async def test_bare_json_calls_earn_nothing_read_as_calls_or_as_text(env, render
 async def test_coding_tests_hacks_pass_the_visible_tests_and_earn_nothing(renderer):
     # special-casing the visible tests passes them all (the tool says so); the hidden ones are disjoint
 
-    from agent_rl.audit.play import LIMITS, _play
+    from agent_rl.audit.play import LIMITS, play_policy
     from agent_rl.audit.targets import plan_for
 
     spec = load_env("coding_tests")
@@ -102,7 +102,7 @@ async def test_coding_tests_hacks_pass_the_visible_tests_and_earn_nothing(render
     [hack] = [h for h in plan.hacks if h.name == "hardcode_visible"]
     for task in tasks:
         for policy in hack.variants(plan.target(task, tasks)).values():
-            traj = await _play(spec, renderer, LIMITS, task, policy, asyncio.Semaphore(1))
+            traj = await play_policy(spec, renderer, LIMITS, task, policy, asyncio.Semaphore(1))
             n = len(task["shown_tests"])
             assert traj.messages[3].content.startswith(f"{n} of {n} visible tests passed.") and traj.reward == 0.0
 

@@ -29,8 +29,10 @@ from agent_rl.rollout.scripted import ScriptedSampler
 LIMITS = EpisodeLimits(max_turns=10, max_tokens_per_turn=1024, max_total_tokens=12288)
 
 
-async def _play(spec: EnvSpec, renderer: Renderer, limits: EpisodeLimits, task: Task, policy: Policy,
+async def play_policy(spec: EnvSpec, renderer: Renderer, limits: EpisodeLimits, task: Task, policy: Policy,
                 gate: asyncio.Semaphore) -> Trajectory:
+    """One episode of `task` with `policy` playing the policy's part, through the real runner (at most as many at once
+    as `gate` lets in)."""
     async with gate:
         sampler = ScriptedSampler(renderer, policy, logprob=0.0, on_messages=True)
         [group] = await play_groups([task], Episodes(LocalPlayers(spec.make_env, sampler, renderer), limits, 1))
@@ -69,11 +71,11 @@ async def audit_env(spec: EnvSpec, renderer: Renderer, n_tasks: int = 3, seed: i
         for target in targets:
             for label, policy in hack.variants(target).items():
                 jobs.append((hack.name, label))
-                coroutines.append(_play(spec, renderer, limits, target.task, policy, gate))
+                coroutines.append(play_policy(spec, renderer, limits, target.task, policy, gate))
     for target in targets:
         if target.solve is not None:  # the spec's solver, bound to the task (`audit.targets`)
             jobs.append(("solver", "solve"))
-            coroutines.append(_play(spec, renderer, limits, target.task, target.solve, gate))
+            coroutines.append(play_policy(spec, renderer, limits, target.task, target.solve, gate))
     played = await asyncio.gather(*coroutines)
     rows = []
     for hack in plan.hacks:
