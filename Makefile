@@ -100,8 +100,15 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two lanes side by side (tests/conftest.py's --lane): the modules that share the session's vLLM servers and Ray
+# cluster, and the others, most of whose time is their own processes' start-up on one core. The own lane prints
+# when both have ended; either failing fails the target. `pytest -q` runs the whole suite in one process.
 test: setup lint
-	$(VENV)/bin/pytest -q
+	@log=$$(mktemp "$${TMPDIR:-/tmp}/agent-rl-own-lane.XXXXXX"); \
+	$(VENV)/bin/pytest -q --lane own -p no:cacheprovider >"$$log" 2>&1 & own=$$!; \
+	$(VENV)/bin/pytest -q --lane shared; shared=$$?; \
+	wait $$own; own_rc=$$?; echo "== the own lane (modules that start what they need themselves) =="; \
+	cat "$$log"; rm -f "$$log"; test $$shared = 0 && test $$own_rc = 0
 
 bench: setup
 	$(PY) bench/rollout.py

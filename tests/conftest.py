@@ -106,12 +106,42 @@ SESSION_SERVERS = {
 
 
 _NEEDED = pytest.StashKey[set]()
+# what a module shares with the rest of the session: its servers, and the local Ray cluster
+SHARED = {*SESSION_SERVERS, "session_servers", "ray_local"}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--lane", choices=("shared", "own"), default=None,
+                     help="run one lane of the suite: 'shared', the modules that use a session server or the local "
+                          "Ray cluster; 'own', every other module (they start what they need themselves). `make "
+                          "test` runs both side by side: most of the own lane waits on its own processes' start-up, "
+                          "which leaves a core idle")
+
+
+def lane_of(items) -> str:
+    """'shared' when any of a module's tests uses a session server or the Ray cluster (directly or through other
+    fixtures), else 'own'."""
+    return "shared" if any(SHARED & set(getattr(item, "fixturenames", ())) for item in items) else "own"
+
+
+def _in_lane(config, items) -> None:
+    """Keep the tests of the modules of `--lane`'s lane (whole modules, so a module's fixtures stay in one run)."""
+    lane = config.getoption("lane")
+    if lane is None:
+        return
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    keep = {name for name, its in modules.items() if lane_of(its) == lane}
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::")[0] not in keep])
+    items[:] = [item for item in items if item.nodeid.split("::")[0] in keep]
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: only the servers of the tests that will run
 def pytest_collection_modifyitems(config, items) -> None:
-    """Note which session servers the collected tests use (directly or through other fixtures), so that the
-    first of them to be asked for starts them all side by side (`session_servers`)."""
+    """Keep `--lane`'s modules, then note which session servers the tests left use (directly or through other
+    fixtures), so that the first of them to be asked for starts them all side by side (`session_servers`)."""
+    _in_lane(config, items)
     config.stash[_NEEDED] = {name for item in items for name in getattr(item, "fixturenames", ())
                              if name in SESSION_SERVERS}
 
