@@ -3,8 +3,9 @@
 The tiny random model plays `envs.toy` (reward = share of a 200-character budget left unused) with
 a real vLLM server and LoRA hot-loading; a few steps must raise the mean reward by a clear margin.
 The same run with the advantages negated must lower it: a sign error anywhere in advantages, loss,
-masking or weight sync would fail one of the two. Both hold too with rollouts streaming up to two
-policy versions ahead of the trainer (`algorithm.max_staleness: 2`).
+masking or weight sync would fail one of the two. The rise is checked in float32 and bfloat16 and with
+rollouts streaming up to two policy versions ahead of the trainer (`algorithm.max_staleness: 2`), the fall
+in that last run.
 """
 
 from __future__ import annotations
@@ -48,20 +49,18 @@ def server_and_dtype(request):
     return request.getfixturevalue(name), request.param
 
 
-def test_grpo_raises_a_dense_reward_and_negated_advantages_lower_it(tmp_path, server_and_dtype):
+def test_grpo_raises_a_dense_reward(tmp_path, server_and_dtype):
     vllm_server, dtype = server_and_dtype
     up = run(tmp_path, vllm_server, "up", dtype=dtype)
     first, last = sum(up[:2]) / 2, sum(up[-2:]) / 2
     assert last > first + 0.1, up
-    if dtype == "bfloat16":  # the sign of the update does not depend on the dtype: float32's run checks it
-        return              # (bf16 on the CPU is the slowest run of the suite, 167 s of it with both)
-
-    down = run(tmp_path, vllm_server, "down", stages=trainer.Stages(advantages=negated), dtype=dtype)
-    first_d, last_d = sum(down[:2]) / 2, sum(down[-2:]) / 2
-    assert last_d < first_d - 0.1, down
 
 
-def test_grpo_raises_a_dense_reward_with_rollouts_two_versions_stale(tmp_path, vllm_server):
+def test_grpo_raises_a_dense_reward_with_rollouts_two_versions_stale_and_negated_advantages_lower_it(
+        tmp_path, vllm_server):
+    """The sign check runs once, here: the same loss, advantages and sync as the run above with the stream two
+    versions ahead (a negated run at staleness 0 as well cost the suite ~40 s and could catch nothing this one
+    cannot: staleness changes which version sampled, not the update's sign)."""
     up = run(tmp_path, vllm_server, "up", staleness=2)
     assert sum(up[-2:]) / 2 > sum(up[:2]) / 2 + 0.1, up
     lines = [json.loads(x) for x in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
