@@ -1,10 +1,11 @@
 """Run under torchrun by tests/test_distributed.py: one policy update on a fixed batch, as this rank of N.
 
-argv: OUT (a .pt file rank 0 writes the trained weights, gathered whole, and the statistics to), then
-config overrides key=value. The batch is helpers.make_batch's: every rank builds the same one.
+argv: OUT (a .pt file rank 0 writes a list to: per case, the trained weights, gathered whole, and the statistics),
+then the cases, separated by `--`, each config overrides key=value (one process group runs them all: each launch
+costs the suite the ranks' start-up). The batch is helpers.make_batch's: every rank builds the same one.
 Two keys are not config: `save=DIR` checkpoints the update there (gathered on rank 0, as the trainer
 does); `resume=DIR` then builds a fresh policy, loads DIR's checkpoint and runs a second update,
-whose weights OUT holds as "resumed".
+whose weights the case's result holds as "resumed".
 """
 
 from __future__ import annotations
@@ -29,11 +30,19 @@ from agent_rl.runs.checkpoint import load_checkpoint, save_checkpoint
 
 
 def main() -> None:
-    out, sets = Path(sys.argv[1]), dict(a.split("=", 1) for a in sys.argv[2:])
+    out, cases = Path(sys.argv[1]), [[]]
+    for arg in sys.argv[2:]:
+        cases[-1:] = [cases[-1], []] if arg == "--" else [[*cases[-1], arg]]
+    dist = init_distributed("cpu")
+    results = [one_case(dict(a.split("=", 1) for a in case), dist) for case in cases]
+    if dist.main:
+        torch.save(results, out)
+
+
+def one_case(sets: dict[str, str], dist) -> dict:
     save, resume = sets.pop("save", None), sets.pop("resume", None)
     tiny = cache_dir() / "models" / "tiny-smollm2"
     cfg = tiny_config(tiny, **sets)
-    dist = init_distributed("cpu")
     torch.manual_seed(0)
     policy = build_policy(cfg.model, cfg.optim, tiny, dist=dist, with_reference=cfg.algorithm.kl_beta > 0)
     stats = policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0, seed=3)
@@ -52,8 +61,7 @@ def main() -> None:
         result["loaded"] = (trained_weights(policy, dist), copy.deepcopy(optimizer_state))
         policy_update(policy, make_batch(policy), cfg.algorithm, cfg.optim, 1.0, seed=4)
         result["resumed"] = trained_weights(policy, dist)
-    if dist.main:
-        torch.save(result, out)
+    return result
 
 
 def trained_weights(policy, dist) -> dict:

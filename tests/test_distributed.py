@@ -18,37 +18,45 @@ from agent_rl.learn.distributed import Dist
 WORKER = Path(__file__).resolve().parent / "dist_update_worker.py"
 
 
-def run_ranks(tmp_path: Path, nproc: int, sets: dict[str, str], tiny_dir) -> dict:
+def run_ranks(tmp_path: Path, nproc: int, cases: list[dict[str, str]], tiny_dir) -> list[dict]:
+    """Each case's result, all of them run by one launch of `nproc` ranks (tests/dist_update_worker.py)."""
     out = tmp_path / f"out-{nproc}.pt"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    args = [x for k, case in enumerate(cases) for x in (["--"] if k else []) + [f"{a}={v}" for a, v in case.items()]]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(WORKER), str(out), *[f"{k}={v}" for k, v in sets.items()]]
+           str(WORKER), str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    results = torch.load(out, weights_only=False)
+    assert len(results) == len(cases)
+    return results
 
 
-@pytest.mark.parametrize("sets", [
-    {"algorithm.aggregation": "token_mean"},
-    {"algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2", "algorithm.kl_beta": "0.1"},
-    {"model.full_finetune": "true", "algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2",
-     "algorithm.kl_beta": "0.1"},
-], ids=["token_mean", "sequence_mean-2-steps-kl", "full_finetune-2-steps-kl"])
-def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir, sets):
-    """In float64, so that summing in another order cannot hide a wrong normaliser: AdamW's first step
-    divides each gradient by its own magnitude, which turns float32 noise on a near-zero gradient into a
-    full-size difference (1e-4 observed in float32; 2.5e-14 in float64, 5e-13 fully fine-tuned)."""
-    sets = {**sets, "model.dtype": "float64"}
-    one = run_ranks(tmp_path, 1, sets, tiny_dir)
-    two = run_ranks(tmp_path, 2, sets, tiny_dir)
-    assert one["world"] == 1 and two["world"] == 2
-    full = sets.get("model.full_finetune") == "true"  # its layers (and its KL reference's) sharded, not copied
-    assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values())
-    assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0
-    assert max_gap(one["weights"], two["weights"]) < 1e-10
-    assert list(two["stats"]) == list(one["stats"])  # the same statistics, in the same order
-    for key in ("loss", "grad_norm", "train_tokens", "clip_frac", "ratio_mean", "entropy", "optimizer_steps"):
-        assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), key
+SAME_WEIGHTS = {  # case -> its settings
+    "token_mean": {"algorithm.aggregation": "token_mean"},
+    "sequence_mean-2-steps-kl": {"algorithm.aggregation": "sequence_mean", "algorithm.mini_batches": "2",
+                                 "algorithm.kl_beta": "0.1"},
+    "full_finetune-2-steps-kl": {"model.full_finetune": "true", "algorithm.aggregation": "sequence_mean",
+                                 "algorithm.mini_batches": "2", "algorithm.kl_beta": "0.1"},
+}
+
+
+def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_dir):
+    """Each case of SAME_WEIGHTS (one launch of each world size runs them all). In float64, so that summing in
+    another order cannot hide a wrong normaliser: AdamW's first step divides each gradient by its own magnitude,
+    which turns float32 noise on a near-zero gradient into a full-size difference (1e-4 observed in float32;
+    2.5e-14 in float64, 5e-13 fully fine-tuned)."""
+    cases = [{**sets, "model.dtype": "float64"} for sets in SAME_WEIGHTS.values()]
+    for name, sets, one, two in zip(SAME_WEIGHTS, cases, run_ranks(tmp_path, 1, cases, tiny_dir),
+                                    run_ranks(tmp_path, 2, cases, tiny_dir)):
+        assert one["world"] == 1 and two["world"] == 2, name
+        full = sets.get("model.full_finetune") == "true"  # its layers (and its KL reference's) sharded, not copied
+        assert two["sharded"] == {"policy": full, "reference": full} and not any(one["sharded"].values()), name
+        assert one["weights"].keys() == two["weights"].keys() and len(one["weights"]) > 0, name
+        assert max_gap(one["weights"], two["weights"]) < 1e-10, name
+        assert list(two["stats"]) == list(one["stats"]), name  # the same statistics, in the same order
+        for key in ("loss", "grad_norm", "train_tokens", "clip_frac", "ratio_mean", "entropy", "optimizer_steps"):
+            assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7), (name, key)
 
 
 def max_gap(a: dict, b: dict) -> float:
@@ -68,8 +76,8 @@ def test_a_sharded_full_finetune_checkpoint_resumes_under_one_rank_or_two(tmp_pa
 
     sets = {"model.full_finetune": "true", "model.dtype": "float64", "algorithm.aggregation": "token_mean"}
     sharded_ck, single_ck = tmp_path / "ck-2", tmp_path / "ck-1"
-    two = run_ranks(tmp_path, 2, {**sets, "save": sharded_ck, "resume": sharded_ck}, tiny_dir)
-    one = run_ranks(tmp_path, 1, {**sets, "save": single_ck, "resume": sharded_ck}, tiny_dir)
+    [two] = run_ranks(tmp_path, 2, [{**sets, "save": sharded_ck, "resume": sharded_ck}], tiny_dir)
+    [one] = run_ranks(tmp_path, 1, [{**sets, "save": single_ck, "resume": sharded_ck}], tiny_dir)
     assert two["sharded"]["policy"] and max_gap(one["weights"], two["weights"]) < 1e-10
     saved = [torch.load(d / "checkpoints" / "step-000001" / "optimizer.pt", weights_only=True)
              for d in (sharded_ck, single_ck)]
