@@ -150,6 +150,36 @@ async def add_episode(renderer, script, **limits):
     return await play_episode(env, sampler, renderer, EpisodeLimits(**limits)), env.tool_schemas, sampler
 
 
+def question_env_module(name: str, reward: str, imports: str = "") -> str:
+    """The source of an environment module a user would write (tests/test_audit.py, tests/test_relative_audit.py):
+    one question, "What is 4 + 7?" (answer "11"), no tools, no solver; `reward` is the expression of its reward over
+    `self.task` and the last reply `messages[-1].content`."""
+    return f"""{imports}
+from agent_rl.core.registry import EnvSpec
+from agent_rl.core.types import Message, Reward
+from agent_rl.envs.base import ToolEnv
+
+class QuestionEnv(ToolEnv):
+    def __init__(self, task):
+        super().__init__([])
+        self.task = task
+
+    async def initial_messages(self):
+        return [Message("user", self.task["question"])]
+
+    async def reward(self, messages):
+        return Reward(float({reward}))
+
+def make_env(task):
+    return QuestionEnv(task)
+
+def load_tasks(n, seed=0, split="train"):
+    return [{{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}}][:n]
+
+ENV = EnvSpec({name!r}, make_env, load_tasks)
+"""
+
+
 # -- a plan of scripted episodes (tests/test_traces.py, tests/test_trace_page.py) --------------------------------------
 ADD_CALL = call_text("add", a=2, b=3)
 BAD_ADD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'

@@ -17,6 +17,7 @@ import shutil
 
 import pytest
 from doc_pages import marked_block
+from helpers import question_env_module
 
 from agent_rl import cli
 from agent_rl.audit.catalogue import CATALOGUE, hacks_named
@@ -130,31 +131,8 @@ class AnyNumberEnv(ToolEnv):
 HACKABLE_TASKS = [{"id": f"q{a}", "question": f"What is {a} + {a + 3}?", "answer": str(2 * a + 3)} for a in (4, 9)]
 HACKABLE = EnvSpec("any_number", AnyNumberEnv, lambda n, seed=0, split="train": HACKABLE_TASKS[:n],
                    lambda task, messages, direct: Message("assistant", f"The answer is {task['answer']}."))
-HACKABLE_MODULE = """
-import re
-from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import Message, Reward
-from agent_rl.envs.base import ToolEnv
-
-class AnyNumberEnv(ToolEnv):
-    def __init__(self, task):
-        super().__init__([])
-        self.task = task
-
-    async def initial_messages(self):
-        return [Message("user", self.task["question"])]
-
-    async def reward(self, messages):
-        return Reward(float(self.task["answer"] in re.findall(r"-?\\d+", messages[-1].content)))
-
-def make_env(task):
-    return AnyNumberEnv(task)
-
-def load_tasks(n, seed=0, split="train"):
-    return [{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}][:n]
-
-ENV = EnvSpec("hackable_env", make_env, load_tasks)
-"""
+HACKABLE_MODULE = question_env_module(  # a reward that accepts the answer among other numbers
+    "hackable_env", r'self.task["answer"] in re.findall(r"-?\d+", messages[-1].content)', imports="import re")
 # by hand: every hack whose reply holds the answer in ASCII digits among others; not the empty reply, the
 # question (its numbers are the operands), the answer in look-alike digits alone, a wrong guess, the error
 EARNERS = {"list_candidates", "hedge", "several_answers", "flood", "lookalike_digits", "answer_in_tool_call"}

@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from helpers import trajectory
+from helpers import question_env_module, trajectory
 
 from agent_rl import cli
 from agent_rl.audit.relative import Played, advantages_in_group, format_relative, judge_relative, play_relative
@@ -147,24 +147,4 @@ def test_command_relative_without_a_solver_is_one_line(tmp_path, monkeypatch, ca
     assert line == ("error: environment 'solverless_env' has no solver: the relative audit needs honest rollouts"), line
 
 
-SOLVERLESS = """
-from agent_rl.core.registry import EnvSpec
-from agent_rl.core.types import Message, Reward
-from agent_rl.envs.base import ToolEnv
-
-class ExactEnv(ToolEnv):
-    def __init__(self, task):
-        super().__init__([])
-        self.task = task
-
-    async def initial_messages(self):
-        return [Message("user", self.task["question"])]
-
-    async def reward(self, messages):
-        return Reward(float(messages[-1].content.strip() == self.task["answer"]))
-
-def load_tasks(n, seed=0, split="train"):
-    return [{"id": "q4", "question": "What is 4 + 7?", "answer": "11"}][:n]
-
-ENV = EnvSpec("solverless_env", ExactEnv, load_tasks)
-"""
+SOLVERLESS = question_env_module("solverless_env", 'messages[-1].content.strip() == self.task["answer"]')
