@@ -5,7 +5,8 @@
 # Also: make grpo (GRPO alone, CONFIG=...), make recipe-seeds (the recipe over 3 GRPO seeds),
 #       make gui-recipe (the GUI-agent recipe over 3 seeds), make collapse-study (kg_qa: explanatory
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
-#       times of all three. make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
+#       times of all three. make collapse-branch / kg-credit: kg_qa for 40 steps, explanatory errors against
+#       branching at the tool decision / against gigpo with turn rewards (not yet run here). make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
 #       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md).
 #       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds), make coding-tool-use (the same
 #       model bootstrapped from its own tool-using episodes, then GRPO with and without branching) and
@@ -24,7 +25,7 @@ CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
 BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup bfcl-multi-turn
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study collapse-branch kg-credit coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup bfcl-multi-turn
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -87,6 +88,17 @@ gui-recipe-credit: setup
 
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2
+
+# kg_qa for 40 GRPO steps a run, 3 seeds an arm, each run resumable step by step: the explain arm against branching
+# at the tool decision (collapse-branch: issue 42) and against gigpo with turn rewards (kg-credit: issue 43). Both
+# share one folder, so the explain arm's runs are made once.
+KG_STUDY = $(PY) examples/collapse_study.py --seeds 0 1 2 --set run.steps=40 --set run.save_every=1 \
+	--run-dir runs/kg_study --arm explain
+collapse-branch: setup
+	$(KG_STUDY) --arm branch
+
+kg-credit: setup
+	$(KG_STUDY) --arm gigpo
 
 coding-recipe: setup
 	$(PY) examples/coding_recipe.py --seeds 0 1 2

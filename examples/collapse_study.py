@@ -1,8 +1,17 @@
-"""The tool-use collapse, measured: GRPO on `kg_qa` in two arms that differ only in what an empty lookup
-returns, today's explanation ("No entity named 'Lesoto'. Closest names: Lesotho [country] ...") or a
-bare `[]` (`rollout.env_args: {empty_results: bare}`; see tools/kg.py).
+"""The tool-use collapse, measured: GRPO on `kg_qa` in arms that differ in one thing each, all from one SFT adapter.
+
+Arms (`--arm`, repeated; default explain and bare):
+  explain  today's explanation of an empty lookup ("No entity named 'Lesoto'. Closest names: Lesotho [country] ...")
+  bare     a bare `[]` instead (`rollout.env_args: {empty_results: bare}`; see tools/kg.py)
+  branch   explain, with branching at the tool decision (`algorithm.tool_branches: 0.25`; docs/algorithms.md)
+  gigpo    explain, with kg_qa's turn rewards on (-0.1 a failed call or empty lookup) and `algorithm.credit: gigpo`
+           while training; evaluated without turn rewards, as the others (docs/credit.md)
 
     python examples/collapse_study.py --seeds 0 1 2      # what `make collapse-study` runs
+    python examples/collapse_study.py --arm explain --arm branch --seeds 0 1 2 --set run.steps=40 \
+        --set run.save_every=1 --run-dir runs/collapse_branch      # `make collapse-branch`
+    python examples/collapse_study.py --arm explain --arm gigpo --seeds 0 1 2 --set run.steps=16 \
+        --set run.save_every=1 --run-dir runs/kg_credit            # `make kg-credit`
     python examples/collapse_study.py --seeds 0 --set run.steps=2 --run-dir runs/collapse_try
 
 Steps (each an ordinary `agent-rl` command in its own process, all on one vLLM server):
@@ -10,13 +19,15 @@ Steps (each an ordinary `agent-rl` command in its own process, all on one vLLM s
                       lookup, so both arms would get the same ones), sft.direct_share answering at once
   2. agent-rl sft     one LoRA adapter: the same start for both arms     -> RUN/sft/adapter
   3. agent-rl train   GRPO from it, per arm and seed                    -> RUN/{arm}-seed{S}/adapter
-  4. agent-rl eval    per arm: the SFT adapter and the arm's GRPO adapters, in the arm's environment,
-                      on the same held-out questions and sampling seeds
+  4. agent-rl eval    per arm: the SFT adapter and the arm's GRPO adapters, in the arm's environment
+                      (without turn rewards), on the same held-out questions and sampling seeds
 Outputs in RUN (default runs/collapse_study): eval-{arm}.json, curves.png (tool-use rate,
 tool-grounded answer rate, accuracy, tool-call failure rate per step; a line per arm and seed; red
 triangles where the collapse alarm fired), summary.json (per arm: held-out figures of SFT and each seed,
 gains, smallest gain, seed spread; per run: the curves and the steps where `alarm/tool_collapse` was up;
-wall times). Its last line on stdout is summary.json. A step whose output exists is skipped.
+wall times); with other arms than explain and bare, curves-ARM-ARM.png and summary-ARM-ARM.json (so two studies can
+share a folder, and the runs of the arm they share). Its last line on stdout is the summary. A step whose output
+exists is skipped.
 
 Definitions. Tool-use rate: rollouts with at least one tool call. Tool-grounded answer rate: rollouts
 whose final answer names a candidate and every name it gives appears in a successful tool result of
@@ -47,13 +58,27 @@ from recipe_steps import (
 
 CONFIG = str(Path(__file__).with_name("collapse_study.yaml"))
 SCRIPT = "examples/collapse_study.py"
-ARMS = {"explain": "explain", "bare": "bare"}  # arm -> rollout.env_args.empty_results
+# arm -> (rollout.env_args.empty_results, turn rewards while training, the arm's other overrides while training)
+ARMS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+    "explain": ("explain", False, ()), "bare": ("bare", False, ()),
+    "branch": ("explain", False, ("algorithm.tool_branches=0.25",)),
+    "gigpo": ("explain", True, ("algorithm.credit=gigpo",))}
 FIGURES = ("accuracy", "tool_use_rate", "grounded_rate", "tool_failure_rate", "tool_calls_per_traj",
            "empty_lookups_per_traj")
 CURVES = (("tool-use rate", "tool_use_rate"), ("tool-grounded answer rate", "reward/grounded"),
           ("accuracy", "reward/correct"), ("tool-call failure rate", "tool_failure_rate"))
-STYLES = {"explain": {"color": "tab:blue"}, "bare": {"color": "tab:red"}}
+STYLES = {"explain": {"color": "tab:blue"}, "bare": {"color": "tab:red"}, "branch": {"color": "tab:green"},
+          "gigpo": {"color": "tab:purple"}}
 DASHES = ("-", "--", ":", "-.")
+
+
+def arm_sets(arm: str, training: bool) -> tuple[str, ...]:
+    """The `--set` arguments of an arm's GRPO runs (`training`) or of its evaluation: its environment, and while
+    training its turn rewards and other overrides."""
+    empty, turn_rewards, overrides = ARMS[arm]
+    env_args = f"{{empty_results: {empty}" + (", turn_rewards: true}" if training and turn_rewards else "}")
+    return tuple(x for s in (f"rollout.env_args={env_args}", *(overrides if training else ()))
+                 for x in ("--set", s))
 
 
 def figures(result: dict) -> dict[str, float]:
@@ -89,37 +114,39 @@ def pipeline(args: argparse.Namespace, out: Path, wall: dict) -> tuple[dict[str,
     with recipe_server(out, max_model_len=2048) as server:  # only the sampling steps need it
         common += ["--set", f"sampler.server_urls=[{server.url}]"]
         note(wall, "server_start", time.perf_counter() - t_server)
-        runs: dict[str, dict[int, str]] = {arm: {} for arm in ARMS}
-        for seed in args.seeds:  # seed-major: a cut-short study still has both arms of its first seeds
-            for arm, empty in ARMS.items():
+        runs: dict[str, dict[int, str]] = {arm: {} for arm in args.arm}
+        for seed in args.seeds:  # seed-major: a cut-short study still has every arm of its first seeds
+            for arm in args.arm:
                 run_dir = out / f"{arm}-seed{seed}"
-                arm_args = ("--set", f"rollout.env_args={{empty_results: {empty}}}")
-                note(wall, f"{arm}_seed{seed}", grpo(common, out, run_dir, seed, server, *arm_args))
+                note(wall, f"{arm}_seed{seed}", grpo(common, out, run_dir, seed, server, *arm_sets(arm, True)))
                 runs[arm][seed] = str(run_dir)
         reports = {}
-        for arm, empty in ARMS.items():
+        for arm in args.arm:
             path = out / f"eval-{arm}.json"
-            arm_args = ("--set", f"rollout.env_args={{empty_results: {empty}}}")
-            note(wall, f"eval_{arm}", evaluate_runs(path, common, out, list(runs[arm].values()), server, *arm_args))
+            note(wall, f"eval_{arm}", evaluate_runs(path, common, out, list(runs[arm].values()), server,
+                                                   *arm_sets(arm, False)))
             reports[arm] = json.loads(path.read_text())
     return runs, reports
 
 
 def main() -> None:
-    args = recipe_args(__doc__.split("\n")[0], "runs/collapse_study", "one GRPO run per arm and seed")
+    args = recipe_args(__doc__.split("\n")[0], "runs/collapse_study", "one GRPO run per arm and seed", tuple(ARMS),
+                       default_arms=("explain", "bare"))
     out = Path(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     wall: dict[str, float | None] = {}
     t_start = time.perf_counter()
     runs, reports = attempts(lambda: pipeline(args, out, wall))
-    labels = {f"{arm} seed {s}": Path(d) for arm in ARMS for s, d in runs[arm].items()}
+    labels = {f"{arm} seed {s}": Path(d) for arm in runs for s, d in runs[arm].items()}
     styles = {f"{arm} seed {s}": {**STYLES[arm], "linestyle": DASHES[i % len(DASHES)]}
-              for arm in ARMS for i, s in enumerate(runs[arm])}
-    plot_panels(labels, CURVES, out / "curves.png", SCRIPT, "Tool-use collapse study on kg_qa: explanatory "
-                "errors vs bare [] for empty lookups (red triangles: collapse alarm)", styles, "alarm/tool_collapse")
+              for arm in runs for i, s in enumerate(runs[arm])}
+    tag = "" if args.arm == ["explain", "bare"] else "-" + "-".join(args.arm)
+    plot_panels(labels, CURVES, out / f"curves{tag}.png", SCRIPT,
+                f"Tool-use collapse study on kg_qa: {' vs '.join(runs)} (red triangles: collapse alarm)", styles,
+                "alarm/tool_collapse")
     wall["total"] = time.perf_counter() - t_start
     summary = summarise(reports, str(out / "sft"), runs, wall)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / f"summary{tag}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
 
 

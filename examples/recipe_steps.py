@@ -63,20 +63,22 @@ def step(done: Path, *argv: str, server: Any = None) -> float | None:
     return time.perf_counter() - t0
 
 
-def recipe_args(description: str, run_dir: str, seeds_help: str, arms: Sequence[str] = ()) -> argparse.Namespace:
+def recipe_args(description: str, run_dir: str, seeds_help: str, arms: Sequence[str] = (),
+                default_arms: Sequence[str] = ()) -> argparse.Namespace:
     """The command line every recipe takes: where it writes, its GRPO seeds, overrides for every step; with `arms`,
-    which of them to run (`--arm`, repeated; the first by default). A SIGTERM then unwinds the recipe like Ctrl-C
-    (`agent_rl.cli.raise_on_sigterm`): its server stops."""
+    which of them to run (`--arm`, repeated; `default_arms`, else the first, without one). A SIGTERM then unwinds
+    the recipe like Ctrl-C (`agent_rl.cli.raise_on_sigterm`): its server stops."""
     raise_on_sigterm()
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--run-dir", default=run_dir)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help=seeds_help)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every step")
     if arms:
-        p.add_argument("--arm", action="append", choices=arms, help=f"an arm to run (default: {arms[0]})")
+        default = list(default_arms) or [arms[0]]
+        p.add_argument("--arm", action="append", choices=arms, help=f"an arm to run (default: {' '.join(default)})")
     args = p.parse_args()
     if arms and not args.arm:
-        args.arm = [arms[0]]
+        args.arm = default
     return args
 
 

@@ -149,6 +149,25 @@ def test_collapse_study_summary_per_arm_by_hand(tmp_path, monkeypatch):
         bare["runs"][0]["per_step"]["empty_lookups_per_traj"] == [0.25] * 2
 
 
+def test_collapse_study_arms_set_what_they_name_and_evaluate_alike(monkeypatch):
+    study = _example("collapse_study", monkeypatch)
+    assert study.arm_sets("bare", True) == ("--set", "rollout.env_args={empty_results: bare}")
+    assert study.arm_sets("branch", True) == ("--set", "rollout.env_args={empty_results: explain}",
+                                              "--set", "algorithm.tool_branches=0.25")
+    assert study.arm_sets("gigpo", True) == ("--set", "rollout.env_args={empty_results: explain, turn_rewards: true}",
+                                             "--set", "algorithm.credit=gigpo")
+    # evaluated in the arm's environment without turn rewards or training overrides: comparable with explain's
+    assert {study.arm_sets(arm, False) for arm in ("explain", "branch", "gigpo")} == {
+        ("--set", "rollout.env_args={empty_results: explain}")}
+    # no --arm: the study's two arms; --arm names the ones to run
+    monkeypatch.setattr("sys.argv", ["collapse_study.py"])
+    assert study.recipe_args("d", "runs/x", "s", tuple(study.ARMS), default_arms=("explain", "bare")).arm == [
+        "explain", "bare"]
+    monkeypatch.setattr("sys.argv", ["collapse_study.py", "--arm", "explain"])
+    assert study.recipe_args("d", "runs/x", "s", tuple(study.ARMS), default_arms=("explain", "bare")).arm == [
+        "explain"]
+
+
 def test_coding_recipe_summary_by_hand(tmp_path, monkeypatch):
     recipe = _example("coding_recipe", monkeypatch)
 
