@@ -4,7 +4,8 @@ their reward, and turn each into a demonstration without the help (`agent-rl boo
 
 Owns: `Help` (a hint the user writes, added to the system prompt; a worked example, messages placed before the
 task; the opening of a call forced at the episode's first turn), `Helped` (an environment whose prompt carries the
-hint and the example), `bootstrap` (play, keep, replay without the help; the yield), `without_help` (one kept
+hint and the example), `bootstrap` (play, keep, replay without the help; the yield), `in_parts` (a bootstrap a few
+tasks at a time, each part kept as it ends, so a killed one goes on where it stopped), `without_help` (one kept
 episode as the demonstration a policy without help would be trained on) and `help_from_file`.
 Does not own: playing groups (`rollout.engine`), where they play (`session`), forcing the opening
 (`rollout.branching.BranchSampler`), the demonstrations' file and SFT (`demos`, `sft`).
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent_rl.core.env import Env, StepResult
+from agent_rl.core.files import write_lines
 from agent_rl.core.registry import EnvSpec
 from agent_rl.core.renderers.base import Renderer
 from agent_rl.core.types import EPISODE_REWARD, Branch, Message, Reward, Trajectory
@@ -178,6 +180,36 @@ async def bootstrap(spec: EnvSpec, renderer: Renderer, players: Callable[[Callab
                    "attempted": sum(t.used_tools for t in trajs) / n,
                    "solved": sum(t.reward >= success_threshold for t in trajs) / n, "kept": float(len(demos)),
                    "diverged": float(diverged), "yield": len(demos) / n}
+
+
+SHARES = ("failed", "attempted", "solved")  # `bootstrap`'s figures that are shares of the episodes played
+COUNTS = ("played", "kept", "diverged")
+
+
+async def in_parts(run_part: Callable[[Sequence[dict[str, Any]]], Awaitable[tuple[list[str], dict[str, float]]]],
+                   tasks: Sequence[dict[str, Any]], size: int, parts: Path) -> tuple[list[str], dict[str, float]]:
+    """`run_part` (a bootstrap of some tasks: its demonstrations' lines and `bootstrap`'s figures) on `size` tasks at
+    a time; as each part ends, `parts` is rewritten with every part so far (its tasks, lines and counts; atomically),
+    so a bootstrap that was killed goes on from the first part not written. The result does not depend on the parts:
+    an episode's sampling seeds are its task's and its sample's (`core.seeds.request_seed`). A `parts` file of other
+    tasks is a one-line error. Returns every part's lines and the figures over all of them."""
+    ids = [str(task.get("id", i)) for i, task in enumerate(tasks)]
+    done: list[dict[str, Any]] = []
+    if parts.is_file():
+        done = [json.loads(line) for line in parts.read_text().splitlines() if line.strip()]
+        ran = [i for part in done for i in part["tasks"]]
+        if ran != ids[:len(ran)]:
+            raise ValueError(f"{parts} holds the parts of another bootstrap (other tasks, seed or order): delete it "
+                             "to start afresh")
+    for first in range(sum(len(part["tasks"]) for part in done), len(tasks), size):
+        lines, stats = await run_part(tasks[first:first + size])
+        counts = {k: stats[k] * stats["played"] for k in SHARES} | {k: stats[k] for k in COUNTS}
+        done.append({"tasks": ids[first:first + size], "lines": lines, "counts": counts})
+        write_lines(parts, [json.dumps(part) for part in done])
+    total = {k: sum(part["counts"][k] for part in done) for k in (*SHARES, *COUNTS)}
+    n = max(total["played"], 1.0)
+    return ([line for part in done for line in part["lines"]],
+            {**{k: total[k] for k in COUNTS}, **{k: total[k] / n for k in SHARES}, "yield": total["kept"] / n})
 
 
 class _Forced:

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,8 +204,9 @@ def demos(args: argparse.Namespace) -> int:
 
 
 def bootstrap(args: argparse.Namespace) -> int:
-    from agent_rl.bootstrap import Help, bootstrap, help_from_file
-    from agent_rl.demos import write_demos
+    from agent_rl.bootstrap import Help, bootstrap, help_from_file, in_parts
+    from agent_rl.core.files import write_lines
+    from agent_rl.demos import demo_lines
     from agent_rl.rollout.players import LocalPlayers
     from agent_rl.rollout.runner import EpisodeLimits
     from agent_rl.session import open_session, sampling
@@ -220,12 +221,19 @@ def bootstrap(args: argparse.Namespace) -> int:
         tasks = session.env.load_tasks(args.tasks or cfg.sft.num_demos, seed=cfg.run.seed, split="train")
         limits = EpisodeLimits.from_config(cfg.rollout, cfg.sampler.temperature, cfg.sampler.top_p, seed=cfg.run.seed)
 
+        parts = Path(f"{out}.parts")  # a killed bootstrap goes on from here (in_parts)
+
         async def run():  # the episodes play here: each environment wrapped with the help
             async with sampling(session) as served:
-                return await bootstrap(session.env, session.renderer,
-                                       lambda make_env: LocalPlayers(make_env, served.sampler, session.renderer),
-                                       tasks, args.samples, limits, help_, cfg.eval.success_threshold,
-                                       cfg.rollout.max_concurrent)
+                async def part(some: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, float]]:
+                    made, stats = await bootstrap(
+                        session.env, session.renderer,
+                        lambda make_env: LocalPlayers(make_env, served.sampler, session.renderer), some,
+                        args.samples, limits, help_, cfg.eval.success_threshold, cfg.rollout.max_concurrent)
+                    return demo_lines(made), stats
+
+                # parts of as many episodes as play at once
+                return await in_parts(part, tasks, max(1, cfg.rollout.max_concurrent // args.samples), parts)
 
         announce_server(cfg)
         made, stats = asyncio.run(run())
@@ -233,7 +241,8 @@ def bootstrap(args: argparse.Namespace) -> int:
         raise CLIError(f"no episode of {int(stats['played'])} used a tool and solved its task: nothing to learn "
                        f"from (failed {stats['failed']:.2f}, attempted {stats['attempted']:.2f}, solved "
                        f"{stats['solved']:.2f}); try --force-call or a hint")
-    write_demos(out, made)
+    write_lines(out, made)
+    parts.unlink(missing_ok=True)
     print(json.dumps({"path": str(out), **{k: round(v, 4) for k, v in stats.items()}}))
     return 0
 

@@ -137,14 +137,18 @@ async def make_demos(spec: EnvSpec, renderer: Renderer, n: int, *, seed: int = 0
     return demos, stats
 
 
+def demo_lines(demos: Sequence[Trajectory]) -> list[str]:
+    """The lines of a demonstrations file: one JSON object per segment with something to train (ids, mask and the
+    readable messages)."""
+    return [json.dumps({"task_id": t.task_id, "token_ids": list(seg.token_ids), "loss_mask": list(seg.loss_mask),
+                        "direct": not t.used_tools, "reward": t.reward,
+                        "messages": [{"role": m.role, "content": m.content} for m in t.messages]})
+            for t in demos for seg in t.all_segments if seg.num_sampled]
+
+
 def write_demos(path: str | Path, demos: Sequence[Trajectory]) -> Path:
-    """One JSON object per line: ids, mask and the readable messages, written atomically (an
-    interrupted run never leaves a half-written demo file behind)."""
-    return write_lines(path, (json.dumps({  # a trajectory of several segments: a line per segment
-        "task_id": t.task_id, "token_ids": list(seg.token_ids), "loss_mask": list(seg.loss_mask),
-        "direct": not t.used_tools, "reward": t.reward,
-        "messages": [{"role": m.role, "content": m.content} for m in t.messages],
-    }) for t in demos for seg in t.all_segments if seg.num_sampled))  # a segment with nothing to train is left out
+    """`demo_lines`, written atomically (an interrupted run never leaves a half-written demo file behind)."""
+    return write_lines(path, demo_lines(demos))
 
 
 def read_demos(path: str | Path) -> list[Demo]:

@@ -364,3 +364,36 @@ async def test_a_bootstrapped_demo_is_the_hint_free_render_with_the_assistant_to
             assert renderer.render_text(demo.token_ids[first.start:first.end]).startswith(OPENING)
     async with Helped(spec.make_env(tasks[0]), Help(hint=hint)) as helped:
         assert (await helped.initial_messages())[0].content.endswith("\n\n" + hint)
+
+
+async def test_a_killed_bootstrap_goes_on_from_its_first_part_not_written(tmp_path):
+    """`in_parts`: parts of 2 tasks; the figures are shares and counts over all parts (by hand); a run killed in its
+    third part plays only that part again, and ends as an uninterrupted one; a parts file of other tasks is refused."""
+    from agent_rl.bootstrap import in_parts
+
+    tasks = [{"id": f"t{i}"} for i in range(5)]
+    played: list[list[str]] = []
+
+    async def part(some, fail_at=None):
+        ids = [t["id"] for t in some]
+        if ids == fail_at:
+            raise KeyboardInterrupt  # killed while this part plays
+        played.append(ids)
+        kept = [i for i in ids if i != "t1"]  # t1's two episodes solve nothing; every other task's one of two
+        return [f"demo {i}" for i in kept], {"played": 2.0 * len(ids), "failed": 0.0, "attempted": 1.0,
+                                             "solved": len(kept) / (2 * len(ids)), "kept": float(len(kept)),
+                                             "diverged": 0.0, "yield": len(kept) / (2 * len(ids))}
+
+    whole = await in_parts(part, tasks, 2, tmp_path / "a.parts")
+    assert played == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert whole == (["demo t0", "demo t2", "demo t3", "demo t4"],
+                     {"played": 10.0, "kept": 4.0, "diverged": 0.0, "failed": 0.0, "attempted": 1.0, "solved": 0.4,
+                      "yield": 0.4})
+    played.clear()
+    with pytest.raises(KeyboardInterrupt):
+        await in_parts(lambda some: part(some, fail_at=["t4"]), tasks, 2, tmp_path / "b.parts")
+    assert len((tmp_path / "b.parts").read_text().splitlines()) == 2  # the two parts that ended
+    played.clear()
+    assert await in_parts(part, tasks, 2, tmp_path / "b.parts") == whole and played == [["t4"]]
+    with pytest.raises(ValueError, match=r"b.parts holds the parts of another bootstrap .*delete it to start afresh"):
+        await in_parts(part, tasks[1:], 2, tmp_path / "b.parts")

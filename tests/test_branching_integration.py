@@ -40,9 +40,12 @@ def test_bootstrap_reports_its_yield_on_a_real_server(tmp_path, vllm_server, cap
     if code == 0:
         line = json.loads(captured.out.strip().splitlines()[-1])
         assert line["played"] == 4.0 and line["kept"] >= 1 and out.is_file()
+        assert not (tmp_path / "demos.jsonl.parts").exists()  # the parts a killed bootstrap would go on from: gone
     else:
         assert code == 1 and "error: no episode of 4 used a tool and solved its task" in captured.err
         assert "(failed 0.00, attempted " in captured.err  # a policy that does not succeed, not a broken run
+        parts = [json.loads(x) for x in (tmp_path / "demos.jsonl.parts").read_text().splitlines()]
+        assert sum(part["counts"]["played"] for part in parts) == 4.0  # what was played is kept
 
 
 def test_two_grpo_steps_with_branches_at_the_tool_decision(tmp_path, vllm_server, renderer):
