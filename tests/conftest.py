@@ -118,25 +118,6 @@ def pytest_addoption(parser) -> None:
                           "which leaves a core idle")
 
 
-def lane_cores(lane: str, cores: list[int]) -> str | None:
-    """The cores a lane's vLLM workers compute on (`VLLM_CPU_OMP_THREADS_BIND`): the shared lane the first half of
-    the machine's, the own lane the rest. Left to vLLM's `auto`, every worker of both lanes binds the same cores
-    (on two cores: core 0, the other reserved), so the two lanes' servers queue on one core while the other
-    idles. None on one core."""
-    if len(cores) < 2:
-        return None
-    half = len(cores) // 2
-    return ",".join(map(str, cores[:half] if lane == "shared" else cores[half:]))
-
-
-def pytest_configure(config) -> None:
-    lane = config.getoption("lane")
-    if lane is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        bind = lane_cores(lane, sorted(os.sched_getaffinity(0)))
-        if bind is not None:  # the servers this lane starts inherit it
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
-
-
 def lane_of(items) -> str:
     """'shared' when any of a module's tests uses a session server or the Ray cluster (directly or through other
     fixtures), else 'own'."""

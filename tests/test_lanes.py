@@ -31,12 +31,3 @@ def test_a_bad_lane_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--lane", "both", MODULES[-1]],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 4 and "argument --lane: invalid choice: 'both'" in proc.stderr, proc.stderr
-
-
-def test_the_lanes_vllm_workers_compute_on_disjoint_cores():
-    from conftest import lane_cores
-
-    assert (lane_cores("shared", [0, 1]), lane_cores("own", [0, 1])) == ("0", "1")
-    assert (lane_cores("shared", [0, 1, 2, 3, 4]), lane_cores("own", [0, 1, 2, 3, 4])) == ("0,1", "2,3,4")
-    assert (lane_cores("shared", [3, 7]), lane_cores("own", [3, 7])) == ("3", "7")  # the cores this process may use
-    assert lane_cores("own", [0]) is None  # one core: vLLM's own choice
