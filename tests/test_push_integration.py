@@ -40,6 +40,7 @@ LOGPROB_TOL = 1e-3  # max abs gap server vs trainer on sampled tokens
 MIN_EFFECT = 0.05  # the two versions' mean abs log-prob gap on the same tokens (observed ~0.2)
 LONG = 2000  # tokens per request (prompt + LONG within the dev server's 2048): a push lands in the middle even
 # when the machine is loaded (at 1000, two pushes of adapters under a load of 15 took longer than a whole turn)
+FOUR_LONG = 1000  # tokens per request of four side by side: each turn lasts about as long as one of LONG alone
 
 
 def sequence_logprobs(model, prompt: list[int], out: Completion) -> torch.Tensor:
@@ -105,11 +106,12 @@ async def running(url: str, n: int, within_s: float = 60.0) -> float:
 
 
 async def pushed_mid_turn(sampler: VLLMSampler, sync: FullWeightSync, prompt: list[int], v2) -> list[Completion]:
-    """Four requests of LONG tokens on the version served now (1), `v2` pushed as version 2 once all four run on
+    """Four requests of FOUR_LONG tokens on the version served now (1), `v2` pushed as version 2 once all four run on
     the server and 0.2 s more (their first tokens); their completions. The push's phases are printed, with how
     many requests had ended by its end."""
     await sampler.sample(prompt, SamplingParams(max_tokens=4, seed=0))  # warm
-    runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=LONG, seed=s))) for s in range(4)]
+    runs = [asyncio.ensure_future(sampler.sample(prompt, SamplingParams(max_tokens=FOUR_LONG, seed=s)))
+            for s in range(4)]
     print(f"\nall 4 running after {await running(sampler.urls[0], 4):.2f} s", end="")
     await asyncio.sleep(0.2)
     ended = [(r.exception() or (len(r.result().token_ids), r.result().finish_reason)) for r in runs if r.done()]
@@ -123,8 +125,8 @@ async def pushed_mid_turn(sampler: VLLMSampler, sync: FullWeightSync, prompt: li
 
 async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_versions(dev_server, tiny_dir, renderer,
                                                                                    tmp_path):
-    """Four requests of LONG tokens on version 1 (the tiny model without its turn end); version 2 (every weight
-    moved) is pushed 0.2 s after they are sent. Each comes back whole (LONG tokens, or fewer only if it sampled
+    """Four requests of FOUR_LONG tokens on version 1 (the tiny model without its turn end); version 2 (every weight
+    moved) is pushed 0.2 s after they are sent. Each comes back whole (FOUR_LONG tokens, or fewer only if it sampled
     a stop token, one unbroken sequence): its first tokens by version 1, the rest by version 2 (one switch, at
     the push), and each token's served log-prob is the trainer's under its tagged weights."""
     v1 = load_causal_lm(str(tiny_dir))
@@ -144,7 +146,7 @@ async def test_full_weights_pushed_mid_turn_abort_and_continue_with_true_version
                                                       else None) for o in outs], end="")
     for out in outs:
         n = len(out.token_ids)
-        assert (n == LONG and out.finish_reason == "length") or out.finish_reason == "stop"
+        assert (n == FOUR_LONG and out.finish_reason == "length") or out.finish_reason == "stop"
         assert out.policy_version == 1 and out.versions[0] == 1
         cut = out.versions.index(2) if 2 in out.versions else n
         assert out.versions == (1,) * cut + (2,) * (n - cut)  # at most one switch
@@ -200,7 +202,7 @@ async def test_an_adapter_push_mid_episode_leaves_the_turn_in_flight_on_its_vers
 async def test_merged_weights_pushed_mid_turn_abort_and_continue_with_true_versions(dev_server, tiny_dir, renderer,
                                                                                      tmp_path):
     """`MergedSync` (a LoRA policy served as merged weights) with requests in flight: as the full-weight test above,
-    four requests of LONG tokens on version 1 and version 2 pushed 0.2 s after they are sent; each token's served
+    four requests of FOUR_LONG tokens on version 1 and version 2 pushed 0.2 s after they are sent; each token's served
     log-prob is the trainer's (the LoRA model's, unmerged) under its tagged version. `finish` then puts the server's
     own base weights back (the first tokens sampled after it are the plain tiny model's)."""
     model = apply_lora(load_causal_lm(str(tiny_dir)), rank=8)
@@ -222,7 +224,7 @@ async def test_merged_weights_pushed_mid_turn_abort_and_continue_with_true_versi
         after = await sampler.sample(prompt, SamplingParams(max_tokens=8, seed=0))
     for out in outs:
         n = len(out.token_ids)
-        assert (n == LONG and out.finish_reason == "length") or out.finish_reason == "stop"
+        assert (n == FOUR_LONG and out.finish_reason == "length") or out.finish_reason == "stop"
         cut = out.versions.index(2) if 2 in out.versions else n
         assert out.versions[0] == 1 and out.versions == (1,) * cut + (2,) * (n - cut)  # at most one switch
         check_tags(out, prompt, versions)
@@ -233,9 +235,12 @@ async def test_merged_weights_pushed_mid_turn_abort_and_continue_with_true_versi
 async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version(vllm_server, dev_server, tiny_dir,
                                                                                   tmp_path, monkeypatch):
     """`trainer.train` at max_staleness 2 against two real servers, adapters pushed while three-turn episodes play
-    (tests/go_on_env.py): the run ends; both servers sampled trained turns; every trained token is at most 2
-    versions old and some episodes span a push; and each sampled token's log-prob, whichever server sampled it, is
-    the trainer's under the weights of the version it is tagged with (recorded at each push), not the next one's."""
+    (tests/go_on_env.py; all but the first two tasks' episodes wait after their first reply for the first push, as CI
+    once ran every episode inside one version): the run ends; both servers sampled trained turns; every trained token
+    is at most 2 versions old and some episodes span a push; and each sampled token's log-prob, whichever server
+    sampled it, is the trainer's under the weights of the version it is tagged with (recorded at each push), not the
+    next one's."""
+    import go_on_env
     from helpers import server_config
 
     from agent_rl import trainer
@@ -257,7 +262,10 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
 
         async def push(self, model, version):
             weights[version] = copy.deepcopy(model)
-            return await self.inner.push(model, version)
+            done = await self.inner.push(model, version)
+            if version >= 1:
+                gate.opened.set()
+            return done
 
         async def restore(self, url):
             await self.inner.restore(url)
@@ -277,6 +285,8 @@ async def test_two_servers_at_staleness_2_serve_each_token_by_its_tagged_version
         return adv
 
     monkeypatch.setattr(sampler_module, "response_completion", recording)
+    gate = go_on_env.PushGate(free=2)
+    monkeypatch.setattr(go_on_env, "GATE", gate)
     cfg = server_config(vllm_server, tmp_path, steps=4, **{
         "sampler.server_urls": f"[{vllm_server.url},{dev_server.url}]", "model.sync": "adapter",
         "rollout.env": "go_on_env", "rollout.max_turns": "3", "rollout.max_total_tokens": "256",
