@@ -69,7 +69,7 @@ async def test_a_gil_holding_tool_in_a_worker_is_killed_at_its_deadline():
         warm = await tool.call({"exponent": 10})
         pid = int(warm.content.split()[1].rstrip(":"))
         result, seconds = await timed(tool.call({"exponent": 10**8}))  # minutes of one C call
-        assert seconds < 2.0
+        assert seconds < 4.0  # the 1 s deadline plus the kill: 2.3 s once on a loaded CI machine, far from minutes
         assert result.content == "Error: big_power did not finish within 1 s" and not result.ok
         again = await tool.call({"exponent": 10})
     assert gone(pid)  # killed at the deadline
