@@ -34,9 +34,9 @@ def _pids() -> list[int]:
 def _train_until_step_1(run_dir: Path, tiny_dir: Path) -> tuple[subprocess.Popen, int]:
     """`agent-rl train` of 1,000 steps (more than any machine plays before the test signals it: with 4, a fast
     machine could end the run first), returned once step 1 is logged, with the pid of its server."""
-    sets = [f"model.name={tiny_dir}", "model.lora_rank=4", "sampler.kv_cache_gib=1", "sampler.max_model_len=2048",
-            "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_turns=1",
-            "rollout.max_tokens_per_turn=16", "rollout.max_total_tokens=128", "run.steps=1000",
+    sets = [f"model.name={tiny_dir}", "model.lora_rank=4", "model.sync=merged", "sampler.kv_cache_gib=1",
+            "sampler.max_model_len=2048", "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=2",
+            "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_total_tokens=128", "run.steps=1000",
             "run.save_every=1000", f"run.run_dir={run_dir}", "run.tensorboard=false"]
     proc = subprocess.Popen([sys.executable, "-m", "agent_rl.cli", "train", "--no-plot",
                              *[x for s in sets for x in ("--set", s)]], stderr=subprocess.PIPE, text=True)

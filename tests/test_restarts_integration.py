@@ -47,11 +47,13 @@ WORKER = [sys.executable, str(Path(__file__).with_name("restart_worker.py"))]
 
 def _train(run_dir: Path, tiny_dir: Path, kills: str = "", *sets: str, env: dict | None = None
            ) -> subprocess.CompletedProcess:
-    """`agent-rl train` of 3 steps (2 tasks x 4 rollouts, traces of every group), the server killed at `kills`."""
-    base = [f"model.name={tiny_dir}", "model.lora_rank=4", "sampler.kv_cache_gib=1", "sampler.max_model_len=2048",
-            "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_turns=1",
-            "rollout.max_tokens_per_turn=64", "rollout.max_total_tokens=256", "run.steps=3", "run.save_every=1",
-            f"run.run_dir={run_dir}", "run.tensorboard=false", "run.trace_groups=2"]
+    """`agent-rl train` of 3 steps (2 tasks x 4 rollouts, traces of every group), the server killed at `kills`.
+    Merged weights, as `model.sync: auto` picks for this model on a server the run starts, named so that no run
+    spends ~20 s on auto's burst (tests/test_weight_sync.py tests the choice)."""
+    base = [f"model.name={tiny_dir}", "model.lora_rank=4", "model.sync=merged", "sampler.kv_cache_gib=1",
+            "sampler.max_model_len=2048", "rollout.env=toy", "rollout.tasks_per_step=2", "rollout.group_size=4",
+            "rollout.max_turns=1", "rollout.max_tokens_per_turn=64", "rollout.max_total_tokens=256", "run.steps=3",
+            "run.save_every=1", f"run.run_dir={run_dir}", "run.tensorboard=false", "run.trace_groups=2"]
     return subprocess.run([*WORKER, kills, "train", "--no-plot", *[x for s in [*base, *sets] for x in ("--set", s)]],
                           capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
 
@@ -153,6 +155,7 @@ def test_an_attached_server_that_does_not_come_back_ends_the_run_with_one_line(t
     run_dir = tmp_path / "run"
     with VLLMServer(tiny_dir, kv_cache_gib=1, max_model_len=2048) as server:
         done = _train(run_dir, tiny_dir, "1", f"sampler.server_urls=[{server.url}]", "sampler.attach_wait_s=3",
+                      "model.sync=adapter",  # what auto picks on a server that cannot reload weights
                       env={"AGENT_RL_TEST_KILL_PID": str(server.proc.pid)})
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
