@@ -142,7 +142,8 @@ lint: setup
 # Each lane's processes get half the cores for torch's OpenMP pool: two pools of every core oversubscribe them,
 # and a torch update then waits on threads that are not running (docs/testing.md measures it).
 test: setup lint
-	@log=$$(mktemp "$${TMPDIR:-/tmp}/agent-rl-own-lane.XXXXXX"); n=$$(nproc); export OMP_NUM_THREADS=$$(( n > 3 ? n / 2 : 1 )); \
+	@log=$$(mktemp "$${TMPDIR:-/tmp}/agent-rl-own-lane.XXXXXX"); \
+	n=$$(nproc); export OMP_NUM_THREADS=$$(( n > 3 ? n / 2 : 1 )); \
 	$(VENV)/bin/pytest -q --lane own -p no:cacheprovider >"$$log" 2>&1 & own=$$!; \
 	$(VENV)/bin/pytest -q --lane shared; shared=$$?; \
 	wait $$own; own_rc=$$?; echo "== the own lane (modules that start what they need themselves) =="; \

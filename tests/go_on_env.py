@@ -7,6 +7,7 @@ A test that needs episodes to span a weight push sets `GATE` to a `PushGate` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,13 +28,11 @@ class PushGate:
         self.free, self.timeout_s, self.tasks, self.opened = free, timeout_s, set[str](), asyncio.Event()
 
     async def hold(self, task_id: str) -> None:
-        if task_id not in self.tasks and len(self.tasks) < self.free:
+        if len(self.tasks) < self.free:
             self.tasks.add(task_id)
         if task_id not in self.tasks:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.opened.wait(), self.timeout_s)
-            except TimeoutError:
-                pass
 
 
 GATE: PushGate | None = None
