@@ -39,12 +39,15 @@ def refuse(text: str) -> str:
     """Refuse with a ToolError, or fail with a ValueError, or end the process.
 
     Args:
-        text: "refuse", "fail" or "exit".
+        text: "refuse", "fail", "exit", or "exit later" (half a second in: the calls written behind it are on its
+            pipe when it ends, however slowly the caller writes them).
     """
     if text == "refuse":
         raise ToolError(f"refused {text!r}")
     if text == "fail":
         raise ValueError("a bug in the tool")
+    if text == "exit later":
+        time.sleep(0.5)
     os._exit(3)
 
 

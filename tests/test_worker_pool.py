@@ -59,7 +59,7 @@ async def test_an_overrun_kills_only_its_call_and_the_calls_behind_it_start_thei
 async def test_a_worker_that_dies_fails_the_call_it_ran_and_the_ones_behind_it_are_answered():
     pool = WorkerPool(size=1, depth=8)
     await pool.call(REFUSE, {"text": "refuse"}, 5.0)
-    dying = asyncio.ensure_future(pool.call(REFUSE, {"text": "exit"}, 5.0))
+    dying = asyncio.ensure_future(pool.call(REFUSE, {"text": "exit later"}, 5.0))
     behind = [asyncio.ensure_future(pool.call(MIRROR, {"text": f"{i}x", "times": 1}, 5.0)) for i in range(3)]
     await asyncio.sleep(0)
     assert [len(w.calls) for w in pool.workers] == [5]  # the exit, the mirror module's import and three calls
