@@ -140,12 +140,14 @@ lint: setup
 # cluster, and the others, most of whose time is their own processes' start-up on one core. The own lane prints
 # when both have ended; either failing fails the target. `pytest -q` runs the whole suite in one process.
 # Each lane's processes get half the cores for torch's OpenMP pool: two pools of every core oversubscribe them,
-# and a torch update then waits on threads that are not running (docs/testing.md measures it).
+# and a torch update then waits on threads that are not running (docs/testing.md measures it). Each lane's vLLM
+# servers compute on its own half of the cores: left to vLLM, every server of both lanes binds the first core.
 test: setup lint
 	@log=$$(mktemp "$${TMPDIR:-/tmp}/agent-rl-own-lane.XXXXXX"); \
-	n=$$(nproc); export OMP_NUM_THREADS=$$(( n > 3 ? n / 2 : 1 )); \
-	$(VENV)/bin/pytest -q --lane own -p no:cacheprovider >"$$log" 2>&1 & own=$$!; \
-	$(VENV)/bin/pytest -q --lane shared; shared=$$?; \
+	n=$$(nproc); h=$$(( n > 1 ? n / 2 : 1 )); export OMP_NUM_THREADS=$$(( n > 3 ? h : 1 )); \
+	VLLM_CPU_OMP_THREADS_BIND=$$(( n > 1 ? h : 0 ))-$$((n - 1)) \
+		$(VENV)/bin/pytest -q --lane own -p no:cacheprovider >"$$log" 2>&1 & own=$$!; \
+	VLLM_CPU_OMP_THREADS_BIND=0-$$((h - 1)) $(VENV)/bin/pytest -q --lane shared; shared=$$?; \
 	wait $$own; own_rc=$$?; echo "== the own lane (modules that start what they need themselves) =="; \
 	cat "$$log"; rm -f "$$log"; test $$shared = 0 && test $$own_rc = 0
 

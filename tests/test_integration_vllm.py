@@ -19,9 +19,26 @@ from agent_rl.rollout.runner import EpisodeLimits, run_episode
 from agent_rl.rollout.sampler import SamplerError, SamplingParams
 from agent_rl.rollout.serving.base import ServerError
 from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
-from agent_rl.rollout.serving.vllm.server import VLLMServer
+from agent_rl.rollout.serving.vllm.server import VLLMServer, one_core
 
 pytestmark = pytest.mark.integration
+
+
+def test_a_one_core_servers_processes_all_run_on_that_core_and_others_where_vllm_puts_them(vllm_server):
+    """Why confine (serving.vllm.server's doc): the engine core's wait loop would otherwise hold another core."""
+    pids, todo = [], [vllm_server.proc.pid]
+    while todo:
+        pids.append(todo.pop())
+        tasks = os.scandir(f"/proc/{pids[-1]}/task")
+        todo += [int(c) for t in tasks for c in open(f"{t.path}/children").read().split()]
+    names = {open(f"/proc/{p}/comm").read().strip() for p in pids}
+    assert {"VLLM::EngineCor", "VLLM::Worker"} <= names, names  # the tree holds what it is checked for (comm: 15 chars)
+    cores = {p: os.sched_getaffinity(p) for p in pids}
+    core = one_core(dict(os.environ), gpu=False)  # the session's servers were launched with this environment
+    if core is not None:
+        assert all(c == {core} for c in cores.values()), cores
+    else:
+        assert cores[vllm_server.proc.pid] == os.sched_getaffinity(0), cores
 
 
 async def test_token_in_token_out(vllm_server, renderer):
