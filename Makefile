@@ -7,8 +7,7 @@
 #       errors vs bare [] for empty lookups, 3 seeds each); docs/recipes.md has the figures and wall
 #       times of all three. make collapse-branch / kg-credit: kg_qa for 40 steps, explanatory errors against
 #       branching at the tool decision / against gigpo with turn rewards (not yet run here). make gui-recipe-credit: the GUI recipe with credit: gigpo and turn rewards on,
-#       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md); make calculator-credit: the
-#       calculator recipe over 3 seeds the same way (its second environment).
+#       reusing gui-recipe's demos and SFT adapter where they exist (docs/credit.md).
 #       make coding-recipe (Qwen2.5-Coder-0.5B, GRPO on coding_tests, 3 seeds), make coding-tool-use (the same
 #       model bootstrapped from its own tool-using episodes, then GRPO with and without branching) and
 #       make bare-calls-study (that model's tag-less calls read as calls or not): docs/coding-recipe.md.
@@ -26,7 +25,7 @@ CONFIG ?= examples/calculator_grpo.yaml
 BFCL_VENV ?= .venv-bfcl
 BFCL_PY := $(BFCL_VENV)/bin/python
 
-.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit calculator-credit collapse-study collapse-branch kg-credit coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup bfcl-multi-turn
+.PHONY: setup train grpo recipe-seeds gui-recipe gui-recipe-credit collapse-study collapse-branch kg-credit coding-recipe coding-tool-use bare-calls-study lint test bench gpu-check bfcl-setup bfcl-multi-turn
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -89,14 +88,6 @@ gui-recipe-credit: setup
 		cp -r runs/gui_recipe/$$f $(GUI_CREDIT_RUN)/; done
 	$(PY) examples/gui_recipe.py --seeds $(SEEDS) --run-dir $(GUI_CREDIT_RUN) --set algorithm.credit=gigpo \
 		--set 'rollout.env_args={levels: [1], turn_rewards: true}'
-
-CALC_CREDIT_RUN ?= runs/calculator_gigpo
-calculator-credit: setup
-	mkdir -p $(CALC_CREDIT_RUN)
-	for f in demos.jsonl sft; do [ -e $(CALC_CREDIT_RUN)/$$f ] || [ ! -e runs/calculator_recipe/$$f ] || \
-		cp -r runs/calculator_recipe/$$f $(CALC_CREDIT_RUN)/; done
-	$(PY) examples/calculator_recipe.py --seeds 0 1 2 --run-dir $(CALC_CREDIT_RUN) --set algorithm.credit=gigpo \
-		--set 'rollout.env_args={turn_rewards: true}'
 
 collapse-study: setup
 	$(PY) examples/collapse_study.py --seeds 0 1 2
